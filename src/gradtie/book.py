@@ -1,0 +1,129 @@
+"""Chapter parameters (validation and the profiles ci, cpu, gpu) and the book build.
+
+`make book` calls `execute` (papermill runs every chapter notebook into `book/` with the profile's
+parameters) and then `render` (Jupyter Book 1.x, failing on any warning).
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Callable, Iterable, Optional
+
+ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS = ROOT / "notebooks"
+BOOK = ROOT / "book"
+
+
+@dataclass(frozen=True)
+class Chapter:
+    name: str                       # notebooks/<name>.ipynb -> book/<name>.ipynb
+    title: str
+    profiles: dict[str, dict[str, Any]] = field(default_factory=dict)  # profile -> overrides
+
+
+# In book order; each chapter's notebook holds the ci defaults in its parameters cell.
+CHAPTERS: list[Chapter] = []
+PROFILES = ("ci", "cpu", "gpu")
+
+
+# ---- parameter validation: a clear error naming the parameter, the value and what is allowed ----
+
+def _choice(*allowed):
+    def check(name, v):
+        if v not in allowed:
+            raise ValueError(f"parameter {name}={v!r}: expected one of {', '.join(map(repr, allowed))}")
+        return v
+    return check
+
+
+def _int(lo: int, hi: Optional[int] = None, multiple_of: int = 1):
+    def check(name, v):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"parameter {name}={v!r}: expected an integer")
+        if v < lo or (hi is not None and v > hi) or v % multiple_of:
+            rng = f"≥ {lo}" if hi is None else f"in {lo}…{hi}"
+            extra = f" and a multiple of {multiple_of}" if multiple_of > 1 else ""
+            raise ValueError(f"parameter {name}={v!r}: expected an integer {rng}{extra}")
+        return v
+    return check
+
+
+def _float(lo: float, hi: float):
+    def check(name, v):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
+            raise ValueError(f"parameter {name}={v!r}: expected a number in [{lo}, {hi}]")
+        return float(v)
+    return check
+
+
+def _bool(name, v):
+    if not isinstance(v, bool):
+        raise ValueError(f"parameter {name}={v!r}: expected True or False")
+    return v
+
+
+PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
+    "net": _choice("cifar8", "resnet34"),
+    "batch": _int(1, 4096),
+    "image_size": _int(32, 512, multiple_of=32),
+    "num_classes": _int(2, 100_000),
+    "head_width": _int(1, 65_536),
+    "dtype": _choice("float64", "float32"),
+    "data": _choice("photos", "flat", "randn", "digits"),
+    "seed": _int(0),
+    "label_smoothing": _float(0.0, 1.0),
+    "directions": _int(1, 1000),
+    "replicas": _int(1, 1024),
+    "steps": _int(1, 10_000_000),
+    "epochs": _int(1, 10_000),
+    "lr": _float(0.0, 100.0),
+    "bf16": _bool,
+    "conv_bias": _bool,
+}
+
+
+def validated(**params) -> SimpleNamespace:
+    """Check each chapter parameter by name; raise ValueError naming the first bad one."""
+    out = {}
+    for name, value in params.items():
+        if name not in PARAMETERS:
+            raise ValueError(f"unknown chapter parameter {name!r}; known: {', '.join(sorted(PARAMETERS))}")
+        out[name] = PARAMETERS[name](name, value)
+    return SimpleNamespace(**out)
+
+
+# ---- the build ---------------------------------------------------------------------------------
+
+def chapter_parameters(chapter: Chapter, profile: str) -> dict[str, Any]:
+    if profile not in PROFILES:
+        raise ValueError(f"profile {profile!r}: expected one of {', '.join(PROFILES)}")
+    return dict(chapter.profiles.get(profile, {}))
+
+
+def execute(profile: str = "ci", chapters: Optional[Iterable[str]] = None, *, progress: bool = True) -> list[Path]:
+    """Run every chapter notebook with papermill into book/ at the profile's parameters."""
+    import papermill
+    from tqdm.auto import tqdm
+
+    chosen = [c for c in CHAPTERS if chapters is None or c.name in set(chapters)]
+    written = []
+    for chapter in tqdm(chosen, desc=f"chapters ({profile})", disable=not progress):
+        src = NOTEBOOKS / f"{chapter.name}.ipynb"
+        dst = BOOK / f"{chapter.name}.ipynb"
+        papermill.execute_notebook(str(src), str(dst), parameters=chapter_parameters(chapter, profile),
+                                   kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False)
+        written.append(dst)
+    return written
+
+
+def render() -> None:
+    """jupyter-book build from a clean _build, -W -n --keep-going: any warning fails the build."""
+    shutil.rmtree(ROOT / "_build", ignore_errors=True)
+    jb = Path(sys.executable).with_name("jupyter-book")
+    subprocess.run([str(jb), "build", str(ROOT), "-W", "-n", "--keep-going"], check=True)

@@ -1,0 +1,167 @@
+"""2-D convolution, NCHW activations and OIHW weights, symmetric `(k-1)//2` zero padding.
+
+Forward, rendered input backward (stride 1 and 2), weight and bias gradients, then the bf16 kinds:
+every conv site takes a rounding function `rnd` (identity by default) applied to both operands and
+once to the result, with float32 accumulation. Shown in: Whole-net tie, bf16 erasure.
+
+Padding is PyTorch's symmetric `(k-1)//2` at every stride, not XLA's 'SAME' (which pads strided
+convs asymmetrically and so reads a window one cell off).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import _validate
+
+Rounding = Callable[[jax.Array], jax.Array]
+_DIMS = ("NCHW", "OIHW", "NCHW")
+
+
+def identity(a: jax.Array) -> jax.Array:
+    return a
+
+
+def padding(kernel_size: int) -> int:
+    """Symmetric zero padding on each side: (k-1)//2."""
+    return (kernel_size - 1) // 2
+
+
+def out_size(size: int, kernel_size: int, stride: int) -> int:
+    return (size + 2 * padding(kernel_size) - kernel_size) // stride + 1
+
+
+def _acc_dtype(*operands) -> jnp.dtype:
+    # bf16 operands accumulate in float32; f32/f64 operands accumulate in their own dtype
+    dt = jnp.result_type(*operands)
+    return jnp.dtype(jnp.float32) if dt == jnp.bfloat16 else dt
+
+
+def _correlate(lhs, rhs, *, strides, pads, lhs_dilation=(1, 1), rhs_dilation=(1, 1), dims=_DIMS):
+    return lax.conv_general_dilated(
+        lhs, rhs, window_strides=strides, padding=pads, lhs_dilation=lhs_dilation,
+        rhs_dilation=rhs_dilation, dimension_numbers=dims,
+        precision=lax.Precision.HIGHEST, preferred_element_type=_acc_dtype(lhs, rhs))
+
+
+def _round_result(out: jax.Array, rnd: Rounding, dtype) -> jax.Array:
+    return rnd(out).astype(dtype)
+
+
+class ConvSaved(NamedTuple):
+    x: jax.Array  # the conv input, read by the weight gradient
+    stride: int
+
+
+def _check(op: str, x, w, b, stride: int) -> None:
+    _validate.rank(op, "x", x, 4)
+    _validate.rank(op, "weight", w, 4)
+    if x.shape[1] != w.shape[1]:
+        raise ValueError(f"{op}: x has {x.shape[1]} channels but weight expects {w.shape[1]} "
+                         f"(x {tuple(x.shape)}, weight {tuple(w.shape)})")
+    if w.shape[2] != w.shape[3] or w.shape[2] % 2 != 1:
+        raise ValueError(f"{op}: kernel must be square and odd, got weight {tuple(w.shape)}")
+    if stride not in (1, 2):
+        raise ValueError(f"{op}: stride must be 1 or 2, got {stride}")
+    if b is not None and tuple(b.shape) != (w.shape[0],):
+        raise ValueError(f"{op}: bias must have shape ({w.shape[0]},), got {tuple(b.shape)}")
+    _validate.finite(op, "x", x)
+
+
+def forward(x: jax.Array, weight: jax.Array, bias: Optional[jax.Array] = None, *, stride: int = 1,
+            rnd: Optional[Rounding] = None) -> tuple[jax.Array, ConvSaved]:
+    """y[n,o,i,j] = Σ_{c,kh,kw} xpad[n,c,s·i+kh,s·j+kw]·W[o,c,kh,kw] + b[o].
+
+    x [N,C,H,W], weight [O,C,k,k] -> y [N,O,H',W'], H' = (H + 2p − k)//s + 1, p = (k−1)//2.
+    With `rnd`, the bf16 kind: rnd(conv(rnd(x), rnd(W))) accumulated in float32, then the bias.
+    """
+    _check("conv.forward", x, weight, bias, stride)
+    p = padding(weight.shape[2])
+    rnd_ = rnd or identity
+    y = _correlate(rnd_(x), rnd_(weight), strides=(stride, stride), pads=((p, p), (p, p)))
+    y = _round_result(y, rnd_, x.dtype)
+    if bias is not None:
+        y = y + bias[None, :, None, None]
+    return y, ConvSaved(x, stride)
+
+
+def upsample(dy: jax.Array, stride: int) -> jax.Array:
+    """Zeros between cells: dy's values land on the stride-1 grid at multiples of `stride`."""
+    if stride == 1:
+        return dy
+    zero = jnp.zeros((), dy.dtype)
+    return lax.pad(dy, zero, ((0, 0, 0), (0, 0, 0), (0, 0, stride - 1), (0, 0, stride - 1)))
+
+
+# dy[N,O,H',W'] upsampled to the stride-1 grid, correlated with flip(W)ᵀ[C,O,k,k] -> dx[N,C,H,W]
+def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], stride: int = 1,
+             rnd: Optional[Rounding] = None) -> jax.Array:
+    """Input cotangent: linear in dy, independent of the primal.
+
+    dx[n,c,h,w] = Σ_{o,kh,kw} dyup[n,o,h+p−kh,w+p−kw]·W[o,c,kh,kw], dyup = dy upsampled by the
+    stride (values at multiples of s). Lean: `convBackBatched`, `cInB`; strided:
+    `convStridedBackBatched`.
+    """
+    op = "conv.backward"
+    _validate.rank(op, "dy", dy, 4)
+    _validate.rank(op, "weight", weight, 4)
+    n, c, h, w = input_shape
+    k = weight.shape[2]
+    expected = (n, weight.shape[0], out_size(h, k, stride), out_size(w, k, stride))
+    if tuple(dy.shape) != expected:
+        raise ValueError(f"{op}: dy must have shape {expected} for input {tuple(input_shape)} and "
+                         f"weight {tuple(weight.shape)} at stride {stride}, got {tuple(dy.shape)}")
+    p = padding(k)
+    rnd_ = rnd or identity
+    dyup = upsample(rnd_(dy), stride)
+    flipped = jnp.swapaxes(rnd_(weight)[:, :, ::-1, ::-1], 0, 1)  # [C,O,k,k]
+    # low pad k−1−p; high pad fills the grid back to H when (H + 2p − k) is not a multiple of s
+    pads = ((k - 1 - p, h + p - dyup.shape[2]), (k - 1 - p, w + p - dyup.shape[3]))
+    dx = _correlate(dyup, flipped, strides=(1, 1), pads=pads)
+    return _round_result(dx, rnd_, dy.dtype)
+
+
+# x[N,C,H,W] (padded) correlated with dy[N,O,H',W'] dilated by s, summed over N -> dW[O,C,k,k]
+def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 1,
+                rnd: Optional[Rounding] = None) -> jax.Array:
+    """dW[o,c,kh,kw] = Σ_n Σ_{i,j} dy[n,o,i,j]·xpad[n,c,s·i+kh,s·j+kw].
+
+    The bf16 kind rounds the result once, outside the batch sum. Lean: `convWeightGradB` and its
+    strided peer.
+    """
+    op = "conv.grad_weight"
+    _validate.rank(op, "x", x, 4)
+    _validate.rank(op, "dy", dy, 4)
+    n, c, h, w = x.shape
+    expected = (n, out_size(h, kernel_size, stride), out_size(w, kernel_size, stride))
+    if (dy.shape[0], dy.shape[2], dy.shape[3]) != expected:
+        raise ValueError(f"{op}: dy {tuple(dy.shape)} does not match x {tuple(x.shape)} at kernel "
+                         f"{kernel_size}, stride {stride}")
+    p = padding(kernel_size)
+    rnd_ = rnd or identity
+    # batch axis as the contraction ("feature") axis, channels as the "batch" axis
+    dw = _correlate(rnd_(x), rnd_(dy), strides=(1, 1), pads=((p, p), (p, p)),
+                    rhs_dilation=(stride, stride), dims=("CNHW", "IOHW", "CNHW"))
+    dw = dw[:, :, :kernel_size, :kernel_size]  # [O,C,k,k]; extra rows exist when s ∤ (H+2p−k)
+    return _round_result(dw, rnd_, x.dtype)
+
+
+# dy[N,O,H',W'] summed over (n,i,j) -> db[O]
+def grad_bias(dy: jax.Array) -> jax.Array:
+    """db[o] = Σ_{n,i,j} dy[n,o,i,j]; exactly 0 in ℝ when BatchNorm follows (round-off in floats)."""
+    _validate.rank("conv.grad_bias", "dy", dy, 4)
+    return jnp.sum(dy, axis=(0, 2, 3))
+
+
+# ---- bf16 kinds: rounding with real bfloat16 operands and float32 accumulation ----------------
+
+def bf16_operand(a: jax.Array) -> jax.Array:
+    """Round-to-nearest-even to bfloat16, kept bf16-typed so the conv accumulates in float32.
+
+    A cast round-trip (f32→bf16→f32) can be erased by a compiler; bf16-typed operands cannot.
+    """
+    return a.astype(jnp.bfloat16)
