@@ -1,0 +1,21 @@
+"""Every tolerance the tie kit uses, named, with where it comes from."""
+
+# float64 rendered node vs autodiff node: both sides round at ~1.1e-16 per op; chains of a few
+# hundred ops stay many orders below this (SPEC §6).
+REL_F64 = 1e-10
+
+# Nodes that are 0 in ℝ (a conv bias behind BatchNorm) carry only round-off on both sides: their
+# error is measured against a floor tied to the net's largest gradient, not against themselves.
+ZERO_NODE_FLOOR = 1e-5
+
+# Central finite differences in float64 along a unit direction: truncation O(h²) plus round-off
+# O(ε_64·|L|/h); at h = 1e-4 both sit near 1e-8 relative.
+FD_STEP = 1e-4
+FD_REL = 1e-5
+
+# float32 node vs the float64 reference: within this many times the perturbation envelope (the
+# spread of the float64 gradient when the input moves by a relative 1e-7, float32's resolution),
+# never tighter than the floor relative to the node's scale.
+F32_ENVELOPE_FACTOR = 10.0
+F32_NUDGE = 1e-7
+F32_FLOOR = 1e-5
