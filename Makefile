@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PROFILE ?= ci
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv book test unit nbval clean
+.PHONY: venv book test unit nbval notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ unit: $(STAMP)
 nbval: $(STAMP)
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg notebooks -n 2 --dist loadfile; \
 	  rc=$$?; if [ $$rc -eq 5 ]; then echo "nbval: no chapter notebooks yet"; exit 0; fi; exit $$rc
+
+# re-execute each chapter's reviewed source (notebooks/*.py) into the committed notebooks/*.ipynb
+notebooks: $(STAMP)
+	for f in notebooks/*.py; do $(PY) -c "import sys; from gradtie import book; book.refresh(sys.argv[1])" $$(basename $$f .py) || exit 1; done
 
 clean:
 	rm -rf _build book/_build
