@@ -1,0 +1,303 @@
+"""gradtie.train: update rules against optax, the schedule, the train step, running stats, fit."""
+
+import json
+from dataclasses import dataclass
+from types import SimpleNamespace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+from gradtie import data, train
+from gradtie.ops import batchnorm, dense, head
+
+OPTAX_TOL = 1e-12     # float64: the two sides differ only in the order of a few roundings
+TIE_TOL = 1e-10       # float64 relative error, rendered step vs autodiff step (SPEC §6)
+
+
+# ---- update rules against optax ------------------------------------------------------------------
+
+def random_tree(key):
+    k1, k2, k3 = jax.random.split(key, 3)
+    return {"conv1.weight": jax.random.normal(k1, (4, 3, 3, 3), jnp.float64),
+            "bn1.weight": 1 + 0.1 * jax.random.normal(k2, (4,), jnp.float64),
+            "fc.bias": jax.random.normal(k3, (5,), jnp.float64)}
+
+
+def run_ours(opt, lr, steps=5, seed=0):
+    params = random_tree(jax.random.key(seed))
+    state = opt.init(params)
+    trail = []
+    for t in range(steps):
+        grads = random_tree(jax.random.key(100 + t))
+        params, state = opt.update(params, grads, state, lr)
+        trail.append(params)
+    return trail
+
+
+def run_optax(tx, steps=5, seed=0):
+    params = random_tree(jax.random.key(seed))
+    state = tx.init(params)
+    trail = []
+    for t in range(steps):
+        grads = random_tree(jax.random.key(100 + t))
+        updates, state = tx.update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        trail.append(params)
+    return trail
+
+
+def worst_rel_err(trail_a, trail_b):
+    return max(float(jnp.max(jnp.abs(a[k] - b[k])) / jnp.max(jnp.abs(b[k])))
+               for a, b in zip(trail_a, trail_b) for k in b)
+
+
+LR = 0.05
+PAIRS = {
+    "sgd": lambda: (train.sgd(), optax.sgd(LR)),
+    "nesterov": lambda: (train.nesterov(), optax.sgd(LR, momentum=0.9, nesterov=True)),
+    "heavy-ball": lambda: (train.heavy_ball(weight_decay=1e-2),
+                           optax.chain(optax.add_decayed_weights(1e-2), optax.sgd(LR, momentum=0.9))),
+    "adamw": lambda: (train.adamw(weight_decay=1e-2),
+                      optax.adamw(LR, b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2)),
+}
+
+
+@pytest.mark.parametrize("name", list(PAIRS))
+def test_update_rule_equals_optax_over_five_steps_f64(name):
+    ours, theirs = PAIRS[name]()
+    assert ours.name == name and set(train.OPTIMIZERS) == set(PAIRS)
+    err = worst_rel_err(run_ours(ours, LR), run_optax(theirs))
+    assert err <= OPTAX_TOL, err
+
+
+def adam_without_bias_correction(b1=0.9, b2=0.999, eps=1e-8, weight_decay=1e-2):
+    def update(params, grads, state, lr):
+        m = {k: b1 * state["m"][k] + (1 - b1) * grads[k] for k in params}
+        v = {k: b2 * state["v"][k] + (1 - b2) * grads[k] ** 2 for k in params}
+        new = {k: params[k] - lr * (m[k] / (jnp.sqrt(v[k]) + eps) + weight_decay * params[k]) for k in params}
+        return new, {"m": m, "v": v, "count": state["count"] + 1}
+    return train.Optimizer("adamw-no-correction", train.adamw().init, update, {})
+
+
+@pytest.mark.parametrize("ours, theirs", [
+    (lambda: train.nesterov(momentum=0.8), lambda: optax.sgd(LR, momentum=0.9, nesterov=True)),
+    (lambda: train.nesterov(), lambda: optax.sgd(LR, momentum=0.9)),                # plain momentum
+    (lambda: train.heavy_ball(weight_decay=0.0),
+     lambda: optax.chain(optax.add_decayed_weights(1e-2), optax.sgd(LR, momentum=0.9))),
+    (adam_without_bias_correction, lambda: optax.adamw(LR, weight_decay=1e-2)),
+], ids=["wrong-momentum", "nesterov-vs-plain", "missing-weight-decay", "missing-bias-correction"])
+def test_optax_comparison_control_goes_red(ours, theirs):
+    assert worst_rel_err(run_ours(ours(), LR), run_optax(theirs())) > 1e-6
+
+
+def test_make_optimizer_rejects_unknown_names():
+    assert train.make_optimizer("adamw", weight_decay=0.0).hyper["weight_decay"] == 0.0
+    with pytest.raises(ValueError, match="expected one of sgd, nesterov, heavy-ball, adamw"):
+        train.make_optimizer("lamb")
+
+
+# ---- schedule ------------------------------------------------------------------------------------
+
+def test_cosine_warmup_shape_and_optax_tail():
+    sched = train.cosine_warmup(0.1, 5, 25)
+    lrs = np.array([float(sched(s)) for s in range(30)])
+    np.testing.assert_allclose(lrs[:5], 0.1 * np.arange(1, 6) / 5, rtol=1e-12)
+    assert lrs[5] == pytest.approx(0.1) and np.all(np.diff(lrs[5:26]) < 0) and np.all(lrs[25:] == 0)
+    tail = optax.cosine_decay_schedule(0.1, 20)
+    np.testing.assert_allclose(lrs[5:26], [float(tail(s)) for s in range(21)], rtol=1e-12, atol=1e-15)
+    assert float(train.cosine_warmup(0.1, 0, 10)(0)) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="warmup_steps"):
+        train.cosine_warmup(0.1, 11, 10)
+
+
+# ---- a tiny stand-in net with the nets' protocol: BN (batch statistics) → flatten → dense ----------
+
+@dataclass(frozen=True)
+class TinyConfig:
+    num_classes: int = 3
+    eps: float = 1e-5
+
+
+def _tiny_forward(params, x, cfg):
+    y, bn = batchnorm.forward(x, params["bn1.weight"], params["bn1.bias"], eps=cfg.eps)
+    h = y.reshape(y.shape[0], -1)
+    logits, _ = dense.forward(h, params["fc.weight"], params["fc.bias"])
+    return logits, {"bn": bn, "h": h}
+
+
+def _tiny_backward(params, saved, dlogits, cfg):
+    dh = dense.backward(params["fc.weight"], dlogits)
+    dy = dh.reshape(saved["bn"].x.shape)
+    grads = {"bn1.weight": batchnorm.grad_weight(saved["bn"], dy), "bn1.bias": batchnorm.grad_bias(dy),
+             "fc.weight": dense.grad_weight(saved["h"], dlogits), "fc.bias": dense.grad_bias(dlogits)}
+    return grads, batchnorm.backward(saved["bn"], params["bn1.weight"], dy)
+
+
+def _tiny_loss_and_grads(params, x, targets, cfg, label_smoothing=0.0):
+    logits, saved = _tiny_forward(params, x, cfg)
+    loss = head.forward(logits, targets, label_smoothing)
+    grads, _ = _tiny_backward(params, saved, head.cotangent(logits, targets, label_smoothing), cfg)
+    return loss, grads
+
+
+def _tiny_forward_eval(params, running, x, cfg):
+    s = jax.lax.rsqrt(running["bn1.running_var"] + cfg.eps)
+    y = (params["bn1.weight"] * s)[None, :, None, None] * (x - running["bn1.running_mean"][None, :, None, None]) \
+        + params["bn1.bias"][None, :, None, None]
+    return dense.forward(y.reshape(y.shape[0], -1), params["fc.weight"], params["fc.bias"])[0]
+
+
+tiny = SimpleNamespace(
+    NAME="tiny",
+    init=lambda key, cfg: {"bn1.weight": jnp.ones(3, jnp.float32), "bn1.bias": jnp.zeros(3, jnp.float32),
+                           "fc.weight": 0.3 * jax.random.normal(key, (cfg.num_classes, 48), jnp.float32),
+                           "fc.bias": jnp.zeros(cfg.num_classes, jnp.float32)},
+    init_running=lambda params, cfg: {"bn1.running_mean": jnp.zeros(3, params["bn1.weight"].dtype),
+                                      "bn1.running_var": jnp.ones(3, params["bn1.weight"].dtype)},
+    forward=_tiny_forward, backward=_tiny_backward, loss_and_grads=_tiny_loss_and_grads,
+    batch_stats=lambda saved: {"bn1.running_mean": saved["bn"].mean, "bn1.running_var": saved["bn"].var},
+    forward_eval=_tiny_forward_eval)
+TINY = TinyConfig()
+
+
+def tiny_batch(n=8, seed=0, dtype=jnp.float64):
+    k1, k2 = jax.random.split(jax.random.key(seed))
+    x = 2.0 + 3.0 * jax.random.normal(k1, (n, 3, 4, 4), dtype)
+    return x, jax.random.randint(k2, (n,), 0, TINY.num_classes)
+
+
+def tiny_state(opt, dtype=jnp.float64):
+    params = {k: v.astype(dtype) for k, v in tiny.init(jax.random.key(1), TINY).items()}
+    return train.init_state(tiny, TINY, params, opt)
+
+
+def rel_err(a, b):
+    return float(jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-300))
+
+
+@pytest.mark.parametrize("name", list(train.OPTIMIZERS))
+def test_rendered_step_equals_autodiff_step_on_the_stand_in_f64(name):
+    opt = train.make_optimizer(name)
+    x, labels = tiny_batch()
+    targets = data.one_hot(labels, TINY.num_classes, jnp.float64)
+    states = {}
+    for grads in ("rendered", "autodiff"):
+        step = train.make_step(tiny, TINY, opt, grads=grads, label_smoothing=0.1)
+        s, m = step(tiny_state(opt), x, targets, 0.05)
+        s, m = step(s, x, targets, 0.05)
+        states[grads] = (s, m)
+    (a, ma), (b, mb) = states["rendered"], states["autodiff"]
+    for k in a.params:
+        assert rel_err(a.params[k], b.params[k]) <= TIE_TOL, k
+    assert float(ma["loss"]) == pytest.approx(float(mb["loss"]), rel=TIE_TOL)
+
+
+def test_running_stats_first_step_copies_then_ema():
+    opt = train.sgd()
+    step = train.make_step(tiny, TINY, opt)
+    x0, y0 = tiny_batch(seed=0)
+    x1, y1 = tiny_batch(seed=1)
+    s0 = tiny_state(opt)
+    s1, _ = step(s0, x0, y0, 0.1)
+    mean0 = jnp.mean(x0, axis=(0, 2, 3))
+    var0 = jnp.var(x0, axis=(0, 2, 3))                        # biased, as BN normalises with
+    np.testing.assert_allclose(s1.running["bn1.running_mean"], mean0, rtol=1e-13)
+    np.testing.assert_allclose(s1.running["bn1.running_var"], var0, rtol=1e-13)
+    s2, _ = step(s1, x1, y1, 0.1)
+    np.testing.assert_allclose(s2.running["bn1.running_mean"],
+                               0.99 * mean0 + 0.01 * jnp.mean(x1, axis=(0, 2, 3)), rtol=1e-13)
+    np.testing.assert_allclose(s2.running["bn1.running_var"],
+                               0.99 * var0 + 0.01 * jnp.var(x1, axis=(0, 2, 3)), rtol=1e-13)
+    assert int(s2.step) == 2
+    # the control: without the first-step copy the mean would sit near the initial zeros
+    assert float(jnp.max(jnp.abs(0.01 * mean0 - s1.running["bn1.running_mean"]))) > 0.5
+
+
+def test_step_takes_labels_or_rows_and_reports_metrics():
+    opt = train.nesterov()
+    step = train.make_step(tiny, TINY, opt)
+    x, labels = tiny_batch()
+    a, ma = step(tiny_state(opt), x, labels, 0.1)
+    b, mb = step(tiny_state(opt), x, data.one_hot(labels, 3, jnp.float64), 0.1)
+    for k in a.params:
+        np.testing.assert_array_equal(a.params[k], b.params[k])
+    assert set(ma) == {"loss", "accuracy", "grad_norm", "lr"} and 0 <= float(ma["accuracy"]) <= 1
+    assert list(a.params) == list(tiny_state(opt).params)            # signature order survives jit
+    assert list(a.opt_state["v"]) == list(a.params)
+    with pytest.raises(ValueError, match="'rendered' or 'autodiff'"):
+        train.make_step(tiny, TINY, opt, grads="finite-differences")
+
+
+def test_loss_decreases_over_rendered_steps():
+    opt = train.sgd()
+    step = train.make_step(tiny, TINY, opt)
+    x, labels = tiny_batch(n=16)
+    s, losses = tiny_state(opt), []
+    for _ in range(20):
+        s, m = step(s, x, labels, 0.5)
+        losses.append(float(m["loss"]))
+    assert losses[-1] < 0.5 * losses[0]
+    assert train.evaluate(tiny, TINY, s, np.asarray(x), np.asarray(labels), batch=5) >= 0.5
+
+
+# ---- fit and checkpoints -------------------------------------------------------------------------
+
+def tiny_split(seed=0):
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((3, 3, 4, 4))
+    y = rng.integers(0, 3, 60)
+    x = centres[y] + 0.5 * rng.standard_normal((60, 3, 4, 4))
+    return data.Split(x[:48].astype(np.float32), y[:48], x[48:].astype(np.float32), y[48:])
+
+
+FIT = dict(optimizer="nesterov", lr=0.05, batch=8, schedule="cosine", warmup_epochs=1, flip=True,
+           mix="mixup", seed=3, progress=False)
+
+
+def test_fit_learns_and_writes_checkpoints(tmp_path):
+    result = train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path, **FIT)
+    assert [h["epoch"] for h in result.history] == [1, 2, 3]
+    assert result.history[-1]["test_accuracy"] >= 0.75
+    record = json.loads((tmp_path / train.METRICS).read_text())
+    assert record["optimizer"] == "nesterov" and len(record["history"]) == 3
+    state, _ = train.load_checkpoint(tmp_path, result.state)
+    assert int(state.step) == 3 * 6
+    for k in state.params:
+        np.testing.assert_array_equal(state.params[k], result.state.params[k])
+
+
+def test_resumed_fit_continues_exactly(tmp_path):
+    straight = train.fit(tiny, TINY, tiny_split(), epochs=2, out=tmp_path / "a", **FIT)
+    train.fit(tiny, TINY, tiny_split(), epochs=1, out=tmp_path / "b", **FIT)
+    resumed = train.fit(tiny, TINY, tiny_split(), epochs=2, out=tmp_path / "b", resume=True, **FIT)
+    for k in straight.state.params:
+        np.testing.assert_array_equal(straight.state.params[k], resumed.state.params[k])
+    for k in straight.state.opt_state["v"]:
+        np.testing.assert_array_equal(straight.state.opt_state["v"][k], resumed.state.opt_state["v"][k])
+    assert [h["loss"] for h in straight.history] == [h["loss"] for h in resumed.history]
+    with pytest.raises(ValueError, match="optimizer='nesterov'"):
+        train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path / "b", resume=True,
+                  **{**FIT, "optimizer": "adamw"})
+
+
+def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
+    result = train.fit(tiny, TINY, tiny_split(), epochs=1, out=tmp_path, **{**FIT, "mix": None})
+    other = train.init_state(tiny, TINY, result.state.params, train.adamw())
+    with pytest.raises(ValueError, match="lacks 'opt_state/m/bn1.weight'"):
+        train.load_checkpoint(tmp_path, other)
+    with pytest.raises(FileNotFoundError, match="no checkpoint"):
+        train.load_checkpoint(tmp_path / "empty", other)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(epochs=0), "epochs must be a positive integer"),
+    (dict(batch=100), "no full batch"),
+    (dict(mix="cutout"), "mix must be"),
+    (dict(optimizer="lamb"), "expected one of"),
+])
+def test_fit_rejects_bad_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        train.fit(tiny, TINY, tiny_split(), **{**FIT, **kwargs})
