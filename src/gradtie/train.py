@@ -20,6 +20,7 @@ are plain `.npz` files.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -65,6 +66,7 @@ def _zeros(params: Params) -> Params:
     return _map(jnp.zeros_like, params)
 
 
+@functools.lru_cache(maxsize=None)   # one object per setting: compiled steps are reused
 def sgd() -> Optimizer:
     """θ ← θ − lr·g."""
     def init(params):
@@ -76,6 +78,7 @@ def sgd() -> Optimizer:
     return Optimizer("sgd", init, update, {})
 
 
+@functools.lru_cache(maxsize=None)
 def nesterov(momentum: float = 0.9) -> Optimizer:
     """v ← μv + g; θ ← θ − lr·(g + μv) (the look-ahead form; optax's `sgd(nesterov=True)`)."""
     def init(params):
@@ -89,6 +92,7 @@ def nesterov(momentum: float = 0.9) -> Optimizer:
     return Optimizer("nesterov", init, update, {"momentum": momentum})
 
 
+@functools.lru_cache(maxsize=None)
 def heavy_ball(momentum: float = 0.9, weight_decay: float = 1e-4) -> Optimizer:
     """Coupled weight decay on every tensor, then momentum: g ← g + wd·θ; v ← μv + g; θ ← θ − lr·v."""
     def init(params):
@@ -102,6 +106,7 @@ def heavy_ball(momentum: float = 0.9, weight_decay: float = 1e-4) -> Optimizer:
     return Optimizer("heavy-ball", init, update, {"momentum": momentum, "weight_decay": weight_decay})
 
 
+@functools.lru_cache(maxsize=None)
 def adamw(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 1e-4) -> Optimizer:
     """Adam with bias correction and decoupled weight decay read from θ before the step:
     θ ← θ − lr·(m/(1−β₁ᵗ))/(√(v/(1−β₂ᵗ)) + ε) − lr·wd·θ, t = 1, 2, … (the state's count)."""
@@ -222,6 +227,13 @@ def make_step(net, cfg, opt: Optimizer, *, grads: str = "rendered", label_smooth
     rendered step is compared against). metrics: loss, accuracy (argmax of logits against argmax
     of targets), grad_norm (global L2), lr.
     """
+    try:
+        key = (id(net), hash(cfg), cfg, id(opt), grads, label_smoothing, jit)
+    except TypeError:       # an unhashable config: no reuse
+        key = object()
+    hit = _STEPS.get(key)
+    if hit is not None and hit[0] is net and hit[1] is opt:
+        return hit[2]
     if grads == "rendered":
         loss_and_grads = _rendered_loss_and_grads(net, cfg, label_smoothing)
     elif grads == "autodiff":
@@ -245,15 +257,20 @@ def make_step(net, cfg, opt: Optimizer, *, grads: str = "rendered", label_smooth
         }
         return TrainState(params, opt_state, running, state.step + 1), metrics
 
-    if not jit:
-        return step
-    jitted = jax.jit(step)
+    if jit:
+        jitted = jax.jit(step)
 
-    def ordered_step(state: TrainState, x, targets, lr):
-        new, metrics = jitted(state, x, targets, lr)
-        return _in_order_of(new, state), metrics
+        def ordered_step(state: TrainState, x, targets, lr):
+            new, metrics = jitted(state, x, targets, lr)
+            return _in_order_of(new, state), metrics
 
-    return ordered_step
+    _STEPS[key] = (net, opt, ordered_step if jit else step)
+    return _STEPS[key][2]
+
+
+# (net, config, optimizer, grads, α, jit) -> step: a second make_step (a resumed fit, a notebook
+# cell run twice) reuses the compiled step instead of compiling it again
+_STEPS: dict = {}
 
 
 def _in_order_of(tree, template):
