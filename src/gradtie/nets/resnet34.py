@@ -1,0 +1,317 @@
+"""ResNet-34 at true batch BatchNorm: 7×7/s2 stem, 3×3/s2 stem pool, [3,4,6,3] basic blocks, GAP + fc.
+
+Eighteen stages: "stem" (conv1 7×7/s2 → bn1 → ReLU → 3×3/s2 pool), sixteen basic blocks
+"layer1.0" … "layer4.2" (thirteen identity blocks, three downsample blocks "layer2.0", "layer3.0",
+"layer4.0" with a 1×1/s2 conv + BN projection on the skip) and "head" (GAP → fc). Parameter names
+are torchvision's `resnet34().state_dict()` keys without the running statistics. Input [N,3,S,S],
+S any multiple of 32. The rendered backward is composed from `gradtie.ops` only and is checked
+node by node against `gradtie.reference`. Shown in: Whole-net tie, bf16 erasure, Data-parallel tie.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+from typing import Mapping, NamedTuple, Optional
+
+import jax
+
+from ..ops import batchnorm, conv, dense, gap, head, maxpool, relu, residual
+from .stages import (ConvBNSaved, Stage, as_input, as_targets, batch_statistic_entries, bn_nodes,
+                     bn_saved, bn_specs, callables, check_image, check_params, check_running,
+                     check_selections, conv_bn, conv_nodes, conv_specs, dense_specs, fold_backward,
+                     fold_forward, init_params, pool, pool_backward, rounding, running_init)
+from . import stages as _stages
+
+NAME = "resnet34"
+STAGE_SIZES = (3, 4, 6, 3)      # basic blocks per layer
+WIDTHS = (64, 128, 256, 512)    # channels per layer
+STEM_WIDTH = 64
+POOLS = {"stem.pool": maxpool.POOL3S2}
+POOL_PREACTIVATIONS = {"stem.pool": "bn1"}  # the z feeding ReLU → the stem pool
+# the layer whose output feeds ReLU → the stem pool: the census reads its pre-activations z
+POOL_PREACTIVATIONS = {"stem.pool": "bn1"}
+
+
+@dataclass(frozen=True)
+class Config:
+    """num_classes K (1000 for ImageNet); conv_bias adds a bias to every conv (36 vectors);
+    bn_axis_name: the mesh axis for synchronised BatchNorm (None on one device)."""
+    num_classes: int = 1000
+    conv_bias: bool = False
+    eps: float = 1e-5
+    bf16: bool = False
+    bn_axis_name: Optional[str] = None
+
+    def __post_init__(self):
+        if self.num_classes < 1:
+            raise ValueError(f"resnet34.Config: num_classes must be positive, got {self.num_classes}")
+        if not self.eps > 0:
+            raise ValueError(f"resnet34.Config: eps must be positive, got {self.eps}")
+
+
+class Block(NamedTuple):
+    name: str      # "layer2.0"
+    in_ch: int
+    width: int
+    stride: int    # 2 for the first block of layers 2–4 (downsample), else 1
+
+    @property
+    def kind(self) -> str:
+        return "downsample" if self.stride == 2 else "identity"
+
+
+def blocks() -> list[Block]:
+    """The sixteen basic blocks, from the sizes (3, 4, 6, 3) at widths 64 … 512."""
+    out, in_ch = [], STEM_WIDTH
+    for layer, (size, width) in enumerate(zip(STAGE_SIZES, WIDTHS), start=1):
+        for i in range(size):
+            stride = 2 if layer > 1 and i == 0 else 1
+            out.append(Block(f"layer{layer}.{i}", in_ch, width, stride))
+            in_ch = width
+    return out
+
+
+def _stem_specs(cfg: Config):
+    return conv_specs("conv1", 3, STEM_WIDTH, 7, cfg.conv_bias) + bn_specs("bn1", STEM_WIDTH)
+
+
+def _block_specs(block: Block, cfg: Config):
+    p = block.name
+    specs = (conv_specs(f"{p}.conv1", block.in_ch, block.width, 3, cfg.conv_bias) + bn_specs(f"{p}.bn1", block.width)
+             + conv_specs(f"{p}.conv2", block.width, block.width, 3, cfg.conv_bias) + bn_specs(f"{p}.bn2", block.width))
+    if block.stride == 2:
+        specs += (conv_specs(f"{p}.downsample.0", block.in_ch, block.width, 1, cfg.conv_bias)
+                  + bn_specs(f"{p}.downsample.1", block.width))
+    return specs
+
+
+def _head_specs(cfg: Config):
+    return dense_specs("fc", WIDTHS[-1], cfg.num_classes)
+
+
+def param_specs(cfg: Config = Config()):
+    """(name, shape, init rule) of every tensor, in torchvision state_dict order."""
+    return (_stem_specs(cfg) + [spec for block in blocks() for spec in _block_specs(block, cfg)]
+            + _head_specs(cfg))
+
+
+def init(key: jax.Array, cfg: Config = Config()) -> dict[str, jax.Array]:
+    """110 float32 tensors (146 with conv biases): He fan-out convs, Glorot fc, γ = 1, β = 0, biases 0."""
+    return init_params(key, param_specs(cfg))
+
+
+def bn_names(cfg: Config = Config()) -> list[str]:
+    names = ["bn1"]
+    for block in blocks():
+        names += [f"{block.name}.bn1", f"{block.name}.bn2"]
+        if block.stride == 2:
+            names.append(f"{block.name}.downsample.1")
+    return names
+
+
+def init_running(params: Mapping, cfg: Config = Config()) -> dict[str, jax.Array]:
+    """Running statistics before the first step: mean 0, variance 1 (PyTorch's)."""
+    return running_init(params, bn_names(cfg))
+
+
+# ---- stem: conv 7×7/s2 → BN → ReLU → max pool 3×3/s2 pad 1 -----------------------------------------
+
+class StemSaved(NamedTuple):
+    layer: ConvBNSaved         # input x, c1 = conv(x), bn1 statistics
+    n1: jax.Array              # BN output feeding the ReLU
+    r1: jax.Array              # pool input (post-ReLU): the tie-break compares it
+    sigma: Optional[jax.Array]  # the frozen selection under the gather model, else None
+
+
+def _stem_forward(params, x, cfg: Config, *, selections=None, running=None):
+    n1, layer = conv_bn(params, "conv1", "bn1", x, cfg, stride=2, running=running)
+    r1, _ = relu.forward(n1)
+    y, sigma = pool("stem.pool", POOLS["stem.pool"], r1, selections)
+    return y, StemSaved(layer, n1, r1, sigma)
+
+
+# dv names the cotangent leaving node v's backward (SPEC §4): dn1 = bnBack(c1; dr1) sits at c1.
+def _stem_backward(params, s: StemSaved, dy, cfg: Config):
+    bn1 = bn_saved(s.layer, cfg)
+    dp = pool_backward(POOLS["stem.pool"], s.r1, s.sigma, dy)  # overlapping windows accumulate
+    dr1 = relu.backward(relu.ReluSaved(s.n1), dp)
+    dn1 = batchnorm.backward(bn1, params["bn1.weight"], dr1)
+    dx = conv.backward(params["conv1.weight"], dn1, input_shape=s.layer.x.shape, stride=2, rnd=rounding(cfg))
+    grads = {**conv_nodes(params, "conv1", s.layer.x, dn1, cfg, stride=2), **bn_nodes("bn1", bn1, dr1)}
+    return grads, dx
+
+
+# ---- basic blocks ----------------------------------------------------------------------------------
+
+class BlockSaved(NamedTuple):
+    layer1: ConvBNSaved            # block input x, c1 = conv1(x), bn1 statistics
+    n1: jax.Array                  # bn1 output feeding the inner ReLU
+    layer2: ConvBNSaved            # r1 = relu(n1), c2 = conv2(r1), bn2 statistics
+    a: jax.Array                   # a = n2 + skip, feeding the block's output ReLU
+    proj: Optional[ConvBNSaved]    # downsample: x, cp = 1×1/s2 conv(x), projection BN statistics
+
+
+def _block_forward(block: Block, params, x, cfg: Config, *, selections=None, running=None):
+    p = block.name
+    n1, layer1 = conv_bn(params, f"{p}.conv1", f"{p}.bn1", x, cfg, stride=block.stride, running=running)
+    r1, _ = relu.forward(n1)
+    n2, layer2 = conv_bn(params, f"{p}.conv2", f"{p}.bn2", r1, cfg, running=running)
+    if block.stride == 1:
+        skip, proj = x, None
+    else:
+        skip, proj = conv_bn(params, f"{p}.downsample.0", f"{p}.downsample.1", x, cfg, stride=2, running=running)
+    a = residual.forward(n2, skip)
+    out, _ = relu.forward(a)
+    return out, BlockSaved(layer1, n1, layer2, a, proj)
+
+
+# da = mask(a>0)·dy, dn2 = bnBack(c2; da), dc2 = convBack(W2; dn2), dr1 = mask(n1>0)·dc2,
+# dn1 = bnBack(c1; dr1), dx = convBack(W1; dn1) + da  (downsample: + stridedConvBack(Wp; bnBack(cp; da)))
+def _block_backward(block: Block, params, s: BlockSaved, dy, cfg: Config):
+    p, rnd = block.name, rounding(cfg)
+    bn1, bn2 = bn_saved(s.layer1, cfg), bn_saved(s.layer2, cfg)
+    da = relu.backward(relu.ReluSaved(s.a), dy)
+    dn2 = batchnorm.backward(bn2, params[f"{p}.bn2.weight"], da)
+    dc2 = conv.backward(params[f"{p}.conv2.weight"], dn2, input_shape=s.layer2.x.shape, rnd=rnd)
+    dr1 = relu.backward(relu.ReluSaved(s.n1), dc2)
+    dn1 = batchnorm.backward(bn1, params[f"{p}.bn1.weight"], dr1)
+    dc1 = conv.backward(params[f"{p}.conv1.weight"], dn1, input_shape=s.layer1.x.shape,
+                        stride=block.stride, rnd=rnd)
+    grads = {**conv_nodes(params, f"{p}.conv1", s.layer1.x, dn1, cfg, stride=block.stride),
+             **bn_nodes(f"{p}.bn1", bn1, dr1),
+             **conv_nodes(params, f"{p}.conv2", s.layer2.x, dn2, cfg),
+             **bn_nodes(f"{p}.bn2", bn2, da)}
+    if s.proj is None:
+        dx = residual.backward(dc1, da)
+        return grads, dx
+    bnp = bn_saved(s.proj, cfg)
+    dnp = batchnorm.backward(bnp, params[f"{p}.downsample.1.weight"], da)  # reads the same da as bn2
+    dcp = conv.backward(params[f"{p}.downsample.0.weight"], dnp, input_shape=s.proj.x.shape, stride=2, rnd=rnd)
+    dx = residual.backward(dc1, dcp)
+    grads.update({**conv_nodes(params, f"{p}.downsample.0", s.proj.x, dnp, cfg, stride=2),
+                  **bn_nodes(f"{p}.downsample.1", bnp, da)})
+    return grads, dx
+
+
+# ---- head: global average pool → fc ----------------------------------------------------------------
+
+class HeadSaved(NamedTuple):
+    x: jax.Array  # the GAP input (its shape is what the GAP backward reads)
+    g: jax.Array  # GAP output [N,512]: the fc input
+
+
+def _head_forward(params, x, cfg: Config, *, selections=None, running=None):
+    g, _ = gap.forward(x)
+    logits, _ = dense.forward(g, params["fc.weight"], params["fc.bias"])
+    return logits, HeadSaved(x, g)
+
+
+def _head_backward(params, s: HeadSaved, dlogits, cfg: Config):
+    dg = dense.backward(params["fc.weight"], dlogits)
+    dx = gap.backward(s.x.shape, dg)
+    grads = {"fc.weight": dense.grad_weight(s.g, dlogits), "fc.bias": dense.grad_bias(dlogits)}
+    return grads, dx
+
+
+# ---- the net ---------------------------------------------------------------------------------------
+
+def stage_list(cfg: Config = Config()) -> list[Stage]:
+    """The eighteen stages: stem, 13 identity and 3 downsample blocks, head."""
+    out = [Stage("stem", "stem", _stem_forward, _stem_backward, tuple(s.name for s in _stem_specs(cfg)))]
+    out += [Stage(block.name, block.kind, partial(_block_forward, block), partial(_block_backward, block),
+                  tuple(s.name for s in _block_specs(block, cfg)))
+            for block in blocks()]
+    out.append(Stage("head", "head", _head_forward, _head_backward, tuple(s.name for s in _head_specs(cfg))))
+    return out
+
+
+def _check(params, x, cfg: Config) -> None:
+    check_image(NAME, x, "a positive multiple of 32", lambda s: s >= 32 and s % 32 == 0)
+    check_params(NAME, params, param_specs(cfg))
+
+
+def stages(params, cfg: Config = Config()):
+    """The eighteen (name, callable) stages, train-mode BN; composing them is `forward`'s logits."""
+    check_params(NAME, params, param_specs(cfg))
+    return callables(stage_list(cfg), params, cfg)
+
+
+def forward(params, x, cfg: Config = Config(), *, selections=None):
+    """Train-mode forward (batch statistics) -> (logits [N,K], saved).
+
+    saved: {"stem": StemSaved, "layer1.0" … "layer4.2": BlockSaved, "head": HeadSaved}, arrays only
+    (a pytree). With `selections` {"stem.pool": σ} the stem pool is the gather model frozen at σ.
+    """
+    _check(params, x, cfg)
+    check_selections(NAME, selections, POOLS)
+    x = as_input(NAME, x, params)
+    return fold_forward(stage_list(cfg), params, x, cfg, selections=selections)
+
+
+def backward(params, saved, dlogits, cfg: Config = Config()):
+    """The rendered chain -> (grads with params' keys in their order, dx [N,3,S,S])."""
+    check_params(NAME, params, param_specs(cfg))
+    return fold_backward(stage_list(cfg), params, saved, dlogits, cfg)
+
+
+def loss_and_grads(params, x, targets, cfg: Config = Config(), label_smoothing: float = 0.0):
+    """Mean smoothed cross-entropy and its gradient from the rendered chain.
+
+    targets: int labels [N] or rows summing to 1 [N,K]; the cotangent at the logits is the head's
+    six kit ops, dy = (p − t̃)/N.
+    """
+    _check(params, x, cfg)
+    targets = as_targets(NAME, targets, x.shape[0], cfg.num_classes)
+    logits, saved = forward(params, x, cfg)
+    targets = targets.astype(logits.dtype)
+    loss = head.forward(logits, targets, label_smoothing)
+    dlogits = head.cotangent(logits, targets, label_smoothing)
+    grads, _ = backward(params, saved, dlogits, cfg)
+    return loss, grads
+
+
+def forward_eval(params, running, x, cfg: Config = Config()):
+    """Eval-mode logits: every BN uses the running statistics."""
+    _check(params, x, cfg)
+    check_running(NAME, running, bn_names(cfg), params)
+    x = as_input(NAME, x, params)
+    logits, _ = fold_forward(stage_list(cfg), params, x, cfg, running=running)
+    return logits
+
+
+# ---- reading `saved` -------------------------------------------------------------------------------
+
+def preactivations(saved) -> dict[str, jax.Array]:
+    """Every ReLU's input: "bn1" (the stem), then per block "<block>.bn1" (n1) and "<block>.add"
+    (a = n2 + skip, feeding the block's output ReLU)."""
+    out = {"bn1": saved["stem"].n1}
+    for block in blocks():
+        out[f"{block.name}.bn1"] = saved[block.name].n1
+        out[f"{block.name}.add"] = saved[block.name].a
+    return out
+
+
+def pool_inputs(saved) -> dict[str, jax.Array]:
+    """"stem.pool": the stem pool's (post-ReLU) input."""
+    return {"stem.pool": saved["stem"].r1}
+
+
+def batch_stats(saved) -> dict[str, jax.Array]:
+    """`<bn>.running_mean` / `<bn>.running_var` (torchvision names): this batch's mean and biased variance."""
+    out = batch_statistic_entries("bn1", saved["stem"].layer)
+    for block in blocks():
+        s = saved[block.name]
+        out.update(batch_statistic_entries(f"{block.name}.bn1", s.layer1))
+        out.update(batch_statistic_entries(f"{block.name}.bn2", s.layer2))
+        if s.proj is not None:
+            out.update(batch_statistic_entries(f"{block.name}.downsample.1", s.proj))
+    return out
+
+
+census = _stages.census
+
+
+def summary(params, cfg: Config = Config(), x_shape=(1, 3, 224, 224)):
+    """Rows (name, kind, output shape, parameter count), one per stage; `stages.format_summary` prints them."""
+    return _stages.summary(stage_list(cfg), params, cfg, x_shape)

@@ -1,0 +1,360 @@
+"""cifar8-BN end to end: the rendered chain equals autodiff of the forward, node by node, in float64."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradtie.nets import cifar8, stages
+from gradtie.ops import head, maxpool
+
+import tie_helpers as th
+
+N = 4
+K = 10
+SHAPE = (N, 3, 32, 32)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return th.f64(cifar8.init(jax.random.PRNGKey(0), cifar8.Config()))
+
+
+@pytest.fixture(scope="module")
+def x():
+    return th.randn(1, SHAPE)
+
+
+def _images(kind):
+    return {"randn": lambda: th.randn(1, SHAPE), "photos": lambda: th.photos(N, 32),
+            "flat": lambda: th.flat_images(N, 32)}[kind]()
+
+
+def _targets(kind):
+    return th.labels(N, K) if kind == "labels" else th.soft_targets(N, K)
+
+
+CASES = {
+    "randn-soft-a0.1": (cifar8.Config(), "randn", "soft", 0.1),
+    "randn-labels-a0": (cifar8.Config(), "randn", "labels", 0.0),
+    "photos-labels-a0.1": (cifar8.Config(), "photos", "labels", 0.1),
+    "photos-soft-a0": (cifar8.Config(), "photos", "soft", 0.0),
+    "flat-labels-a0": (cifar8.Config(), "flat", "labels", 0.0),
+    "flat-soft-a0.1": (cifar8.Config(), "flat", "soft", 0.1),
+    "example-bn-randn": (cifar8.Config(bn="example"), "randn", "soft", 0.1),
+    "example-bn-flat": (cifar8.Config(bn="example"), "flat", "labels", 0.0),
+    "no-conv-bias-photos": (cifar8.Config(conv_bias=False), "photos", "labels", 0.1),
+    "narrow-head-randn": (cifar8.Config(head_width=64), "randn", "labels", 0.1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_loss_and_grads_equal_autodiff_f64(case):
+    cfg, images, targets, alpha = CASES[case]
+    p = th.f64(cifar8.init(jax.random.PRNGKey(3), cfg))
+    x, t = _images(images), _targets(targets)
+    loss, grads = cifar8.loss_and_grads(p, x, t, cfg, label_smoothing=alpha)
+    loss_ref, grads_ref = th.oracle_loss_and_grads(cifar8, p, x, t, cfg, alpha)
+    assert abs(float(loss) - float(loss_ref)) <= th.REL_TOL_F64 * abs(float(loss_ref))
+    assert list(grads) == list(p)
+    th.assert_tied(grads, grads_ref, p)
+
+
+@pytest.mark.parametrize("bn", ["batch", "example"])
+def test_backward_equals_vjp_at_any_cotangent(params, x, bn):
+    cfg = cifar8.Config(bn=bn)
+    dlogits = th.randn(7, (N, K))
+    logits, saved = cifar8.forward(params, x, cfg)
+    grads, dx = cifar8.backward(params, saved, dlogits, cfg)
+    grads_ref, dx_ref = th.reference.vjp(lambda p_, x_: cifar8.forward(p_, x_, cfg)[0], params, x,
+                                         cotangent=dlogits)
+    th.assert_tied(grads, grads_ref, params)
+    assert dx.shape == x.shape
+    assert th.rel_err(dx, dx_ref) <= th.REL_TOL_F64
+
+
+def test_input_cotangent_equals_vjp_of_the_loss(params, x):
+    cfg = cifar8.Config()
+    t = th.soft_targets(N, K)
+    logits, saved = cifar8.forward(params, x, cfg)
+    _, dx = cifar8.backward(params, saved, head.cotangent(logits, t, 0.1), cfg)
+    dx_ref = jax.grad(lambda x_: th.reference.smoothed_cross_entropy(
+        cifar8.forward(params, x_, cfg)[0], t, 0.1))(x)
+    assert th.rel_err(dx, dx_ref) <= th.REL_TOL_F64
+
+
+# ---- the gather model ------------------------------------------------------------------------------
+
+def _argmax_selections(saved):
+    return {name: maxpool.select(r, cifar8.POOLS[name]) for name, r in cifar8.pool_inputs(saved).items()}
+
+
+def test_gather_model_at_argmax_is_the_net_bit_for_bit(params, x):
+    cfg = cifar8.Config()
+    logits, saved = cifar8.forward(params, x, cfg)
+    selections = _argmax_selections(saved)
+    logits_g, saved_g = cifar8.forward(params, x, cfg, selections=selections)
+    assert jnp.array_equal(logits, logits_g)
+    dlogits = th.randn(2, (N, K))
+    grads, dx = cifar8.backward(params, saved, dlogits, cfg)
+    grads_g, dx_g = cifar8.backward(params, saved_g, dlogits, cfg)
+    assert all(jnp.array_equal(grads[k], grads_g[k]) for k in grads)
+    assert jnp.array_equal(dx, dx_g)
+
+
+def _random_selections(saved, seed=5):
+    keys = jax.random.split(jax.random.PRNGKey(seed), 4)
+    return {name: jax.random.randint(k, maxpool.select(r, cifar8.POOLS[name]).shape, 0, 4)
+            for k, (name, r) in zip(keys, cifar8.pool_inputs(saved).items())}
+
+
+@pytest.fixture(scope="module")
+def gather_point(params, x):
+    """A random σ (not the argmax): the gather-model net is linear in each pool input, so smooth."""
+    cfg = cifar8.Config()
+    _, saved = cifar8.forward(params, x, cfg)
+    selections = _random_selections(saved)
+    dlogits = th.randn(4, (N, K))
+    grads_ref, dx_ref = th.reference.vjp(
+        lambda p_, x_: cifar8.forward(p_, x_, cfg, selections=selections)[0], params, x, cotangent=dlogits)
+    return cfg, saved, selections, dlogits, grads_ref, dx_ref
+
+
+def test_gather_model_backward_is_selscatter_at_any_selection(params, x, gather_point):
+    cfg, _, selections, dlogits, grads_ref, dx_ref = gather_point
+    _, saved_g = cifar8.forward(params, x, cfg, selections=selections)
+    grads, dx = cifar8.backward(params, saved_g, dlogits, cfg)
+    th.assert_tied(grads, grads_ref, params)
+    assert th.rel_err(dx, dx_ref) <= th.REL_TOL_F64
+
+
+def test_max_pool_backward_on_the_gather_model_control_goes_red(params, gather_point):
+    """The real pools' routing against the gather model's vjp at a random σ: must not tie."""
+    cfg, saved, _, dlogits, grads_ref, _ = gather_point
+    grads_max, _ = cifar8.backward(params, saved, dlogits, cfg)
+    assert th.untied(grads_max, grads_ref, params)
+
+
+# ---- controls: every comparison above can fail -----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tie_point(params, x):
+    cfg = cifar8.Config()
+    t = th.soft_targets(N, K)
+    logits, saved = cifar8.forward(params, x, cfg)
+    dlogits = head.cotangent(logits, t, 0.1)
+    _, grads_ref = th.oracle_loss_and_grads(cifar8, params, x, t, cfg, 0.1)
+    return cfg, saved, dlogits, grads_ref
+
+
+def test_tie_point_is_tied(params, tie_point):
+    cfg, saved, dlogits, grads_ref = tie_point
+    grads, _ = cifar8.backward(params, saved, dlogits, cfg)
+    th.assert_tied(grads, grads_ref, params)
+
+
+def test_doubled_cotangent_control_goes_red(params, tie_point):
+    cfg, saved, dlogits, grads_ref = tie_point
+    grads, _ = cifar8.backward(params, saved, 2 * dlogits, cfg)
+    assert set(th.untied(grads, grads_ref, params)) >= {n for n in params if not th.zero_in_reals(n, params)}
+
+
+def test_swap_gamma_beta_control_goes_red(params, tie_point):
+    cfg, saved, dlogits, grads_ref = tie_point
+    grads, _ = cifar8.backward(params, saved, dlogits, cfg)
+    grads["bn3.weight"], grads["bn3.bias"] = grads["bn3.bias"], grads["bn3.weight"]
+    assert sorted(th.untied(grads, grads_ref, params)) == ["bn3.bias", "bn3.weight"]
+
+
+def test_conv_bias_floor_still_sees_a_wrong_node(params, tie_point):
+    """The absolute floor for zero-in-ℝ nodes is not blind: β's node in conv1.bias's place fails."""
+    cfg, saved, dlogits, grads_ref = tie_point
+    grads, _ = cifar8.backward(params, saved, dlogits, cfg)
+    grads["conv1.bias"] = grads["bn1.bias"]
+    assert th.untied(grads, grads_ref, params) == ["conv1.bias"]
+
+
+def test_missing_node_control_goes_red(params, tie_point):
+    cfg, saved, dlogits, grads_ref = tie_point
+    grads, _ = cifar8.backward(params, saved, dlogits, cfg)
+    assert list(grads) == list(params)  # signature order
+    del grads["fc2.bias"]
+    assert th.untied(grads, grads_ref, params) == ["fc2.bias"]
+
+
+def test_doubled_cotangent_input_control_goes_red(params, x):
+    cfg = cifar8.Config()
+    dlogits = th.randn(7, (N, K))
+    _, saved = cifar8.forward(params, x, cfg)
+    _, dx = cifar8.backward(params, saved, 2 * dlogits, cfg)
+    dx_ref = th.oracle_input_cotangent(cifar8, params, x, cfg, dlogits)
+    assert th.rel_err(dx, dx_ref) > th.REL_TOL_F64
+
+
+# ---- stages, saved views, running statistics -------------------------------------------------------
+
+def test_five_stages_compose_to_the_forward_bit_for_bit(params, x):
+    cfg = cifar8.Config()
+    logits, _ = cifar8.forward(params, x, cfg)
+    pairs = cifar8.stages(params, cfg)
+    assert [name for name, _ in pairs] == ["stage1", "stage2", "stage3", "stage4", "head"]
+    assert [s.kind for s in cifar8.stage_list(cfg)] == ["conv"] * 4 + ["head"]
+    a = x
+    for _, f in pairs:
+        a = f(a)
+    assert jnp.array_equal(a, logits)
+    # control: one stage read from parameters a single ulp away cannot give the same logits
+    nudged = dict(params, **{"bn3.weight": jnp.nextafter(params["bn3.weight"], 2.0)})
+    b = x
+    for (name, f), (_, g) in zip(pairs, cifar8.stages(nudged, cfg)):
+        b = g(b) if name == "stage2" else f(b)
+    assert not jnp.array_equal(b, logits)
+
+
+def test_stages_own_every_parameter_once_in_order(params):
+    names = [n for s in cifar8.stage_list(cifar8.Config()) for n in s.params]
+    assert names == list(params)
+
+
+def test_summary_rows(params):
+    rows = cifar8.summary(params, cifar8.Config(), (N, 3, 32, 32))
+    assert [r.output_shape for r in rows] == [(N, 16, 16, 16), (N, 16, 8, 8), (N, 32, 4, 4), (N, 32, 2, 2), (N, 10)]
+    assert sum(r.params for r in rows) == 374_010
+    assert "374,010" in stages.format_summary(rows)
+
+
+def test_saved_views(params, x):
+    _, saved = cifar8.forward(params, x, cifar8.Config())
+    pre = cifar8.preactivations(saved)
+    assert list(pre) == [f"bn{j}" for j in range(1, 9)] + ["fc1", "fc2"]
+    pools = cifar8.pool_inputs(saved)
+    assert list(pools) == list(cifar8.POOLS) == ["pool1", "pool2", "pool3", "pool4"]
+    for name, layer in cifar8.POOL_PREACTIVATIONS.items():  # each pool reads the ReLU of that BN output
+        assert jnp.array_equal(pools[name], jnp.maximum(pre[layer], 0))
+    assert pre["fc1"].shape == (N, 512)
+    assert jax.tree.leaves(saved)  # a pytree of arrays
+
+
+def test_batch_stats_are_this_batch_and_drive_eval(params, x):
+    cfg = cifar8.Config()
+    logits, saved = cifar8.forward(params, x, cfg)
+    running = cifar8.batch_stats(saved)
+    assert list(running) == [f"bn{j}.running_{s}" for j in range(1, 9) for s in ("mean", "var")]
+    c1 = saved["stage1"].layer1.c
+    np.testing.assert_allclose(running["bn1.running_mean"], np.mean(np.asarray(c1), axis=(0, 2, 3)), rtol=1e-12)
+    np.testing.assert_allclose(running["bn1.running_var"], np.var(np.asarray(c1), axis=(0, 2, 3)), rtol=1e-12)
+    # eval mode with this batch's own statistics is the train-mode forward
+    assert th.rel_err(cifar8.forward_eval(params, running, x, cfg), logits) <= 1e-12
+    # control: PyTorch's initial running statistics give other logits
+    assert th.rel_err(cifar8.forward_eval(params, cifar8.init_running(params, cfg), x, cfg), logits) > 1e-3
+
+
+def test_per_example_bn_eval_is_train(params, x):
+    cfg = cifar8.Config(bn="example")
+    logits, saved = cifar8.forward(params, x, cfg)
+    assert cifar8.batch_stats(saved)["bn1.running_mean"].shape == (16,)
+    assert jnp.array_equal(cifar8.forward_eval(params, cifar8.init_running(params, cfg), x, cfg), logits)
+    # per-example statistics: one example's logits do not depend on the others
+    logits_other, _ = cifar8.forward(params, x.at[1:].set(x[1:] ** 2), cfg)
+    assert th.rel_err(logits_other[0], logits[0]) <= 1e-12
+    assert th.rel_err(logits_other[1], logits[1]) > 1e-3
+
+
+# ---- init ------------------------------------------------------------------------------------------
+
+def test_init_names_layouts_and_rules():
+    cfg = cifar8.Config()
+    p = cifar8.init(jax.random.PRNGKey(0), cfg)
+    assert list(p) == [s.name for s in cifar8.param_specs(cfg)]
+    assert list(p)[:4] == ["conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias"]
+    assert list(p)[-6:] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
+    assert p["conv1.weight"].shape == (16, 3, 3, 3) and p["fc1.weight"].shape == (512, 128)
+    assert all(a.dtype == jnp.float32 for a in p.values())
+    for j in range(1, 9):
+        assert jnp.all(p[f"bn{j}.weight"] == 1) and jnp.all(p[f"bn{j}.bias"] == 0)
+        assert jnp.all(p[f"conv{j}.bias"] == 0)
+    # He fan-out and Glorot standard deviations, within sampling error of these sizes
+    assert abs(float(jnp.std(p["conv8.weight"])) / math.sqrt(2 / (32 * 9)) - 1) < 0.05
+    assert abs(float(jnp.std(p["fc2.weight"])) / math.sqrt(2 / (512 + 512)) - 1) < 0.02
+    assert abs(float(jnp.std(p["fc1.weight"])) / math.sqrt(2 / (128 + 512)) - 1) < 0.03
+    q = cifar8.init(jax.random.PRNGKey(1), cfg)
+    assert not jnp.array_equal(p["conv8.weight"], q["conv8.weight"])
+    assert "conv1.bias" not in cifar8.init(jax.random.PRNGKey(0), cifar8.Config(conv_bias=False))
+
+
+# ---- bad input -------------------------------------------------------------------------------------
+
+def _bad_calls(p, x):
+    cfg = cifar8.Config()
+    t = th.labels(N, K)
+    missing = {k: v for k, v in p.items() if k != "bn5.bias"}
+    wrong = dict(p, **{"fc3.weight": jnp.zeros((9, 512))})
+    return {
+        "size 28": (lambda: cifar8.forward(p, x[:, :, :28, :28], cfg), "32"),
+        "size 64": (lambda: cifar8.loss_and_grads(p, jnp.zeros((N, 3, 64, 64)), t, cfg), "32"),
+        "one channel": (lambda: cifar8.forward(p, x[:, :1], cfg), "3 channels"),
+        "NHWC": (lambda: cifar8.forward(p, jnp.transpose(x, (0, 2, 3, 1)), cfg), "3 channels"),
+        "rank 3": (lambda: cifar8.forward(p, x[0], cfg), "rank 4"),
+        "int pixels": (lambda: cifar8.forward(p, jnp.zeros(SHAPE, jnp.int32), cfg), "float"),
+        "targets width": (lambda: cifar8.loss_and_grads(p, x, jnp.ones((N, 9)) / 9, cfg), r"\(4, 10\)"),
+        "labels length": (lambda: cifar8.loss_and_grads(p, x, t[:3], cfg), "labels"),
+        "label range": (lambda: cifar8.loss_and_grads(p, x, t.at[0].set(10), cfg), "0…9"),
+        "rows not summing": (lambda: cifar8.loss_and_grads(p, x, jnp.full((N, K), 0.2), cfg), "sum to 1"),
+        "missing key": (lambda: cifar8.forward(missing, x, cfg), "bn5.bias"),
+        "extra key": (lambda: cifar8.forward(dict(p, extra=jnp.zeros(3)), x, cfg), "extra"),
+        "biases without conv_bias": (lambda: cifar8.forward(p, x, cifar8.Config(conv_bias=False)), "conv1.bias"),
+        "wrong shape": (lambda: cifar8.loss_and_grads(wrong, x, t, cfg), r"fc3.weight must have shape \(10, 512\)"),
+        "narrow cfg": (lambda: cifar8.forward(p, x, cifar8.Config(head_width=64)), "fc1.weight"),
+        "unknown pool": (lambda: cifar8.forward(p, x, cfg, selections={"pool5": jnp.zeros(1, int)}), "pool5"),
+        "selection shape": (lambda: cifar8.forward(p, x, cfg, selections={"pool2": jnp.zeros((N, 16, 4, 4), int)}),
+                            "σ"),
+        "running missing": (lambda: cifar8.forward_eval(p, {}, x, cfg), "running"),
+        "bn kind": (lambda: cifar8.Config(bn="layer"), "'batch' or 'example'"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_calls({}, jnp.zeros(SHAPE))))
+def test_bad_input_raises_value_error(params, x, case):
+    call, match = _bad_calls(params, x)[case]
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+# ---- jit ---------------------------------------------------------------------------------------------
+
+def test_jit_loss_and_grads_equals_eager(params, x):
+    cfg, t = cifar8.Config(), th.labels(N, K)
+    step = jax.jit(cifar8.loss_and_grads, static_argnames=("cfg", "label_smoothing"))
+    loss_j, grads_j = step(params, x, t, cfg=cfg, label_smoothing=0.1)
+    loss, grads = cifar8.loss_and_grads(params, x, t, cfg, label_smoothing=0.1)
+    assert abs(float(loss_j) - float(loss)) <= 1e-12 * abs(float(loss))
+    assert set(grads_j) == set(grads)
+    assert all(th.rel_err(grads_j[k], grads[k]) <= 1e-12 for k in grads if not th.zero_in_reals(k, params))
+
+
+def test_jit_forward_with_selections_and_backward(params, x):
+    cfg = cifar8.Config()
+    logits, saved = cifar8.forward(params, x, cfg)
+    selections = _argmax_selections(saved)
+    fwd = jax.jit(cifar8.forward, static_argnums=2)
+    logits_j, saved_j = fwd(params, x, cfg, selections=selections)
+    assert th.rel_err(logits_j, logits) <= 1e-12
+    assert jnp.array_equal(saved_j["stage3"].sigma, selections["pool3"])
+    # the saved pytree a jitted forward hands back feeds the rendered backward
+    grads_j, dx_j = cifar8.backward(params, saved_j, logits, cfg)
+    grads, dx = cifar8.backward(params, saved, logits, cfg)
+    assert th.rel_err(dx_j, dx) <= 1e-10
+
+
+def test_bf16_config_runs_in_float32(params, x):
+    """bf16 conv sites, everything else float32: finite, float32 nodes, the loss near the float64 one."""
+    cfg = cifar8.Config(bf16=True)
+    p32 = cifar8.init(jax.random.PRNGKey(0), cfg)
+    t = th.labels(N, K)
+    step = jax.jit(cifar8.loss_and_grads, static_argnames=("cfg", "label_smoothing"))
+    loss, grads = step(p32, x.astype(jnp.float32), t, cfg=cfg)
+    loss64, _ = cifar8.loss_and_grads(params, x, t, cifar8.Config())
+    assert all(g.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(g))) for g in grads.values())
+    assert 0 < abs(float(loss) - float(loss64)) < 1e-2 * float(loss64)

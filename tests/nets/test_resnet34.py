@@ -1,0 +1,195 @@
+"""ResNet-34 end to end: the rendered chain equals autodiff of the forward, node by node, in float64.
+
+Kept quick: K = 10, batch 2, 32-px images (one case at 64 px), eager so that every case after the
+first reuses the compiled ops of its shapes.
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from gradtie.nets import resnet34
+from gradtie.ops import head, maxpool
+
+import tie_helpers as th
+
+N = 2
+K = 10
+CFG = resnet34.Config(num_classes=K)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return th.f64(resnet34.init(jax.random.PRNGKey(0), CFG))
+
+
+@pytest.fixture(scope="module")
+def point(params):
+    """Random images, mixup targets, α = 0.1: the rendered chain and the oracle, computed once."""
+    x = th.randn(1, (N, 3, 32, 32))
+    t = th.soft_targets(N, K)
+    logits, saved = resnet34.forward(params, x, CFG)
+    dlogits = head.cotangent(logits, t, 0.1)
+    grads, dx = resnet34.backward(params, saved, dlogits, CFG)
+
+    def loss(p, x_):
+        return th.reference.smoothed_cross_entropy(resnet34.forward(p, x_, CFG)[0], t, 0.1)
+
+    _, (grads_ref, dx_ref) = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    return dict(x=x, t=t, logits=logits, saved=saved, dlogits=dlogits, grads=grads, dx=dx,
+                grads_ref=grads_ref, dx_ref=dx_ref)
+
+
+def test_rendered_chain_equals_autodiff_f64(params, point):
+    assert list(point["grads"]) == list(params)
+    th.assert_tied(point["grads"], point["grads_ref"], params)
+
+
+def test_input_cotangent_equals_autodiff_f64(point):
+    assert point["dx"].shape == point["x"].shape
+    assert th.rel_err(point["dx"], point["dx_ref"]) <= th.REL_TOL_F64
+
+
+CASES = {
+    "photos-32px-labels-a0": (CFG, lambda: th.photos(N, 32), "labels", 0.0),
+    "flat-32px-soft-a0.1": (CFG, lambda: th.flat_images(N, 32), "soft", 0.1),
+    "randn-32px-conv-bias-labels-a0.1": (resnet34.Config(num_classes=K, conv_bias=True),
+                                         lambda: th.randn(2, (N, 3, 32, 32)), "labels", 0.1),
+    "photos-64px-labels-a0.1": (CFG, lambda: th.photos(N, 64), "labels", 0.1),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_loss_and_grads_equal_autodiff_f64(case):
+    cfg, images, targets, alpha = CASES[case]
+    p = th.f64(resnet34.init(jax.random.PRNGKey(3), cfg))
+    x = images()
+    t = th.labels(N, K) if targets == "labels" else th.soft_targets(N, K)
+    loss, grads = resnet34.loss_and_grads(p, x, t, cfg, label_smoothing=alpha)
+    loss_ref, grads_ref = th.oracle_loss_and_grads(resnet34, p, x, t, cfg, alpha)
+    assert abs(float(loss) - float(loss_ref)) <= th.REL_TOL_F64 * abs(float(loss_ref))
+    assert list(grads) == list(p)
+    th.assert_tied(grads, grads_ref, p)
+
+
+# ---- controls --------------------------------------------------------------------------------------
+
+def test_doubled_cotangent_control_goes_red(params, point):
+    grads, dx = resnet34.backward(params, point["saved"], 2 * point["dlogits"], CFG)
+    assert set(th.untied(grads, point["grads_ref"], params)) == set(params)
+    assert th.rel_err(dx, point["dx_ref"]) > th.REL_TOL_F64
+
+
+def test_swap_gamma_beta_control_goes_red(params, point):
+    grads = dict(point["grads"])
+    a, b = "layer3.0.downsample.1.weight", "layer3.0.downsample.1.bias"
+    grads[a], grads[b] = grads[b], grads[a]
+    assert sorted(th.untied(grads, point["grads_ref"], params)) == [b, a]
+
+
+def test_projection_bn_reads_da_control_goes_red(params, point):
+    """Feeding the projection BN's β the cotangent of bn1 (not the block's da) fails the tie."""
+    grads = dict(point["grads"])
+    grads["layer2.0.downsample.1.bias"] = grads["layer2.0.bn1.bias"]
+    assert th.untied(grads, point["grads_ref"], params) == ["layer2.0.downsample.1.bias"]
+
+
+# ---- the eighteen stages ---------------------------------------------------------------------------
+
+def test_eighteen_stages_compose_to_the_forward_bit_for_bit(params, point):
+    pairs = resnet34.stages(params, CFG)
+    names = [name for name, _ in pairs]
+    assert len(pairs) == 18
+    assert names == (["stem"] + [f"layer{l}.{i}" for l, n in zip((1, 2, 3, 4), (3, 4, 6, 3)) for i in range(n)]
+                     + ["head"])
+    kinds = [s.kind for s in resnet34.stage_list(CFG)]
+    assert kinds == ["stem"] + ["identity"] * 3 + (["downsample"] + ["identity"] * 3) \
+        + (["downsample"] + ["identity"] * 5) + (["downsample"] + ["identity"] * 2) + ["head"]
+    assert kinds.count("identity") == 13 and kinds.count("downsample") == 3
+    a = point["x"]
+    for _, f in pairs:
+        a = f(a)
+    assert jnp.array_equal(a, point["logits"])
+    # control: seventeen of them (layer1.1 left out; shapes still fit) are not the forward
+    b = point["x"]
+    for name, f in pairs:
+        b = b if name == "layer1.1" else f(b)
+    assert b.shape == a.shape and not jnp.array_equal(b, point["logits"])
+
+
+def test_stages_own_every_parameter_once_in_order(params):
+    assert list(params) == [spec.name for spec in resnet34.param_specs(CFG)]
+    assert [n for s in resnet34.stage_list(CFG) for n in s.params] == list(params)
+    assert resnet34.stage_list(CFG)[0].params == ("conv1.weight", "bn1.weight", "bn1.bias")
+
+
+def test_stem_pool_gather_at_argmax_is_the_net_bit_for_bit(params, point):
+    r = resnet34.pool_inputs(point["saved"])["stem.pool"]
+    assert list(resnet34.POOLS) == ["stem.pool"] and r.shape == (N, 64, 16, 16)
+    assert resnet34.POOL_PREACTIVATIONS == {"stem.pool": "bn1"}
+    sigma = maxpool.select(r, resnet34.POOLS["stem.pool"])
+    logits_g, saved_g = resnet34.forward(params, point["x"], CFG, selections={"stem.pool": sigma})
+    assert jnp.array_equal(logits_g, point["logits"])
+    assert jnp.array_equal(saved_g["stem"].sigma, sigma)
+
+
+def test_saved_views(point):
+    saved = point["saved"]
+    pre = resnet34.preactivations(saved)
+    assert len(pre) == 1 + 2 * 16
+    assert list(pre)[:3] == ["bn1", "layer1.0.bn1", "layer1.0.add"]
+    assert jnp.array_equal(jnp.maximum(pre["bn1"], 0), resnet34.pool_inputs(saved)["stem.pool"])
+    assert pre["layer4.2.add"].shape == (N, 512, 1, 1)
+
+
+def test_batch_stats_are_this_batch_and_drive_eval(params, point):
+    running = resnet34.batch_stats(point["saved"])
+    assert len(running) == 2 * 36
+    assert {"bn1.running_mean", "layer2.0.downsample.1.running_var", "layer4.2.bn2.running_mean"} <= set(running)
+    assert list(running)[:2] == ["bn1.running_mean", "bn1.running_var"]
+    c = point["saved"]["layer3.0"].proj.c
+    assert th.rel_err(running["layer3.0.downsample.1.running_var"], jnp.var(c, axis=(0, 2, 3))) <= 1e-12
+    logits_eval = resnet34.forward_eval(params, running, point["x"], CFG)
+    assert th.rel_err(logits_eval, point["logits"]) <= 1e-8
+    assert th.rel_err(resnet34.forward_eval(params, resnet34.init_running(params, CFG), point["x"], CFG),
+                      point["logits"]) > 1e-3
+
+
+# ---- jit, bad input --------------------------------------------------------------------------------
+
+def test_loss_and_grads_traces_under_jit(params, point):
+    """Tracing is where a check that needs concrete values would break; compiling it adds nothing."""
+    step = jax.jit(resnet34.loss_and_grads, static_argnames=("cfg", "label_smoothing"))
+    lowered = step.lower(params, point["x"], th.labels(N, K), cfg=CFG, label_smoothing=0.1)
+    loss, grads = jax.eval_shape(lambda p, x, t: resnet34.loss_and_grads(p, x, t, CFG, 0.1),
+                                 params, point["x"], point["t"])
+    assert lowered is not None and loss.shape == () and set(grads) == set(params)
+    logits, saved = jax.eval_shape(lambda p, x, s: resnet34.forward(p, x, CFG, selections={"stem.pool": s}),
+                                   params, point["x"], jnp.zeros((N, 64, 8, 8), jnp.int32))
+    assert logits.shape == (N, K)
+
+
+def _bad_calls(p, x):
+    t = th.labels(N, K)
+    return {
+        "size 48": (lambda: resnet34.forward(p, jnp.zeros((N, 3, 48, 48)), CFG), "multiple of 32"),
+        "size 16": (lambda: resnet34.forward(p, jnp.zeros((N, 3, 16, 16)), CFG), "multiple of 32"),
+        "one channel": (lambda: resnet34.forward(p, x[:, :1], CFG), "3 channels"),
+        "rank 3": (lambda: resnet34.loss_and_grads(p, x[0], t, CFG), "rank 4"),
+        "targets width": (lambda: resnet34.loss_and_grads(p, x, jnp.ones((N, 1000)) / 1000, CFG), r"\(2, 10\)"),
+        "labels 2-D": (lambda: resnet34.loss_and_grads(p, x, t[:, None], CFG), "labels"),
+        "rows not summing": (lambda: resnet34.loss_and_grads(p, x, jnp.full((N, K), 0.2), CFG), "sum to 1"),
+        "K mismatch": (lambda: resnet34.forward(p, x, resnet34.Config()), r"fc.weight must have shape \(1000, 512\)"),
+        "conv_bias mismatch": (lambda: resnet34.forward(p, x, resnet34.Config(num_classes=K, conv_bias=True)),
+                               "conv1.bias"),
+        "missing key": (lambda: resnet34.forward({k: v for k, v in p.items() if "layer4.0.downsample" not in k},
+                                                 x, CFG), "layer4.0.downsample.0.weight"),
+        "unknown pool": (lambda: resnet34.forward(p, x, CFG, selections={"pool1": jnp.zeros(1, int)}), "stem.pool"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_bad_calls({}, jnp.zeros((N, 3, 32, 32)))))
+def test_bad_input_raises_value_error(params, point, case):
+    call, match = _bad_calls(params, point["x"])[case]
+    with pytest.raises(ValueError, match=match):
+        call()

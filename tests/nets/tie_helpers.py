@@ -1,0 +1,141 @@
+"""Shared by the net tests: images, targets, the autodiff oracle and the node-by-node comparison.
+
+The oracle is built from `net.forward`'s logits and `gradtie.reference.smoothed_cross_entropy`
+only: it never reads the rendered backward or the head cotangent.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import skimage.data
+import skimage.transform
+from sklearn.datasets import load_digits
+
+from gradtie import reference
+
+# float64 rendered node vs float64 autodiff node, relative to max|oracle node| (SPEC §6)
+REL_TOL_F64 = 1e-10
+# conv biases behind BN are 0 in ℝ: both sides carry round-off only, measured against this
+# fraction of the largest gradient of the net (an absolute floor)
+ZERO_NODE_FLOOR = 1e-10
+
+
+# ---- images -------------------------------------------------------------------------------------
+
+def _square(img: np.ndarray, top: float = 0.5, left: float = 0.5) -> np.ndarray:
+    """The largest square crop, placed at relative offsets (0.5, 0.5 = centred)."""
+    h, w = img.shape[:2]
+    s = min(h, w)
+    i, j = int(round((h - s) * top)), int(round((w - s) * left))
+    return img[i:i + s, j:j + s]
+
+
+def _nchw(imgs) -> np.ndarray:
+    return np.stack([np.transpose(img, (2, 0, 1)) for img in imgs]).astype(np.float64)
+
+
+def photos(n: int, size: int) -> np.ndarray:
+    """n real photo crops (astronaut, chelsea, coffee, then other crops of them), [n,3,size,size] in [0,1]."""
+    sources = [skimage.data.astronaut(), skimage.data.chelsea(), skimage.data.coffee()]
+    offsets = [(0.5, 0.5), (0.0, 0.0), (1.0, 1.0)]
+    imgs = []
+    for k in range(n):
+        img = _square(sources[k % 3], *offsets[(k // 3) % 3])
+        imgs.append(skimage.transform.resize(img, (size, size), anti_aliasing=True))  # floats in [0,1]
+    return _nchw(imgs)
+
+
+def flat_images(n: int, size: int = 32) -> np.ndarray:
+    """Images full of flat regions (ties): the horse silhouette, then digits upsampled 8→32 by np.kron."""
+    horse = skimage.transform.resize(_square(skimage.data.horse().astype(np.float64)), (size, size),
+                                     order=0, anti_aliasing=False)
+    imgs = [horse]
+    digits = load_digits().images
+    for k in range(n - 1):
+        imgs.append(np.kron(digits[k] / 16.0, np.ones((size // 8, size // 8))))
+    return _nchw([np.repeat(img[:, :, None], 3, axis=2) for img in imgs])
+
+
+def randn(key: int, shape) -> jax.Array:
+    return jax.random.normal(jax.random.PRNGKey(key), shape, jnp.float64)
+
+
+# ---- targets ------------------------------------------------------------------------------------
+
+def labels(n: int, k: int) -> jax.Array:
+    return jnp.asarray((np.arange(n) * 3 + 1) % k, dtype=jnp.int32)
+
+
+def soft_targets(n: int, k: int) -> jax.Array:
+    """Mixup-style rows: λ·onehot(a) + (1−λ)·onehot(b), summing to 1."""
+    lam = np.linspace(0.3, 0.8, n)[:, None]
+    a = np.eye(k)[np.arange(n) % k]
+    b = np.eye(k)[(np.arange(n) * 7 + 2) % k]
+    return jnp.asarray(lam * a + (1 - lam) * b)
+
+
+def as_rows(targets, k: int) -> jax.Array:
+    t = jnp.asarray(targets)
+    return jax.nn.one_hot(t, k, dtype=jnp.float64) if t.ndim == 1 else t.astype(jnp.float64)
+
+
+# ---- oracle and comparison ----------------------------------------------------------------------
+
+def f64(params):
+    """Cast to float64, keeping the signature order (jax.tree.map would sort the keys)."""
+    return {name: a.astype(jnp.float64) for name, a in params.items()}
+
+
+def oracle_loss_and_grads(net, params, x, targets, cfg, alpha):
+    """jax.value_and_grad of the forward-based loss (reference.smoothed_cross_entropy of the logits)."""
+    t = as_rows(targets, cfg.num_classes)
+
+    def loss(p):
+        return reference.smoothed_cross_entropy(net.forward(p, x, cfg)[0], t, alpha)
+
+    return jax.value_and_grad(loss)(params)
+
+
+def oracle_input_cotangent(net, params, x, cfg, dlogits):
+    """jax.vjp of the forward's logits with respect to the image."""
+    (dx,) = reference.vjp(lambda x_: net.forward(params, x_, cfg)[0], x, cotangent=dlogits)
+    return dx
+
+
+def zero_in_reals(name: str, params) -> bool:
+    """A conv bias: BN follows every conv, so its node is Σ of a BN input cotangent, 0 in ℝ."""
+    return name.endswith(".bias") and jnp.ndim(params[name[:-len("bias")] + "weight"]) == 4
+
+
+def node_errors(rendered, oracle, params) -> dict[str, tuple[float, float]]:
+    """name -> (error, allowed): relative to max|oracle node|, or an absolute floor for zero nodes."""
+    gmax = max(float(jnp.max(jnp.abs(g))) for g in oracle.values())
+    out = {}
+    for name in params:
+        err = float(jnp.max(jnp.abs(rendered[name] - oracle[name])))
+        scale = float(jnp.max(jnp.abs(oracle[name])))
+        if zero_in_reals(name, params) or scale == 0.0:  # (a dead channel's node is exactly 0 too)
+            out[name] = (err, ZERO_NODE_FLOOR * gmax)
+        else:
+            out[name] = (err / scale, REL_TOL_F64)
+    return out
+
+
+def untied(rendered, oracle, params) -> list[str]:
+    """Names of the nodes the rendered chain does not tie (a missing or extra node is untied too)."""
+    if set(rendered) != set(oracle):
+        return sorted(set(rendered) ^ set(oracle))
+    return [name for name, (err, allowed) in node_errors(rendered, oracle, params).items()
+            if not err <= allowed]
+
+
+def assert_tied(rendered, oracle, params):
+    bad = untied(rendered, oracle, params)
+    errs = node_errors(rendered, oracle, params) if set(rendered) == set(oracle) else {}
+    assert bad == [], {name: errs.get(name) for name in bad[:8]}
+
+
+def rel_err(a, b) -> float:
+    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
