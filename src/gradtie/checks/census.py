@@ -160,7 +160,8 @@ def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array]
     rel = TWIN_REL.get(np.dtype(x.dtype), 1e-2)
     violations: list[Violation] = []
     pools, non_twin = [], 0
-    for pool, (layer, spec) in net.POOLS.items():
+    for pool, spec in net.POOLS.items():
+        layer = net.POOL_PREACTIVATIONS[pool]
         classes, margin, dead_margin = classify(pre[layer], [d[layer] for d in drawn], spec, rel)
         pools.append(PoolCensus(pool, layer, classes, margin, dead_margin))
         bad = classes == NON_TWIN
