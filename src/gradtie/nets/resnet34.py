@@ -29,8 +29,6 @@ WIDTHS = (64, 128, 256, 512)    # channels per layer
 STEM_WIDTH = 64
 POOLS = {"stem.pool": maxpool.POOL3S2}
 POOL_PREACTIVATIONS = {"stem.pool": "bn1"}  # the z feeding ReLU → the stem pool
-# the layer whose output feeds ReLU → the stem pool: the census reads its pre-activations z
-POOL_PREACTIVATIONS = {"stem.pool": "bn1"}
 
 
 @dataclass(frozen=True)
