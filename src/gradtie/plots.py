@@ -1,0 +1,29 @@
+"""Every figure a chapter draws: functions take a report and return a matplotlib Figure.
+
+One message per figure, said in its title; labelled axes with units; convergence on log–log with an
+O(h²) reference slope; controls in red; fixed size. Chapters show them with `plt.show()` (PNG).
+"""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg") if matplotlib.get_backend().lower() == "" else None
+
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+OK_COLOR = "tab:blue"
+CONTROL_COLOR = "tab:red"
+FIGSIZE = (7.0, 4.0)
+
+
+# ---- Pools ---------------------------------------------------------------------------------------
+
+# ---- Head fold -----------------------------------------------------------------------------------
+
+# ---- Stage germs ---------------------------------------------------------------------------------
+
+# ---- Whole-net tie -------------------------------------------------------------------------------
+
+# ---- bf16 erasure --------------------------------------------------------------------------------
