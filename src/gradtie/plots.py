@@ -6,12 +6,8 @@ O(h²) reference slope; controls in red; fixed size. Chapters show them with `pl
 
 from __future__ import annotations
 
-import matplotlib
-
-matplotlib.use("Agg") if matplotlib.get_backend().lower() == "" else None
-
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
 OK_COLOR = "tab:blue"
 CONTROL_COLOR = "tab:red"
