@@ -29,6 +29,46 @@ def _check(args: argparse.Namespace) -> int:
     return report.exit_code
 
 
+def _bench(args: argparse.Namespace) -> int:
+    import json
+    from dataclasses import asdict
+
+    from . import bench
+    sizes = args.image_size or [32]
+    configs = [bench.BenchConfig(net=args.net, batch=b, image_size=s, bf16=args.bf16,
+                                 replicas=args.replicas, repeats=args.repeats)
+               for b in args.batch for s in sizes]
+    results = bench.run(configs, progress=not args.json)
+    if args.json:
+        print(json.dumps([dict(asdict(r), ratio=r.ratio) for r in results], indent=1))
+    else:
+        print(f"backend {results[0].backend}; median of {args.repeats} steps each, "
+              f"rendered and autodiff interleaved, a fresh process per configuration")
+        for r in results:
+            print(r.row())
+    return 0
+
+
+def _train(args: argparse.Namespace) -> int:
+    from . import data, train
+    from .checks.check import net_module
+    net = net_module(args.net)
+    dataset = data.load(args.data, size=args.image_size, n_train=args.n_train, n_test=args.n_test,
+                        seed=args.seed)
+    kwargs = {"num_classes": dataset.num_classes}
+    if args.net == "cifar8":
+        kwargs["head_width"] = args.head_width
+    cfg = net.Config(bf16=args.bf16, **kwargs)
+    result = train.fit(net, cfg, dataset, optimizer=args.optimizer, lr=args.lr, epochs=args.epochs,
+                       batch=args.batch, grads=args.grads, seed=args.seed, out=args.out,
+                       resume=args.resume, warmup_epochs=args.warmup_epochs,
+                       label_smoothing=args.label_smoothing)
+    last = result.history[-1] if result.history else {}
+    print(f"trained {args.net} with {args.optimizer} ({args.grads} gradients) for {len(result.history)} "
+          f"epochs: " + ", ".join(f"{k} {v:.4g}" for k, v in last.items() if isinstance(v, float)))
+    return 0
+
+
 def _book(args: argparse.Namespace) -> int:
     from . import book
     book.execute(args.profile)
@@ -59,6 +99,41 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=_check)
+
+    be = sub.add_parser(
+        "bench", help="rendered step vs autodiff step, side by side: median ms/step and the ratio",
+        description="Times the rendered and the autodiff gradient step of a net, interleaved in one "
+                    "process per configuration (a fresh process each), and reports medians, the "
+                    "ratio rendered/autodiff and XLA's compiled temporary memory.")
+    be.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
+    be.add_argument("--batch", type=int, nargs="+", default=[32], help="per-replica batch size(s)")
+    be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32")
+    be.add_argument("--bf16", action="store_true", help="bf16 conv sites")
+    be.add_argument("--replicas", type=int, default=1, help="data-parallel replicas (devices)")
+    be.add_argument("--repeats", type=int, default=10, help="timed steps per side (median)")
+    be.add_argument("--json", action="store_true")
+    be.set_defaults(func=_bench)
+
+    tr = sub.add_parser("train", help="train a net with the rendered (or autodiff) gradient step")
+    tr.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
+    tr.add_argument("--data", default="digits",
+                    help="digits, photos, synthetic or cifar10:PATH (the python pickle batches)")
+    tr.add_argument("--optimizer", choices=("sgd", "nesterov", "heavy-ball", "adamw"), default="nesterov")
+    tr.add_argument("--epochs", type=int, default=1)
+    tr.add_argument("--batch", type=int, default=128)
+    tr.add_argument("--lr", type=float, default=None, help="default: the upstream recipe's rate")
+    tr.add_argument("--warmup-epochs", type=int, default=0)
+    tr.add_argument("--label-smoothing", type=float, default=None)
+    tr.add_argument("--image-size", type=int, default=32)
+    tr.add_argument("--head-width", type=int, default=512, help="cifar8 head width d")
+    tr.add_argument("--n-train", type=int, default=None, help="cap the training split")
+    tr.add_argument("--n-test", type=int, default=None, help="cap the test split")
+    tr.add_argument("--bf16", action="store_true")
+    tr.add_argument("--grads", choices=("rendered", "autodiff"), default="rendered")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--out", required=True, help="folder for checkpoint.npz and metrics.json")
+    tr.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    tr.set_defaults(func=_train)
 
     b = sub.add_parser("book", help="execute every chapter with papermill, then render the book")
     b.add_argument("--profile", choices=("ci", "cpu", "gpu"), default="ci",
