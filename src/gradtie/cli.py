@@ -86,7 +86,8 @@ def parser() -> argparse.ArgumentParser:
         "check", help="tie every node of a net's rendered chain to autodiff and finite differences",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="exit codes:\n  0  every node tied at a verified smooth point\n  1  a node failed\n"
-               "  2  the point is not smooth (the report names layer, example, channel, window)")
+               "  2  the point is not smooth (the report names layer, example, channel, window)\n"
+               "  3  invalid input (the message says what was expected)")
     c.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
     c.add_argument("--batch", type=int, default=4, help="examples in the batch (default 4)")
     c.add_argument("--image-size", type=int, default=None,
@@ -142,9 +143,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+EXIT_BAD_INPUT = 3
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:  # bad input: say what was expected, no traceback
+        print(f"gradtie {args.command}: error: {e}", file=sys.stderr)
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":
