@@ -38,6 +38,8 @@ def backward(weight: jax.Array, dy: jax.Array) -> jax.Array:
 # dy[N,out]ᵀ @ x[N,in] -> dW[out,in]
 def grad_weight(x: jax.Array, dy: jax.Array) -> jax.Array:
     """dW = dyᵀ @ x."""
+    _validate.rank("dense.grad_weight", "x", x, 2)
+    _validate.rank("dense.grad_weight", "dy", dy, 2)
     if x.shape[0] != dy.shape[0]:
         raise ValueError(f"dense.grad_weight: x {tuple(x.shape)} and dy {tuple(dy.shape)} differ in batch")
     return jnp.matmul(dy.T, x, precision=lax.Precision.HIGHEST)
@@ -46,4 +48,5 @@ def grad_weight(x: jax.Array, dy: jax.Array) -> jax.Array:
 # dy[N,out] summed over n -> db[out]
 def grad_bias(dy: jax.Array) -> jax.Array:
     """db = Σ_n dy."""
+    _validate.rank("dense.grad_bias", "dy", dy, 2)
     return jnp.sum(dy, axis=0)

@@ -29,7 +29,8 @@ def check_targets(op: str, logits: jax.Array, targets: jax.Array) -> None:
         worst = float(jnp.max(jnp.abs(jnp.sum(targets, axis=1) - 1)))
         if worst > tol:
             raise ValueError(f"{op}: every target row must sum to 1 (the smoothed-loss cotangent "
-                             f"assumes it); the worst row is off by {worst:.3g}")
+                             f"assumes it); targets {tuple(targets.shape)}: the worst row is off by "
+                             f"{worst:.3g}")
 
 
 def one_hot(labels: jax.Array, num_classes: int, dtype=jnp.float32) -> jax.Array:
