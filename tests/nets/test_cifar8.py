@@ -3,6 +3,7 @@
 import math
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -348,13 +349,31 @@ def test_jit_forward_with_selections_and_backward(params, x):
     assert th.rel_err(dx_j, dx) <= 1e-10
 
 
-def test_bf16_config_runs_in_float32(params, x):
-    """bf16 conv sites, everything else float32: finite, float32 nodes, the loss near the float64 one."""
-    cfg = cifar8.Config(bf16=True)
-    p32 = cifar8.init(jax.random.PRNGKey(0), cfg)
-    t = th.labels(N, K)
-    step = jax.jit(cifar8.loss_and_grads, static_argnames=("cfg", "label_smoothing"))
-    loss, grads = step(p32, x.astype(jnp.float32), t, cfg=cfg)
-    loss64, _ = cifar8.loss_and_grads(params, x, t, cifar8.Config())
-    assert all(g.dtype == jnp.float32 and bool(jnp.all(jnp.isfinite(g))) for g in grads.values())
-    assert 0 < abs(float(loss) - float(loss64)) < 1e-2 * float(loss64)
+def _conv_sites(jaxpr):
+    """(operand dtypes, result dtype) of every convolution in a jaxpr, sub-jaxprs included."""
+    out = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "conv_general_dilated":
+            out.append((tuple(str(v.aval.dtype) for v in eqn.invars), str(eqn.outvars[0].aval.dtype)))
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else [value]:
+                if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                    out += _conv_sites(sub.jaxpr)
+                elif isinstance(sub, jax.extend.core.Jaxpr):
+                    out += _conv_sites(sub)
+    return out
+
+
+@pytest.mark.parametrize("bf16", [True, False])
+def test_bf16_rounds_every_conv_site_and_nothing_else(params, x, bf16):
+    """bf16 operands at all 24 conv sites (8 forward, 8 weight grads, 8 input backwards), float32
+    accumulation, float32 everywhere else; the float32 config (the control) has no bf16 conv."""
+    cfg = cifar8.Config(bf16=bf16)
+    p32 = {k: v.astype(jnp.float32) for k, v in params.items()}
+    closed = jax.make_jaxpr(lambda p, x_, t: cifar8.loss_and_grads(p, x_, t, cfg))(
+        p32, x.astype(jnp.float32), th.labels(N, K))
+    sites = _conv_sites(closed.jaxpr)
+    operand = "bfloat16" if bf16 else "float32"
+    assert len(sites) == 24
+    assert sites == [((operand, operand), "float32")] * 24
+    assert [str(v.aval.dtype) for v in closed.jaxpr.outvars] == ["float32"] * (1 + len(params))

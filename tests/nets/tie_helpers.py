@@ -83,9 +83,15 @@ def as_rows(targets, k: int) -> jax.Array:
 
 # ---- oracle and comparison ----------------------------------------------------------------------
 
+@jax.jit
+def _cast64(params):
+    return jax.tree.map(lambda a: a.astype(jnp.float64), params)
+
+
 def f64(params):
-    """Cast to float64, keeping the signature order (jax.tree.map would sort the keys)."""
-    return {name: a.astype(jnp.float64) for name, a in params.items()}
+    """Cast to float64 in one compiled call, keeping the signature order (a jit sorts dict keys)."""
+    cast = _cast64(params)
+    return {name: cast[name] for name in params}
 
 
 def oracle_loss_and_grads(net, params, x, targets, cfg, alpha):

@@ -19,7 +19,6 @@ from functools import partial
 from typing import Mapping, NamedTuple, Optional
 
 import jax
-import jax.numpy as jnp
 
 from ..ops import batchnorm, conv, dense, head, maxpool, relu
 from .stages import (ConvBNSaved, Stage, as_input, as_targets, batch_statistic_entries, bn_nodes,
@@ -34,8 +33,6 @@ WIDTHS = (16, 16, 32, 32)  # output channels of stages 1…4; each stage is two 
 FLAT = WIDTHS[-1] * 2 * 2  # 32×2×2 after four 2×2 pools of a 32×32 image
 POOLS = {f"pool{k}": maxpool.POOL2 for k in range(1, 5)}
 POOL_PREACTIVATIONS = {f"pool{k}": f"bn{2 * k}" for k in range(1, 5)}  # the z feeding ReLU → pool k
-# the layer whose output feeds ReLU → pool k: the census reads its pre-activations z
-POOL_PREACTIVATIONS = {f"pool{k}": f"bn{2 * k}" for k in range(1, 5)}
 
 
 @dataclass(frozen=True)
@@ -50,6 +47,7 @@ class Config:
     eps: float = 1e-5
     bf16: bool = False
     bn_axis_name: Optional[str] = None
+    bf16_rounding: str = "bf16"  # the conv sites' rounding under bf16: "bf16", "nearest", "identity"
 
     def __post_init__(self):
         if self.bn not in ("batch", "example"):
@@ -59,6 +57,7 @@ class Config:
                              f"{self.head_width} and {self.num_classes}")
         if not self.eps > 0:
             raise ValueError(f"cifar8.Config: eps must be positive, got {self.eps}")
+        conv.named_rounding(self.bf16_rounding)  # ValueError naming the choices
 
 
 def _layers(k: int) -> tuple[int, int]:

@@ -40,12 +40,14 @@ class Config:
     eps: float = 1e-5
     bf16: bool = False
     bn_axis_name: Optional[str] = None
+    bf16_rounding: str = "bf16"  # the conv sites' rounding under bf16: "bf16", "nearest", "identity"
 
     def __post_init__(self):
         if self.num_classes < 1:
             raise ValueError(f"resnet34.Config: num_classes must be positive, got {self.num_classes}")
         if not self.eps > 0:
             raise ValueError(f"resnet34.Config: eps must be positive, got {self.eps}")
+        conv.named_rounding(self.bf16_rounding)  # ValueError naming the choices
 
 
 class Block(NamedTuple):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 import jax
@@ -89,17 +90,31 @@ def dense_specs(name: str, in_features: int, out_features: int) -> list[ParamSpe
 def init_params(key: jax.Array, specs: Sequence[ParamSpec]) -> dict[str, jax.Array]:
     """float32 tensors in spec order: conv weights N(0, 2/(O·kh·kw)) (He fan-out), dense weights
     N(0, 2/(in+out)) (Glorot), γ = 1, β = 0, biases 0."""
-    keys = jax.random.split(key, len(specs))
-    params = {}
-    for k, spec in zip(keys, specs):
-        if spec.init == "conv":
-            o, _, kh, kw = spec.shape
-            std = math.sqrt(2.0 / (o * kh * kw))
-            params[spec.name] = std * jax.random.normal(k, spec.shape, jnp.float32)
-        elif spec.init == "dense":
-            out_features, in_features = spec.shape
-            std = math.sqrt(2.0 / (in_features + out_features))
-            params[spec.name] = std * jax.random.normal(k, spec.shape, jnp.float32)
+    specs = tuple(specs)
+    drawn = _draw(key, specs)
+    return {spec.name: drawn[spec.name] for spec in specs}  # a jit hands dicts back key-sorted
+
+
+def _std(spec: ParamSpec) -> float:
+    if spec.init == "conv":
+        o, _, kh, kw = spec.shape
+        return math.sqrt(2.0 / (o * kh * kw))
+    out_features, in_features = spec.shape
+    return math.sqrt(2.0 / (in_features + out_features))
+
+
+@partial(jax.jit, static_argnums=1)
+def _draw(key: jax.Array, specs: tuple[ParamSpec, ...]) -> dict[str, jax.Array]:
+    # one standard-normal draw for all weights, cut into tensors: one small program to compile
+    # instead of a random-number kernel per tensor shape
+    weights = [spec for spec in specs if spec.init in ("conv", "dense")]
+    z = jax.random.normal(key, (sum(math.prod(spec.shape) for spec in weights),), jnp.float32)
+    params, offset = {}, 0
+    for spec in specs:
+        if spec.init in ("conv", "dense"):
+            size = math.prod(spec.shape)
+            params[spec.name] = _std(spec) * z[offset:offset + size].reshape(spec.shape)
+            offset += size
         elif spec.init == "ones":
             params[spec.name] = jnp.ones(spec.shape, jnp.float32)
         else:
@@ -192,8 +207,12 @@ class ConvBNSaved(NamedTuple):
 
 
 def rounding(cfg) -> Optional[conv.Rounding]:
-    """The bf16 kind at every conv site (real bf16 operands, float32 accumulation), else none."""
-    return conv.bf16_operand if cfg.bf16 else None
+    """The rounding function of every conv site: none (the f32 ops) unless cfg.bf16, then the bf16
+    kind with `cfg.bf16_rounding`: "bf16" real bf16-typed operands (the default), "nearest" bf16
+    round-to-nearest-even carried in float32, "identity" (the f32 chain bit for bit: erasure)."""
+    if not cfg.bf16:
+        return None
+    return conv.named_rounding(getattr(cfg, "bf16_rounding", "bf16"))
 
 
 def per_example(cfg) -> bool:
