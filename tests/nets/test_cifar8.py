@@ -312,6 +312,7 @@ def _bad_calls(p, x):
         "selection shape": (lambda: cifar8.forward(p, x, cfg, selections={"pool2": jnp.zeros((N, 16, 4, 4), int)}),
                             "σ"),
         "running missing": (lambda: cifar8.forward_eval(p, {}, x, cfg), "running"),
+        "saved of another net": (lambda: cifar8.backward(p, {"stem": None}, jnp.zeros((N, K)), cfg), "stage1"),
         "bn kind": (lambda: cifar8.Config(bn="layer"), "'batch' or 'example'"),
     }
 

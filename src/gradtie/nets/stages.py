@@ -51,6 +51,10 @@ def fold_forward(stage_list: Sequence[Stage], params, x, cfg, *, selections=None
 
 def fold_backward(stage_list: Sequence[Stage], params, saved, dy, cfg):
     """dy through every stage's rendered backward in reverse -> (grads in params' order, dx)."""
+    names = [stage.name for stage in stage_list]
+    if not isinstance(saved, Mapping) or sorted(saved) != sorted(names):
+        got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
+        raise ValueError(f"backward: saved must be the forward's record of the stages {names}, got {got}")
     grads = {}
     for stage in reversed(stage_list):
         stage_grads, dy = stage.backward(params, saved[stage.name], dy, cfg)
