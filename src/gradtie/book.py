@@ -35,7 +35,8 @@ CHAPTERS: list[Chapter] = [
     Chapter("stage_germs", "Stage germs"),
     Chapter("whole_net_tie", "Whole-net tie"),
     Chapter("bf16_erasure", "bf16 erasure"),
-    Chapter("data_parallel", "Data-parallel tie"),
+    Chapter("data_parallel", "Data-parallel tie",
+            {"cpu": {"net": "resnet34", "batch": 2}, "gpu": {"net": "resnet34", "batch": 4}}),
 ]
 PROFILES = ("ci", "cpu", "gpu")
 
