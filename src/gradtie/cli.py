@@ -14,9 +14,10 @@ def _check(args: argparse.Namespace) -> int:
     if args.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
     from .checks.check import run_check
-    report = run_check(args.net, batch=args.batch, image_size=args.image_size, data=args.data,
+    data = args.data or (None if args.plant_tie else "photos")   # --plant-tie: flat images
+    report = run_check(args.net, batch=args.batch, image_size=args.image_size, data=data,
                        dtype=args.dtype, bf16=args.bf16, seed=args.seed,
-                       label_smoothing=args.label_smoothing)
+                       label_smoothing=args.label_smoothing, plant_tie=args.plant_tie)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=float))
     else:
@@ -24,7 +25,8 @@ def _check(args: argparse.Namespace) -> int:
             print(report.smooth.table())
             for v in report.smooth.violations:
                 print("  " + v.describe())
-        print(report.tie.table())
+        if report.tie is not None:
+            print(report.tie.table())
         print(report.summary())
     return report.exit_code
 
@@ -92,8 +94,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--batch", type=int, default=4, help="examples in the batch (default 4)")
     c.add_argument("--image-size", type=int, default=None,
                    help="image side in pixels: 32 for cifar8, a multiple of 32 for resnet34 (default 32)")
-    c.add_argument("--data", choices=("randn", "photos", "flat"), default="photos",
-                   help="standard normal pixels, crops of shipped photos, or flat images full of twins")
+    c.add_argument("--data", choices=("randn", "photos", "flat"), default=None,
+                   help="standard normal pixels, crops of shipped photos (the default), or flat images "
+                        "full of twins")
+    c.add_argument("--plant-tie", action="store_true",
+                   help="a constructed non-twin tie: the convs before the first pool reduced to their "
+                        "centre tap, on flat images (exit code 2)")
     c.add_argument("--dtype", choices=("float64", "float32"), default="float64")
     c.add_argument("--bf16", action="store_true", help="bf16 conv sites (operands rounded, f32 accumulation)")
     c.add_argument("--label-smoothing", type=float, default=0.0, help="α of the smoothed target")
