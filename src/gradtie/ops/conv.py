@@ -49,6 +49,9 @@ def _correlate(lhs, rhs, *, strides, pads, lhs_dilation=(1, 1), rhs_dilation=(1,
 
 
 def _round_result(out: jax.Array, rnd: Rounding, dtype) -> jax.Array:
+    # the kind's single rounding of the float32 accumulator, back in the carrier dtype. A bf16-typed
+    # rounding makes this a convert pair, which a backend allowing excess precision may delete (see
+    # the bf16 section); "nearest" rounds with integer ops and cannot be folded away.
     return rnd(out).astype(dtype)
 
 
@@ -157,7 +160,47 @@ def grad_bias(dy: jax.Array) -> jax.Array:
     return jnp.sum(dy, axis=(0, 2, 3))
 
 
-# ---- bf16 kinds: rounding with real bfloat16 operands and float32 accumulation ----------------
+# ---- bf16 kinds: the rounding functions ------------------------------------------------------------
+#
+# Every conv site above is a bf16 kind when given `rnd`: rnd(op(rnd(a), rnd(b))), the contraction
+# accumulating in float32, the result rounded once (the weight gradient's rounding sits outside its
+# batch sum: the batch is part of the one float32 contraction). At rnd = identity it is the f32 op
+# bit for bit: it adds rounding and nothing else. Three rounding functions, by name:
+#
+#   "identity" — no rounding: the kind is its f32 peer (erasure);
+#   "nearest"  — bf16 round-to-nearest-even written with integer ops on the bits, carried in the
+#                input's dtype: a compiler cannot fold it away (its autodiff derivative is 0);
+#   "bf16"     — real bf16: bf16-typed operands, so the conv itself reads bf16 and accumulates in
+#                float32 (what the nets use by default; differentiable by the oracle).
+#
+# A rounding written as a cast round-trip, convert(f32→bf16)→convert(bf16→f32), is a different
+# thing: XLA's GPU backend may delete the pair (it allows excess precision), so it may not round at
+# all. The bf16-typed operands above feed the conv directly, with no convert back in between.
+
+BF16_MANTISSA = 7  # stored fraction bits of bfloat16; unit roundoff 2⁻⁸ (round to nearest)
+_BITS = {jnp.dtype(jnp.float32): (jnp.uint32, 23), jnp.dtype(jnp.float64): (jnp.uint64, 52)}
+
+
+def round_bf16(a: jax.Array) -> jax.Array:
+    """Round to the nearest bfloat16 value, ties to even, kept in a's dtype (float32 or float64).
+
+    Integer arithmetic on the bits: add half an ulp of bf16 (minus one, plus the last kept bit: ties
+    go to even), then clear the dropped bits. For float32 this is exactly the f32→bf16 conversion,
+    overflow to ±inf included; float64 keeps its own exponent range. bf16 inputs pass through.
+    """
+    a = jnp.asarray(a)
+    if a.dtype == jnp.bfloat16:
+        return a
+    if a.dtype not in _BITS:
+        raise ValueError(f"conv.round_bf16: expected float32, float64 or bfloat16, got {a.dtype}")
+    uint, fraction = _BITS[a.dtype]
+    drop = fraction - BF16_MANTISSA
+    bits = lax.bitcast_convert_type(a, uint)
+    last_kept = (bits >> drop) & uint(1)
+    half = uint((1 << (drop - 1)) - 1)
+    bits = (bits + half + last_kept) & ~uint((1 << drop) - 1)
+    return lax.bitcast_convert_type(bits, a.dtype)
+
 
 def bf16_operand(a: jax.Array) -> jax.Array:
     """Round-to-nearest-even to bfloat16, kept bf16-typed so the conv accumulates in float32.
@@ -165,3 +208,16 @@ def bf16_operand(a: jax.Array) -> jax.Array:
     A cast round-trip (f32→bf16→f32) can be erased by a compiler; bf16-typed operands cannot.
     """
     return a.astype(jnp.bfloat16)
+
+
+ROUNDINGS: dict[str, Rounding] = {"identity": identity, "nearest": round_bf16, "bf16": bf16_operand}
+
+
+def named_rounding(rounding) -> Rounding:
+    """A rounding function by name ("identity", "nearest", "bf16"); a callable passes through."""
+    if callable(rounding):
+        return rounding
+    if rounding not in ROUNDINGS:
+        raise ValueError(f"bf16 rounding {rounding!r}: expected one of {', '.join(map(repr, ROUNDINGS))} "
+                         f"or a function")
+    return ROUNDINGS[rounding]
