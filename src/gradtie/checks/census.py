@@ -42,7 +42,7 @@ class Violation:
     layer: str                # the pool (ties) or the layer whose output feeds ReLU (zeros)
     example: int
     channel: int
-    where: tuple[int, int]    # window (i, j) for a tie, cell (h, w) for a zero
+    where: tuple[int, ...]    # window (i, j) for a tie; cell (h, w) or dense unit (u,) for a zero
 
     def describe(self) -> str:
         what = "window" if self.kind == "non-twin tie" else "cell"
@@ -158,6 +158,16 @@ def _preactivations(net, params, x, cfg):
     return net.preactivations(net.forward(params, x, cfg)[1])
 
 
+@partial(jax.jit, static_argnums=(0, 3))
+def _pool_inputs(net, params, x, cfg):
+    return net.pool_inputs(net.forward(params, x, cfg)[1])
+
+
+def pool_inputs(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
+    """Each pool's (post-ReLU) input at (params, x), from one compiled forward: {pool: [N,C,H,W]}."""
+    return _pool_inputs(net, params, x, cfg)
+
+
 def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array] = None,
                draws: int = DRAWS) -> SmoothReport:
     """The census of every pool window and ReLU input of `net` at (params, x)."""
@@ -180,7 +190,9 @@ def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array]
     for layer, z in pre.items():
         zero = z == 0
         zeros += int(zero.sum())
-        zero_listed += [Violation("zero pre-activation", layer, n, c, (h, w)) for n, c, h, w in _locations(zero)]
+        # conv layers give (n, c, h, w); dense layers (n, unit) with no spatial cell
+        zero_listed += [Violation("zero pre-activation", layer, loc[0], loc[1], tuple(loc[2:]))
+                        for loc in _locations(zero)]
     min_abs = float(min(np.min(np.abs(z)) for z in pre.values()))
     # the first MAX_LISTED of each kind, so that many ties cannot hide a zero
     return SmoothReport(pools, zeros, min_abs, violations[:MAX_LISTED] + zero_listed[:MAX_LISTED], non_twin)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from . import _validate
 
@@ -26,7 +27,8 @@ def check_targets(op: str, logits: jax.Array, targets: jax.Array) -> None:
     _validate.finite(op, "targets", targets)
     if not isinstance(targets, jax.core.Tracer):
         tol = ROW_SUM_TOL.get(jnp.dtype(targets.dtype), 1e-2)
-        worst = float(jnp.max(jnp.abs(jnp.sum(targets, axis=1) - 1)))
+        # NumPy, not jnp: a concrete array captured by a traced function must not become a tracer
+        worst = float(np.max(np.abs(np.sum(np.asarray(targets, np.float64), axis=1) - 1)))
         if worst > tol:
             raise ValueError(f"{op}: every target row must sum to 1 (the smoothed-loss cotangent "
                              f"assumes it); targets {tuple(targets.shape)}: the worst row is off by "
@@ -38,10 +40,10 @@ def one_hot(labels: jax.Array, num_classes: int, dtype=jnp.float32) -> jax.Array
     labels = jnp.asarray(labels)
     if labels.ndim != 1 or not jnp.issubdtype(labels.dtype, jnp.integer):
         raise ValueError(f"one_hot: labels must be a 1-D integer array, got {labels.dtype} {tuple(labels.shape)}")
-    if not isinstance(labels, jax.core.Tracer) and labels.size and (
-            int(labels.min()) < 0 or int(labels.max()) >= num_classes):
-        raise ValueError(f"one_hot: labels must lie in 0…{num_classes - 1}, got "
-                         f"{int(labels.min())}…{int(labels.max())}")
+    if not isinstance(labels, jax.core.Tracer) and labels.size:
+        lo, hi = int(np.min(np.asarray(labels))), int(np.max(np.asarray(labels)))
+        if lo < 0 or hi >= num_classes:
+            raise ValueError(f"one_hot: labels must lie in 0…{num_classes - 1}, got {lo}…{hi}")
     return jax.nn.one_hot(labels, num_classes, dtype=dtype)
 
 
