@@ -37,18 +37,18 @@ mesh = parallel.data_mesh(replicas)
 params = {k: np.asarray(v, np.float64) for k, v in cifar8.init(jax.random.key(0), cfg).items()}
 rng = np.random.default_rng(1)
 x = rng.uniform(size=(replicas * PER_REPLICA, 3, 32, 32))
-targets = np.eye(cfg.num_classes)[rng.integers(0, cfg.num_classes, size=len(x))]
+labels = rng.integers(0, cfg.num_classes, size=len(x))   # int labels: one-hot on the global array
 
 # this process's rows: the replicas (devices) it owns, in mesh order
 rows_per_process = len(x) // jax.process_count()
 mine = slice(process_id * rows_per_process, (process_id + 1) * rows_per_process)
-gx, gt = parallel.global_batch(mesh, (x[mine], targets[mine]))
+gx, gt = parallel.global_batch(mesh, (x[mine], labels[mine]))
 loss, grads = parallel.loss_and_grads(cifar8, parallel.replicate(mesh, params), gx, gt, cfg, mesh=mesh)
 
 local = jax.local_devices()[0]
 with jax.default_device(local):
     ref = parallel.single_device(cifar8, {k: jnp.asarray(v) for k, v in params.items()},
-                                 jnp.asarray(x), jnp.asarray(targets), cfg)
+                                 jnp.asarray(x), jnp.asarray(labels), cfg)
 g1 = {k: np.asarray(v) for k, v in ref.grads.items()}
 gmax = max(float(np.max(np.abs(v))) for v in g1.values())
 zero = parallel.zero_in_reals(params)

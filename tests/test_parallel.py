@@ -76,6 +76,8 @@ def test_per_replica_batchnorm_control_goes_red():
     # not round-off: per-replica statistics are a different function of the parameters
     assert out["max_rel"] > 1e6 * parallel.REL_F64, out["summary"]
     assert {"bn1.weight", "bn1.bias", "conv1.weight", "input"} <= set(out["failed_names"])
+    # the peer that needs no synchronisation: per-example BN couples no examples
+    assert out["per_example"]["ok"], out["per_example"]["summary"]
 
 
 def test_chan_combine_stays_at_float32_precision_where_one_round_drifts():

@@ -109,13 +109,22 @@ def _pmean_packed(tree: dict[str, jax.Array]) -> dict[str, jax.Array]:
     """One all-reduce for the whole gradient: the nodes packed into one flat vector per dtype
     (a single collective instead of one per tensor; the arithmetic per element is the same)."""
     out = {}
-    for dtype in {jnp.dtype(g.dtype) for g in tree.values()}:
+    for dtype in sorted({jnp.dtype(g.dtype) for g in tree.values()}, key=str):
         names = [k for k, g in tree.items() if jnp.dtype(g.dtype) == dtype]
         flat = lax.pmean(jnp.concatenate([jnp.ravel(tree[k]) for k in names]), AXIS)
         offsets = np.cumsum([0] + [tree[k].size for k in names])
         for k, a, b in zip(names, offsets[:-1], offsets[1:]):
             out[k] = flat[a:b].reshape(tree[k].shape)
     return {k: out[k] for k in tree}
+
+
+def _global(v: jax.Array) -> jax.Array:
+    """The replica mean of a value that still varies across replicas; a value that is already the
+    same on every replica (a synchronised BN statistic) is returned as it is."""
+    manual = getattr(jax.typeof(v), "manual_axis_type", None)
+    if manual is not None and AXIS not in manual.varying:
+        return v
+    return lax.pmean(v, AXIS)
 
 
 def _replica_step(net, cfg, label_smoothing: float, sync_bn: bool, replicas: int, with_dx: bool):
@@ -130,9 +139,8 @@ def _replica_step(net, cfg, label_smoothing: float, sync_bn: bool, replicas: int
         grads, dx = net.backward(params, saved, dlogits, rcfg)
         # all-reduce in the parameters' dtype (float32 under bf16 convs: SPEC §7)
         grads = _pmean_packed({k: g.astype(params[k].dtype) for k, g in grads.items()})
-        stats = net.batch_stats(saved)
-        if not sync_bn:
-            stats = lax.pmean(stats, AXIS)
+        # synchronised: already global; per-replica (or per-example BN): the replica mean
+        stats = jax.tree.map(_global, net.batch_stats(saved))
         hits = jnp.mean((jnp.argmax(logits, axis=1) == jnp.argmax(targets, axis=1)).astype(logits.dtype))
         # equal N on every replica: the mean of the replica means is the global mean
         return (lax.pmean(loss, AXIS), grads, dx / replicas if with_dx else None, stats,
@@ -150,16 +158,20 @@ def _compiled(net, cfg, mesh: Mesh, label_smoothing: float, sync_bn: bool, with_
 
 
 def _targets(op: str, targets, batch: int, num_classes: int, dtype):
-    """Int labels [B] -> one-hot rows; rows [B,K] pass through (their sums are checked when concrete)."""
+    """Int labels [B] -> one-hot rows; rows [B,K] pass through. Values are checked when this process
+    can see all of them (not for a multi-process global array)."""
     shape = tuple(jnp.shape(targets))
+    visible = getattr(targets, "is_fully_addressable", True) and not isinstance(targets, jax.core.Tracer)
     if len(shape) == 1 and jnp.issubdtype(jnp.result_type(targets), jnp.integer):
         if shape[0] != batch:
             raise ValueError(f"{op}: labels must have shape ({batch},) for a batch of {batch}, got {shape}")
+        if not visible:
+            return jax.nn.one_hot(targets, num_classes, dtype=dtype)
         return head.one_hot(jnp.asarray(targets), num_classes, dtype)
     if shape != (batch, num_classes) or not jnp.issubdtype(jnp.result_type(targets), jnp.floating):
         raise ValueError(f"{op}: targets must be int labels ({batch},) or float rows summing to 1 of "
                          f"shape ({batch}, {num_classes}), got {jnp.result_type(targets)} {shape}")
-    if getattr(targets, "is_fully_addressable", True) and not isinstance(targets, jax.core.Tracer):
+    if visible:
         tol = head.ROW_SUM_TOL.get(jnp.dtype(jnp.result_type(targets)), 1e-2)
         worst = float(np.max(np.abs(np.sum(np.asarray(targets, np.float64), axis=1) - 1)))
         if worst > tol:
@@ -190,7 +202,9 @@ def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothin
     batch = _check_batch(op, x, mesh)
     t = _targets(op, targets, batch, cfg.num_classes, jnp.result_type(x))
     fn = _compiled(net, cfg, mesh, float(label_smoothing), bool(sync_bn), bool(with_dx))
-    return ReplicaStep(*fn(dict(params), x, t))
+    out = ReplicaStep(*fn(dict(params), x, t))
+    # jit hands dicts back sorted by key; `list(grads)` is the signature order, as in `params`
+    return out._replace(grads={k: out.grads[k] for k in params})
 
 
 def loss_and_grads(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothing: float = 0.0,
@@ -366,7 +380,8 @@ def single_device(net, params, x, targets, cfg, *, label_smoothing: float = 0.0)
     t = _targets("parallel.single_device", targets, int(jnp.shape(x)[0]), cfg.num_classes,
                  jnp.result_type(x))
     fn = _single_fn(net, replica_config(cfg, False), float(label_smoothing))
-    return ReplicaStep(*fn(dict(params), x, t))
+    out = ReplicaStep(*fn(dict(params), x, t))
+    return out._replace(grads={k: out.grads[k] for k in params})
 
 
 def tie(net, params, x, targets, cfg, *, mesh: Mesh, sync_bn: bool = True,
