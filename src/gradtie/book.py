@@ -30,7 +30,7 @@ class Chapter:
 # In book order; each chapter's notebook holds the ci defaults in its parameters cell, and a
 # profile overrides a few of them (cpu: larger CPU runs; gpu: ImageNet shapes where they apply).
 CHAPTERS: list[Chapter] = [
-    Chapter("pools", "Pools"),
+    Chapter("pools", "Pools", profiles={"cpu": {"batch": 16}, "gpu": {"batch": 64, "image_size": 224}}),
     Chapter("head_fold", "Head fold"),
     Chapter("stage_germs", "Stage germs"),
     Chapter("whole_net_tie", "Whole-net tie"),

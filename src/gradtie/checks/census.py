@@ -149,32 +149,24 @@ def _locations(mask: np.ndarray) -> list[tuple[int, ...]]:
 
 
 @partial(jax.jit, static_argnums=(0, 3))
-def _forward(net, params, x, cfg):
-    return net.forward(params, x, cfg)
-
-
-@partial(jax.jit, static_argnums=(0, 3))
-def _preactivations(net, params, x, cfg):
-    return net.preactivations(net.forward(params, x, cfg)[1])
-
-
-@partial(jax.jit, static_argnums=(0, 3))
-def _pool_inputs(net, params, x, cfg):
-    return net.pool_inputs(net.forward(params, x, cfg)[1])
+def _read(net, params, x, cfg):
+    """(pool inputs, pre-activations) from one compiled forward, shared by every census call."""
+    _, saved = net.forward(params, x, cfg)
+    return net.pool_inputs(saved), net.preactivations(saved)
 
 
 def pool_inputs(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
-    """Each pool's (post-ReLU) input at (params, x), from one compiled forward: {pool: [N,C,H,W]}."""
-    return _pool_inputs(net, params, x, cfg)
+    """Each pool's (post-ReLU) input at (params, x): {pool: [N,C,H,W]}."""
+    return _read(net, params, x, cfg)[0]
 
 
 def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array] = None,
                draws: int = DRAWS) -> SmoothReport:
     """The census of every pool window and ReLU input of `net` at (params, x)."""
     key = jax.random.key(0) if key is None else key
-    pre = {k: np.asarray(v) for k, v in _preactivations(net, params, x, cfg).items()}
+    pre = {k: np.asarray(v) for k, v in _read(net, params, x, cfg)[1].items()}
     drawn = [{k: np.asarray(v) for k, v in
-              _preactivations(net, random_weights(net, params, cfg, jax.random.fold_in(key, r)), x, cfg).items()}
+              _read(net, random_weights(net, params, cfg, jax.random.fold_in(key, r)), x, cfg)[1].items()}
              for r in range(draws)]
     rel = TWIN_REL.get(np.dtype(x.dtype), 1e-2)
     violations: list[Violation] = []
@@ -217,10 +209,10 @@ def rerouted(net, params: dict, x: jax.Array, cfg, report: SmoothReport, kind: s
     ("dead", "twin tie" or "non-twin tie") routes to its last maximal cell on the pool input."""
     if kind not in CLASSES:
         raise ValueError(f"kind {kind!r}: expected one of {', '.join(CLASSES)}")
-    _, saved = _forward(net, params, x, cfg)
+    inputs = pool_inputs(net, params, x, cfg)
     sigma, sigma_alt = {}, {}
     for pool, census in zip(net.POOLS, report.pools):
-        r, spec = net.pool_inputs(saved)[pool], net.POOLS[pool]
+        r, spec = inputs[pool], net.POOLS[pool]
         sigma[pool] = maxpool.select(r, spec)
         chosen = jnp.asarray(census.classes == CLASSES.index(kind))
         sigma_alt[pool] = jnp.where(chosen, last_max(r, spec), sigma[pool])
@@ -286,7 +278,7 @@ def routing(net, params: dict, x: jax.Array, targets: jax.Array, cfg, report: Sm
     gmax = max(float(jnp.max(jnp.abs(v))) for v in g.values())
     zero = tuple(n for n in params if n.endswith(".bias") and getattr(params.get(n[:-4] + "weight"), "ndim", 0) == 4)
     nodes = {}
-    for name in g:
+    for name in params:   # signature order (compiled code hands dicts back key-sorted)
         a, b = np.asarray(g[name]), np.asarray(g_alt[name])
         scale = gmax if name in zero else float(np.max(np.abs(a)))
         nodes[name] = float(np.max(np.abs(a - b))) / (scale if scale > 0 else 1.0)
@@ -420,6 +412,6 @@ def one_sided_slopes(net, params: dict, x: jax.Array, targets: jax.Array, cfg, v
     losses = np.array([loss(t) for t in ts]) - l0
     _, g, _ = gradients_at(net, params, x, targets, cfg,
                            {p: maxpool.select(r, net.POOLS[p]) for p, r in
-                            net.pool_inputs(_forward(net, params, x, cfg)[1]).items()})
+                            pool_inputs(net, params, x, cfg).items()})
     rendered = float(sum(jnp.vdot(g[k], v[k]) for k in g))
     return SlopeReport(ts, losses, h, radius, left, right, rendered)
