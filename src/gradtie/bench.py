@@ -9,6 +9,7 @@ or allocator state carries from one configuration to the next. Shown in: Perform
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -75,11 +76,34 @@ def _grad_fns(net, cfg):
     return jax.jit(rendered), jax.jit(autodiff)
 
 
+def _mesh_grad_fns(net, cfg, mesh):
+    """The data-parallel rendered step (`gradtie.parallel`) and its autodiff peer on the same mesh:
+    each replica differentiates its own loss (synchronised BatchNorm inside), then a mean all-reduce."""
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    from . import parallel, reference
+    rcfg = parallel.replica_config(cfg, True)
+
+    def replica(params, x, targets):
+        def loss(p):
+            logits, _ = net.forward(p, x, rcfg)
+            return reference.smoothed_cross_entropy(logits, targets)
+        value, grads = jax.value_and_grad(loss)(params)
+        return lax.pmean(value, parallel.AXIS), lax.pmean(grads, parallel.AXIS)
+
+    autodiff = jax.jit(jax.shard_map(replica, mesh=mesh, in_specs=(P(), P(parallel.AXIS), P(parallel.AXIS)),
+                                     out_specs=(P(), P())))
+    def rendered(p, a, t):  # already compiled inside `parallel` (its input checks need concrete values)
+        return parallel.loss_and_grads(net, p, a, t, cfg, mesh=mesh)
+    return rendered, autodiff
+
+
 def _temp_mib(f, *args) -> Optional[float]:
     try:
         stats = f.lower(*args).compile().memory_analysis()
         return stats.temp_size_in_bytes / 2**20
-    except Exception:  # not every backend reports memory
+    except Exception:  # not every backend reports memory; a plain function has no `lower`
         return None
 
 
@@ -102,9 +126,7 @@ def measure(config: BenchConfig) -> BenchResult:
     targets = jax.nn.one_hot(labels, cfg.num_classes, dtype=jnp.float32)
     if config.replicas > 1:
         from . import parallel
-        mesh = parallel.data_mesh(config.replicas)
-        rendered = jax.jit(lambda p, a, t: parallel.loss_and_grads(net, p, a, t, cfg, mesh=mesh))
-        autodiff = jax.jit(lambda p, a, t: parallel.autodiff_loss_and_grads(net, p, a, t, cfg, mesh=mesh))
+        rendered, autodiff = _mesh_grad_fns(net, cfg, parallel.data_mesh(config.replicas))
     else:
         rendered, autodiff = _grad_fns(net, cfg)
     args = (params, x, targets)
@@ -120,7 +142,15 @@ def measure(config: BenchConfig) -> BenchResult:
 
 
 def measure_in_fresh_process(config: BenchConfig, *, env: Optional[dict] = None) -> BenchResult:
-    """`measure` in a new Python process (nothing cached from other configurations)."""
+    """`measure` in a new Python process (nothing cached from other configurations).
+
+    With replicas on a CPU-only machine the process gets that many host devices (harmless where
+    real accelerators provide them).
+    """
+    env = dict(os.environ if env is None else env)
+    flags = env.get("XLA_FLAGS", "")
+    if config.replicas > 1 and "xla_force_host_platform_device_count" not in flags:
+        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={config.replicas}".strip()
     out = subprocess.run([sys.executable, "-m", "gradtie.bench", json.dumps(asdict(config))],
                          capture_output=True, text=True, env=env, check=False)
     if out.returncode != 0:
