@@ -87,9 +87,10 @@ def test_scatter_at_argmax_is_the_backward_at_constructed_ties(spec):
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 @given(data=st.data())
 def test_scatter_at_argmax_is_the_backward_everywhere(spec, data):
-    """Small integer values make ties (2-, 3-, 4-way and more) common; odd sizes for the 3×3/s2 pool."""
-    h = data.draw(st.sampled_from([2, 4, 6] if spec is maxpool.POOL2 else [2, 3, 4, 5, 6, 7]))
-    w = data.draw(st.sampled_from([2, 4] if spec is maxpool.POOL2 else [3, 4, 5]))
+    """Small integer values make ties (2-, 3-, 4-way and more) common; odd and even sides for the
+    3×3/s2 pool."""
+    h = data.draw(st.sampled_from([2, 6] if spec is maxpool.POOL2 else [3, 6]))   # few shapes: few compiles
+    w = data.draw(st.sampled_from([4] if spec is maxpool.POOL2 else [5, 6]))
     levels = data.draw(st.integers(1, 4))
     seed = data.draw(st.integers(0, 2**16))
     rng = np.random.default_rng(seed)
