@@ -81,3 +81,24 @@ def test_python_dash_m_exit_code_at_a_planted_tie():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "non-twin tie at pool1" in proc.stdout
+
+
+def test_input_gradient_is_left_out_of_the_verdict_only_at_twin_ties():
+    """At a twin tie the loss is differentiable in the parameters but not in the image (moving a pixel
+    breaks the twins; autodiff's max splits the tie evenly), so the input row cannot fail the check."""
+    import numpy as np
+
+    from gradtie.checks.census import PoolCensus, SmoothReport
+    from gradtie.checks.check import EXIT_FAILED, CheckReport
+    from gradtie.checks.tie import NodeRow, TieReport
+
+    rows = [NodeRow("fc3.bias", (10,), 0.0, 1.0, 0.0, 1e-10, False),
+            NodeRow("input", (2, 3, 32, 32), 0.4, 1.0, 0.4, 1e-10, False)]
+    tie_report = TieReport("cifar8", "float64", rows, 2.3, 2.3)
+    twin = SmoothReport([PoolCensus("pool1", "bn2", np.array([[[[2, 1]]]]), 1e-3, 1e-3)], 0, 1e-3)
+    strict = SmoothReport([PoolCensus("pool1", "bn2", np.array([[[[1, 1]]]]), 1e-3, 1e-3)], 0, 1e-3)
+    at_twins = CheckReport(tie_report, [], twin)
+    assert at_twins.exit_code == EXIT_TIED and not at_twins.input_defined
+    assert "input gradient not defined at twin ties" in at_twins.summary()
+    assert at_twins.as_dict()["input_gradient_defined"] is False
+    assert CheckReport(tie_report, [], strict).exit_code == EXIT_FAILED
