@@ -33,7 +33,10 @@ CHAPTERS: list[Chapter] = [
     Chapter("pools", "Pools", profiles={"cpu": {"batch": 16}, "gpu": {"batch": 64, "image_size": 224}}),
     Chapter("head_fold", "Head fold"),
     Chapter("stage_germs", "Stage germs"),
-    Chapter("whole_net_tie", "Whole-net tie"),
+    Chapter("whole_net_tie", "Whole-net tie",
+            profiles={"cpu": {"batch": 16, "resnet_batch": 4, "fd_nodes": 24},
+                      "gpu": {"batch": 128, "image_size": 224, "resnet_batch": 64, "num_classes": 1000,
+                              "fd_nodes": 0}}),
     Chapter("bf16_erasure", "bf16 erasure"),
     Chapter("data_parallel", "Data-parallel tie",
             {"cpu": {"net": "resnet34", "batch": 2}, "gpu": {"net": "resnet34", "batch": 4}}),
@@ -94,6 +97,8 @@ PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
     "lr": _float(0.0, 100.0),
     "bf16": _bool,
     "conv_bias": _bool,
+    "resnet_batch": _int(1, 4096),     # ResNet-34 examples where a chapter runs both nets
+    "fd_nodes": _int(0, 100_000),      # nodes checked by finite differences (0: every node)
 }
 
 

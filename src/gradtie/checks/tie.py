@@ -3,11 +3,17 @@
 `tie` returns a `TieReport` (one row per parameter node, plus the input cotangent) and prints
 nothing. The oracle is built from the net's forward and `gradtie.reference`'s loss, never from a
 backward. Shown in: Whole-net tie.
+
+Besides the nets themselves (`gradtie.nets.cifar8`, `resnet34`), the kit accepts a net-like object
+that plants a bug in the rendered side (`gradtie.checks.controls`): it may carry `real_net` (the net
+whose forward the oracle differentiates) and `head_cotangent` (the cotangent at the logits, in place
+of `ops.head.cotangent`); its `forward` is the real one and its `backward` may be planted.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Optional
 
 import jax
@@ -28,10 +34,17 @@ class NodeRow:
     rel: float          # err / scale
     limit: float        # the tolerance rel is held to
     zero_in_reals: bool
+    bad: int = 0        # entries off by more than limit·scale (for a β row: the channels wrong)
 
     @property
     def ok(self) -> bool:
         return bool(self.rel <= self.limit)
+
+
+def is_beta(name: str, shapes: dict[str, tuple[int, ...]]) -> bool:
+    """A BN shift β: a `.bias` whose `.weight` (γ) is a vector; its node is Σ dy over (n,h,w)."""
+    gamma = name[: -len("bias")] + "weight"
+    return name.endswith(".bias") and len(shapes.get(gamma, ())) == 1
 
 
 @dataclass
@@ -57,6 +70,25 @@ class TieReport:
 
     def worst(self) -> NodeRow:
         return max(self.rows, key=lambda r: r.rel / r.limit)
+
+    def backward_order(self) -> list[NodeRow]:
+        """The rows in the order the rendered chain reaches them: the parameters in reverse signature
+        order (head first; within a conv→BN layer β, γ, then the conv), the input cotangent last."""
+        inp = [r for r in self.rows if r.name == "input"]
+        return list(reversed(self.nodes)) + inp
+
+    def first_failure(self) -> Optional[NodeRow]:
+        """The first node, in backward order, that fails its tolerance (None when all tie)."""
+        return next((r for r in self.backward_order() if not r.ok), None)
+
+    def beta_rows(self) -> list[NodeRow]:
+        """The BN β rows in backward order: dβ = Σ dy has no weight in the way, so the first β row
+        that fails is where the cotangent itself first goes wrong (SPEC §11)."""
+        shapes = {r.name: r.shape for r in self.rows}
+        return [r for r in self.backward_order() if is_beta(r.name, shapes)]
+
+    def first_beta_failure(self) -> Optional[NodeRow]:
+        return next((r for r in self.beta_rows() if not r.ok), None)
 
     def summary(self) -> str:
         nodes = self.nodes
@@ -85,7 +117,7 @@ class TieReport:
                 "loss": self.loss, "loss_oracle": self.loss_oracle, **self.meta,
                 "nodes": [{"name": r.name, "shape": list(r.shape), "err": r.err, "scale": r.scale,
                            "rel": r.rel, "limit": r.limit, "zero_in_reals": r.zero_in_reals,
-                           "ok": r.ok} for r in self.rows]}
+                           "bad": r.bad, "ok": r.ok} for r in self.rows]}
 
 
 def zero_in_reals(params: dict[str, jax.Array]) -> set[str]:
@@ -107,8 +139,26 @@ def targets_matrix(targets: jax.Array, num_classes: int, dtype) -> jax.Array:
     return targets.astype(dtype)
 
 
+def real_net(net):
+    """The net whose forward the oracle differentiates (a planted control wraps the real net)."""
+    return getattr(net, "real_net", net)
+
+
+def net_label(net) -> str:
+    """"cifar8", "resnet34", or a control's "resnet34 + same_padding_strided"."""
+    return getattr(net, "label", None) or net.__name__.rsplit(".", 1)[-1]
+
+
+def head_cotangent(net):
+    """The cotangent at the logits the rendered chain starts from: the head's six kit ops, unless
+    a control plants its own."""
+    return getattr(net, "head_cotangent", head.cotangent)
+
+
 def oracle(net, params, x, targets, cfg, label_smoothing: float = 0.0):
     """Loss, parameter gradients and input gradient by autodiff of the forward (never a backward)."""
+    net = real_net(net)
+
     def loss(p, x_):
         logits, _ = net.forward(p, x_, cfg)
         return reference.smoothed_cross_entropy(logits, targets, label_smoothing)
@@ -120,14 +170,74 @@ def oracle(net, params, x, targets, cfg, label_smoothing: float = 0.0):
 def rendered(net, params, x, targets, cfg, label_smoothing: float = 0.0):
     """Loss, parameter gradients and input gradient from the rendered chain."""
     logits, saved = net.forward(params, x, cfg)
-    dlogits = head.cotangent(logits, targets, label_smoothing)
+    dlogits = head_cotangent(net)(logits, targets, label_smoothing)
     grads, dx = net.backward(params, saved, dlogits, cfg)
     return head.forward(logits, targets, label_smoothing), grads, dx
 
 
+# Compiled once per (net, config, shapes) and shared by every call: the forward and the backward
+# apart, so that controls planting only the cotangent reuse both, and one oracle serves many ties.
+@partial(jax.jit, static_argnums=(0, 3))
+def _forward(net, params, x, cfg):
+    return net.forward(params, x, cfg)
+
+
+@partial(jax.jit, static_argnums=(0, 4))
+def _backward(backward, params, saved, dlogits, cfg):
+    return backward(params, saved, dlogits, cfg)
+
+
+_oracle = jax.jit(oracle, static_argnums=(0, 4, 5))
+
+
+def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0):
+    """`rendered`, compiled: (loss, grads, dx). targets: rows [N,K] in x's dtype."""
+    logits, saved = _forward(real_net(net), params, x, cfg)
+    dlogits = head_cotangent(net)(logits, targets, label_smoothing)
+    grads, dx = _backward(net.backward, params, saved, dlogits, cfg)
+    return head.forward(logits, targets, label_smoothing), grads, dx
+
+
+def oracle_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0):
+    """`oracle`, compiled: (loss, grads, dx) by autodiff of the real net's forward."""
+    return _oracle(real_net(net), params, x, targets, cfg, label_smoothing)
+
+
+def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
+                label_smoothing: float = 0.0):
+    """Each node is the derivative of the whole loss: `fd.FDRow`s, one per node in `names`.
+
+    Central differences of the real loss (`fd.loss_fn`, built from the forward) along a random unit
+    direction v in the node, against ⟨rendered node, v⟩. The step is FD_STEP or, where a kink (a
+    ReLU input reaching 0, a pool's choice changing) lies closer along v, RADIUS_FRACTION of the
+    first-order radius to it (`census.kink_radius`): real batches hold windows within 1e-6 of a
+    tie, and a difference taken across a kink measures nothing. float64.
+    """
+    from . import census, fd
+    t = targets_matrix(targets, cfg.num_classes, x.dtype)
+
+    def loss(p):   # the forward's logits through the plain-jnp loss; the forward compiled once
+        return reference.smoothed_cross_entropy(_forward(real_net(net), p, x, cfg)[0], t, label_smoothing)
+
+    names = list(params) if names is None else list(names)
+    gnorm = max(float(jnp.linalg.norm(g.ravel())) for g in grads.values())
+    rows = []
+    for name in names:
+        i = list(params).index(name)
+        v = fd.unit_direction(jax.random.fold_in(key, i), params[name].shape, params[name].dtype)
+        full = {k: (v if k == name else jnp.zeros_like(p)) for k, p in params.items()}
+        h = min(tol.FD_STEP, census.RADIUS_FRACTION * census.kink_radius(real_net(net), params, x, cfg, full))
+        value = fd.central_difference(loss, params, name, v, h)
+        dot = float(jnp.vdot(grads[name], v))
+        scale = max(abs(value), abs(dot), tol.ZERO_NODE_FLOOR * gnorm)
+        rows.append(fd.FDRow(name, value, dot, abs(value - dot) / scale, tol.FD_REL))
+    return rows
+
+
 def compare(rendered_grads: dict, oracle_grads: dict, *, limit: float, zero_nodes: set[str],
             dx: Optional[tuple] = None) -> list[NodeRow]:
-    """One row per node: max error relative to max|oracle| (floored for zero-in-ℝ nodes)."""
+    """One row per node: max error relative to max|oracle|; a node that is 0 in ℝ is measured
+    against the net's largest gradient instead (tolerances.ZERO_NODE_SCALE)."""
     gmax = max(float(jnp.max(jnp.abs(g))) for g in oracle_grads.values())
     rows = []
     pairs = [(k, rendered_grads[k], oracle_grads[k]) for k in oracle_grads]
@@ -135,25 +245,32 @@ def compare(rendered_grads: dict, oracle_grads: dict, *, limit: float, zero_node
         pairs.append(("input", dx[0], dx[1]))
     for name, a, b in pairs:
         a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        err = float(np.max(np.abs(a64 - b64)))
+        diff = np.abs(a64 - b64)
+        err = float(np.max(diff))
         zero = name in zero_nodes
         scale = float(np.max(np.abs(b64)))
         if zero:
-            scale = max(scale, tol.ZERO_NODE_FLOOR * gmax)
+            scale = max(scale, tol.ZERO_NODE_SCALE * gmax)
         scale = scale if scale > 0 else 1.0
-        rows.append(NodeRow(name, tuple(a.shape), err, scale, err / scale, limit, zero))
+        bad = int(np.sum(diff > limit * scale))
+        rows.append(NodeRow(name, tuple(a.shape), err, scale, err / scale, limit, zero, bad))
     return rows
 
 
 def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
-        limit: float = tol.REL_F64) -> TieReport:
+        limit: float = tol.REL_F64, reference: Optional[tuple] = None) -> TieReport:
     """Tie every parameter node and the input cotangent of `net` to autodiff at (params, x).
 
-    Runs in the dtype of params and x (float64 needs `jax_enable_x64`).
+    Runs in the dtype of params and x (float64 needs `jax_enable_x64`). `reference`: the oracle's
+    (loss, grads, dx) at this very point, when several ties share it (`oracle_nodes`).
     """
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
-    loss_r, g_r, dx_r = jax.jit(rendered, static_argnums=(0, 4, 5))(net, params, x, t, cfg, label_smoothing)
-    loss_o, g_o, dx_o = jax.jit(oracle, static_argnums=(0, 4, 5))(net, params, x, t, cfg, label_smoothing)
+    loss_r, g_r, dx_r = rendered_nodes(net, params, x, t, cfg, label_smoothing)
+    if reference is None:
+        reference = oracle_nodes(net, params, x, t, cfg, label_smoothing)
+    loss_o, g_o, dx_o = reference
+    # compiled code hands dicts back key-sorted: the rows follow the signature order of params
+    g_r, g_o = ({name: g[name] for name in params} for g in (g_r, g_o))
     rows = compare(g_r, g_o, limit=limit, zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o))
-    return TieReport(net=net.__name__.rsplit(".", 1)[-1], dtype=str(x.dtype), rows=rows,
+    return TieReport(net=net_label(net), dtype=str(x.dtype), rows=rows,
                      loss=float(loss_r), loss_oracle=float(loss_o))
