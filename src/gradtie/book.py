@@ -31,8 +31,10 @@ class Chapter:
 # profile overrides a few of them (cpu: larger CPU runs; gpu: ImageNet shapes where they apply).
 CHAPTERS: list[Chapter] = [
     Chapter("pools", "Pools", profiles={"cpu": {"batch": 16}, "gpu": {"batch": 64, "image_size": 224}}),
-    Chapter("head_fold", "Head fold"),
-    Chapter("stage_germs", "Stage germs"),
+    Chapter("head_fold", "Head fold", profiles={"cpu": {"num_classes": 100}, "gpu": {"num_classes": 1000}}),
+    Chapter("stage_germs", "Stage germs",
+            profiles={"cpu": {"batch": 4, "directions": 2, "image_size": 64},
+                      "gpu": {"batch": 8, "directions": 4, "image_size": 224}}),
     Chapter("whole_net_tie", "Whole-net tie",
             profiles={"cpu": {"batch": 16, "resnet_batch": 4, "fd_nodes": 24},
                       "gpu": {"batch": 128, "image_size": 224, "resnet_batch": 64, "num_classes": 1000,

@@ -1,0 +1,215 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Head fold
+#
+# Both nets end in a loss: the mean over the batch of the cross-entropy against label-smoothed
+# soft targets, t̃ = (1−α)t + α/K. Its cotangent at the logits z [N,K] is not written as one
+# formula in the Lean render; it is folded from six kit ops, each a small verified lemma:
+#
+# | step | op (Lean) | computes |
+# |---|---|---|
+# | 1 | `softmaxRow` | p = softmax(z), row by row, the row maximum subtracted |
+# | 2 | `subB` | d0 = p − t |
+# | 3 | `scaleB` | a = α·t |
+# | 4 | `addVB` | d1 = d0 + a |
+# | 5 | `shiftB` | d2 = d1 − α/K |
+# | 6 | `divConstB` | dy = d2 / N |
+#
+# So dy = (p − (1−α)t − α/K)/N = (p − t̃)/N. This chapter shows that this fold IS ∂/∂z of the mean
+# smoothed cross-entropy — under one assumption, that every row of t sums to 1 — for hard and soft
+# (mixup, cutmix) targets, with α = 0 and α = 0.1, at batch sizes where 1/N is not a binary
+# fraction; that three planted bugs in the fold go red; where the smoothed loss bottoms out; and
+# that the rest of ResNet-34's head (global average pool, dense layer) needs no hypothesis at all.
+#
+# The first cell turns on float64.
+
+# %%
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+from gradtie import book, plots
+from gradtie.checks import head as head_checks
+from gradtie.checks import tolerances
+from gradtie.ops import head
+
+# %% tags=["parameters"]
+num_classes = 10     # K for the fold's cases (the smoothed minimum below is the K = 10 claim)
+seed = 0
+
+# %%
+p = book.validated(num_classes=num_classes, seed=seed)
+key = jax.random.key(p.seed)
+labels3 = jax.random.randint(jax.random.fold_in(key, 0), (3,), 0, p.num_classes)
+z3 = 2.0 * jax.random.normal(jax.random.fold_in(key, 1), (3, p.num_classes), jnp.float64)
+t3 = head.one_hot(labels3, p.num_classes, jnp.float64)
+
+# %% [markdown]
+# ## The six kit ops, step by step
+#
+# A batch of N = 3 examples with one-hot targets and α = 0.1: each line below is one kit op applied
+# to the line above it (example 0's row). Read the label's column: `subB` takes 1 away, `scaleB`
+# and `addVB` give α back, `shiftB` takes α/K from every class; the label's entry ends at
+# p − (1 − α + α/K), every other entry at p − α/K. `divConstB` divides by N = 3 — a true division,
+# because 1/3 has no exact binary representation: multiplying by a rounded 1/N instead would move
+# some entries by an ulp, and the render's lemma is about division.
+
+# %% tags=["nbval-check-output"]
+steps = head_checks.fold_steps(z3, t3, 0.1)
+print(steps.table())
+print(f"entries where d2/N ≠ d2·(1/N): {steps.inexact_divisions} of {steps.n * steps.k}")
+
+# %%
+plots.fold_row(steps)
+plt.show()
+
+# %% [markdown]
+# ## The fold is the gradient
+#
+# The oracle is independent of the fold: `gradtie.reference` writes the loss as users write it,
+# mean_n −Σ_k t̃·log_softmax(z), and `jax.grad` differentiates it. Differentiating by hand,
+# ∂/∂z_j of −Σ_k t̃_k log p_k is p_j·Σ_k t̃_k − t̃_j, and Σ_k t̃_k = (1−α)Σ_k t_k + α = 1 exactly
+# when Σ_k t_k = 1: that is the fold's one hypothesis. We tie the fold to the oracle for α ∈ {0,
+# 0.1}, N ∈ {3, 6} (neither a power of two) and three kinds of target: one-hot rows, and the soft
+# rows mixup and cutmix make from them (`gradtie.data`, on a photo batch). Mixup's rows are
+# λ·t + (1−λ)·t[π], cutmix's use the exact kept-area fraction as λ: both are convex combinations of
+# rows summing to 1, so they sum to 1. The limit is the float64 node-vs-autodiff tolerance
+# (`tolerances.REL_F64`, 1e-10); the fold's six roundings sit near 1e-16.
+
+# %%
+cases = head_checks.fold_cases(key, num_classes=p.num_classes)
+print(cases.table())
+row_sums = {kind: head_checks.row_sum_error(head_checks.batch_targets(kind, 6, p.num_classes, key))
+            for kind in head_checks.TARGET_KINDS}
+
+# %% tags=["nbval-check-output"]
+print(cases.summary())
+print("rows sum to 1 within 1e-15:", {kind: err <= 1e-15 for kind, err in row_sums.items()})
+assert cases.ok
+assert all(err <= 1e-15 for err in row_sums.values())
+
+# %% [markdown]
+# The hypothesis is not decoration. Rows that do not sum to 1 — here one-hot rows scaled by 1.2 —
+# break the tie: the oracle's p·Σt̃ − t̃ is no longer p − t̃. `head.cotangent` therefore refuses
+# such targets with an error that says why, instead of returning a wrong cotangent.
+
+# %% tags=["nbval-check-output"]
+unnormalised = head_checks.tie_fold(z3, 1.2 * t3, 0.1, label="rows summing to 1.2")
+print(f"{unnormalised.label}: tied {unnormalised.ok}")
+print(head_checks.refusal(z3, 1.2 * t3, 0.1))
+assert not unnormalised.ok
+assert "sum to 1" in head_checks.refusal(z3, 1.2 * t3, 0.1)
+
+# %% [markdown]
+# ## α = 0 is plain cross-entropy
+#
+# With α = 0, `scaleB` produces exact zeros and `addVB`, `shiftB` add and subtract exact zeros, so
+# d2 is d0 bit for bit and dy = (p − t)/N: the plain cross-entropy cotangent. We tie it to autodiff
+# of plain cross-entropy written with integer labels, −mean_n log p[n, label_n], which never forms
+# a target row.
+
+# %% tags=["nbval-check-output"]
+steps0 = head_checks.fold_steps(z3, t3, 0.0)
+plain = head_checks.tie_plain(z3, labels3)
+print(f"α = 0: a is all zero {bool(np.all(steps0.a == 0))}; d2 equals d0 bit for bit "
+      f"{bool(np.array_equal(steps0.d2, steps0.d0))}; tied to plain cross-entropy {plain.ok}")
+assert np.all(steps0.a == 0) and np.array_equal(steps0.d1, steps0.d0) and np.array_equal(steps0.d2, steps0.d0)
+assert plain.ok
+
+# %% [markdown]
+# ## Planted bugs go red
+#
+# Three ways to get the fold wrong, each a function in `gradtie.checks.head` named for what it
+# breaks: `smoothing_wrong_k` shifts by α/N (K read off the wrong axis), `drop_batch_divisor`
+# returns d2 (the gradient of the batch SUM), `smoothing_twice` feeds the already smoothed t̃ into
+# the fold. Each must fail the same tie the fold passes. We run them at α = 0.1 and N = 6 ≠ K:
+# at α = 0 the two smoothing bugs are invisible, and at N = K so is the wrong axis — a control is
+# only as good as the point it runs at.
+
+# %%
+z6 = 3.0 * jax.random.normal(jax.random.fold_in(key, 2), (6, p.num_classes), jnp.float64)
+t6 = head_checks.batch_targets("mixup", 6, p.num_classes, jax.random.fold_in(key, 3))
+controls = head_checks.control_cases(z6, t6, 0.1)
+print(controls.table())
+
+# %% tags=["nbval-check-output"]
+print(controls.summary())
+assert controls.ties[0].ok and not any(t.ok for t in controls.ties[1:])
+
+# %%
+plots.fold_ties({"case": cases, "α=0.1 N=6 mixup": controls}, tolerances.REL_F64)
+plt.show()
+
+# %% [markdown]
+# ## Where the smoothed loss bottoms out: H(t̃) = 0.5003 nats
+#
+# The smoothed loss of one example is a cross-entropy, so it splits as
+# −Σ t̃ log p = H(t̃) + KL(t̃ ‖ p) ≥ H(t̃), with equality exactly when p = t̃, i.e. z = log t̃ + c.
+# For a one-hot target with K = 10 and α = 0.1, t̃ puts 0.91 on the label and 0.01 on each other
+# class, so the minimum is
+#
+# H(t̃) = −0.91·ln 0.91 − 9 × 0.01·ln 0.01 = 0.0858 + 0.4145 = 0.5003 nats,
+#
+# reached at the logit margin m* = ln(0.91/0.01) = ln 91 ≈ 4.51. A model trained with α = 0.1 on
+# separable data should see its training loss flatten at 0.5003 — the optimum, not a stall. The
+# upstream book prints ≈ 0.485 for this plateau; no logits reach it. We compute the minimum three
+# ways: H(t̃) from its formula, the loss at z = log t̃, and plain gradient descent from z = 0 along
+# the fold's own cotangent — plus the loss along the margin, for the figure.
+
+# %%
+curve = head_checks.margin_curve(10, 0.1)
+
+# %% tags=["nbval-check-output"]
+print(f"H(t̃) = {curve.entropy:.4f} nats; loss at z = log t̃: {curve.at_log_target:.4f}; "
+      f"after descent along the fold: {curve.descent:.4f}; lowest on the margin grid: {curve.minimum:.4f}")
+print(f"best margin ln 91 = {curve.best_margin:.2f}; upstream's 0.485 lies {curve.entropy - 0.485:.4f} "
+      f"nats below the minimum")
+assert curve.ok
+assert 0.485 < curve.entropy - 0.01
+
+# %%
+plots.smoothed_minimum(curve)
+plt.show()
+
+# %% [markdown]
+# ## The rest of the head needs no hypothesis
+#
+# ResNet-34's head is a global average pool and one dense layer; cifar8's flattens into three dense
+# layers with ReLUs between them (their kinks belong to the ReLU census, chapter Pools). The GAP and
+# the dense layer themselves are linear: `gapBack` spreads dg[n,c]/(H·W) over the H×W cells,
+# `rowDenseBackFlat` is dy @ W, the dense nodes are dyᵀ @ x and Σ_n dy. A linear map is its own
+# derivative everywhere, so there is no point where they could fail — not even where features tie.
+# We tie each to `jax.vjp` of its forward at random inputs whose GAP features hold many exact ties
+# (channels constant at small integers, one example repeated), and plant one bug: a GAP backward
+# that forgets the 1/(H·W).
+
+# %%
+linear = head_checks.linear_head_cases(jax.random.fold_in(key, 4))
+linear_bug = head_checks.linear_head_cases(jax.random.fold_in(key, 4), gap_backward=head_checks.gap_without_area)
+print(linear.table())
+
+# %% tags=["nbval-check-output"]
+print(f"{linear.summary()}; {linear.feature_ties} tied feature pairs")
+print(f"gap_without_area: {linear_bug.summary()}")
+assert linear.ok and linear.feature_ties > 0
+assert not linear_bug.ties[0].ok and all(t.ok for t in linear_bug.ties[1:])
+
+# %%
+plots.fold_ties({"GAP + dense": linear, "gap_without_area": linear_bug}, tolerances.REL_F64,
+                title="GAP and dense tie to autodiff at tied features; the planted GAP bug goes red")
+plt.show()
