@@ -39,7 +39,8 @@ CHAPTERS: list[Chapter] = [
             profiles={"cpu": {"batch": 16, "resnet_batch": 4, "fd_nodes": 24},
                       "gpu": {"batch": 128, "image_size": 224, "resnet_batch": 64, "num_classes": 1000,
                               "fd_nodes": 0}}),
-    Chapter("bf16_erasure", "bf16 erasure"),
+    Chapter("bf16_erasure", "bf16 erasure",
+            profiles={"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 32, "image_size": 224, "replicas": 4}}),
     Chapter("data_parallel", "Data-parallel tie",
             {"cpu": {"net": "resnet34", "batch": 2}, "gpu": {"net": "resnet34", "batch": 4}}),
 ]

@@ -159,6 +159,7 @@ class SiteRow:
     median_rel: float
     bound: float       # node_bound(n)
     zero_mag_errors: int = 0   # outputs with Σ|a|·|b| = 0 but a nonzero node (must be 0)
+    equal_required: bool = True  # the kind and the reference run the same computation (see below)
 
     @property
     def ratio(self) -> float:
@@ -166,11 +167,19 @@ class SiteRow:
 
     @property
     def ok(self) -> bool:
-        return bool(self.equal and self.ratio <= 1.0 and self.zero_mag_errors == 0)
+        return bool((self.equal or not self.equal_required) and self.ratio <= 1.0 and self.zero_mag_errors == 0)
 
     @property
     def label(self) -> str:
         return f"{self.name} {OP_LABELS[self.op]}"
+
+
+def same_computation() -> bool:
+    """Whether a bf16 kind and its reference run the same sums in the same order, so that node =
+    rnd(f32 node at rounded operands) holds bit for bit: on CPU, where XLA widens the rounded bf16
+    operands and runs the very f32 convolution the reference runs. A GPU runs a bf16 convolution
+    kernel (and autotunes its algorithm per program), so there the identity holds to the bound only."""
+    return jax.default_backend() == "cpu"
 
 
 def site_row(name: str, op: str, a, b, node, *, stride: int, kernel_size: int, rnd, bias=None) -> SiteRow:
@@ -185,7 +194,7 @@ def site_row(name: str, op: str, a, b, node, *, stride: int, kernel_size: int, r
     n = contraction_length(op, a.shape, b.shape, kernel_size)
     return SiteRow(name, op, stride, n, bool(equal), float(rel.max(initial=0.0)),
                    float(np.median(rel)) if rel.size else 0.0, float(node_bound(n)),
-                   int(np.sum(err[~live] > 0)))
+                   int(np.sum(err[~live] > 0)), same_computation())
 
 
 # ---- the six kinds on random operands --------------------------------------------------------------
@@ -386,11 +395,11 @@ class NodeEnvelopeRow:
         return bool(self.err <= self.limit)
 
 
-def _nudged(tree, key, nudge):
-    leaves, treedef = jax.tree.flatten(tree)
-    keys = jax.random.split(key, len(leaves))
-    return jax.tree.unflatten(treedef, [a * (1 + nudge * jax.random.normal(k, a.shape, a.dtype))
-                                        for a, k in zip(leaves, keys)])
+def _nudged(tree, seed: int, nudge: float):
+    """Every entry times (1 + nudge·ξ), ξ standard normal, drawn on the host (no compile per shape)."""
+    rng = np.random.default_rng(seed)
+    return jax.tree.map(lambda a: jnp.asarray(np.asarray(a) * (1 + nudge * rng.standard_normal(a.shape)).astype(a.dtype)),
+                        tree)
 
 
 def node_errors(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, bf16_grads=None,
@@ -398,7 +407,7 @@ def node_errors(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, b
                 nudge: float = ENVELOPE_NUDGE) -> list[NodeEnvelopeRow]:
     """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the same point, each
     with the f32 chain's spread under `draws` random relative nudges of every weight and pixel."""
-    key = jax.random.key(0) if key is None else key
+    seed = int(jax.random.randint(jax.random.key(0) if key is None else key, (), 0, 2 ** 31 - 1))
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     cfg32 = replace(cfg, bf16=False)
     _, g32, dx32 = _chain(net, params, x, t, cfg32, label_smoothing)
@@ -406,17 +415,28 @@ def node_errors(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, b
         _, g16, dx16 = _chain(net, params, x, t, replace(cfg, bf16=True), label_smoothing)
     else:
         g16, dx16 = bf16_grads
-    g32, g16 = dict(g32, input=dx32), dict(g16, input=dx16)
+    host = lambda g, dx: {**{k: np.asarray(v, np.float64) for k, v in g.items()}, "input": np.asarray(dx, np.float64)}
+    g32, g16 = host(g32, dx32), host(g16, dx16)
     envelope = {name: 0.0 for name in g32}
     for d in range(draws):
-        kp, kx = jax.random.split(jax.random.fold_in(key, d))
-        _, gn, dxn = _chain(net, _nudged(params, kp, nudge), _nudged(x, kx, nudge), t, cfg32, label_smoothing)
-        for name, g in dict(gn, input=dxn).items():
-            envelope[name] = max(envelope[name], float(jnp.max(jnp.abs(g - g32[name]))))
+        _, gn, dxn = _chain(net, _nudged(params, seed + 2 * d, nudge), _nudged(x, seed + 2 * d + 1, nudge), t,
+                            cfg32, label_smoothing)
+        for name, g in host(gn, dxn).items():
+            envelope[name] = max(envelope[name], float(np.max(np.abs(g - g32[name]))))
     zero = zero_in_reals(params)
-    return [NodeEnvelopeRow(name, tuple(g32[name].shape), float(jnp.max(jnp.abs(g16[name] - g32[name]))),
-                            envelope[name], float(jnp.max(jnp.abs(g32[name]))), name in zero)
+    return [NodeEnvelopeRow(name, g32[name].shape, float(np.max(np.abs(g16[name] - g32[name]))),
+                            envelope[name], float(np.max(np.abs(g32[name]))), name in zero)
             for name in g32]
+
+
+def relu_flips(net, params, x, cfg) -> tuple[int, int]:
+    """ReLU inputs whose sign differs between the bf16 and the f32 forward, of all ReLU inputs: the
+    cells closer to their kink than bf16's rounding moves them."""
+    fwd = jax.jit(net.forward, static_argnums=2, compiler_options=QUICK)
+    z16 = net.preactivations(fwd(params, x, replace(cfg, bf16=True))[1])
+    z32 = net.preactivations(fwd(params, x, replace(cfg, bf16=False))[1])
+    return (sum(int(np.sum((np.asarray(z16[k]) > 0) != (np.asarray(z32[k]) > 0))) for k in z32),
+            sum(int(z.size) for z in z32.values()))
 
 
 # ---- the report `gradtie check --bf16` prints --------------------------------------------------
