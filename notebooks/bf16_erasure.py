@@ -1,0 +1,367 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # bf16 erasure
+#
+# Both nets can run their conv sites in bfloat16: the forward conv, the input backward and the
+# weight gradient, strided peers included (the stem, the block convs, the projections). Everything
+# else stays float32: BatchNorm, ReLU, pools, residual adds, GAP, the dense head and the loss. A
+# bf16 **kind** takes a rounding function `rnd`, rounds both operands with it, accumulates the
+# products in float32 and rounds the result once:
+#
+#     kind(a, b) = rnd(op(rnd(a), rnd(b)))        op: the f32 conv node (`cInB`, `convWeightGradB`, …)
+#
+# For the weight gradient the single rounding sits outside the batch sum: the batch is part of the
+# one float32 contraction. This chapter shows, on real photos:
+#
+# - **erasure**: at `rnd = identity` the kind computes exactly what its f32 peer computes, bit for
+#   bit, for each of the six kinds and along both nets' whole rendered chains;
+# - **rounding**: with bf16 round-to-nearest-even the node is rnd(f32 node at rounded operands);
+# - **the bound**: each output's error against the exact value, relative to the magnitude sum
+#   Σ|a|·|b| of its products, stays under SPEC §7's bound at its contraction length n;
+# - what that means for the whole gradient, for an all-reduce over replicas, and for a compiler
+#   that is allowed to delete casts.
+#
+# Exact values are float64, so the first cell turns it on; the bf16 chains themselves run in
+# float32.
+
+# %%
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+from gradtie import book, plots
+from gradtie.checks import bf16, check
+from gradtie.checks.tie import targets_matrix
+from gradtie.nets import cifar8, resnet34, stages
+from gradtie.ops import conv
+
+# %% tags=["parameters"]
+batch = 4            # examples per batch (both nets)
+image_size = 32      # ResNet-34's input side (cifar8 always reads 32×32)
+data = "photos"      # photos, flat or randn
+seed = 0
+replicas = 2         # shards of the batch for the replica sum (must divide batch)
+
+# %%
+p = book.validated(batch=batch, image_size=image_size, data=data, seed=seed, replicas=replicas)
+key = jax.random.key(p.seed)
+nets = {"cifar8": (cifar8, cifar8.Config(bf16=True), 32),
+        "resnet34": (resnet34, resnet34.Config(num_classes=10, bf16=True), p.image_size)}
+points = {}
+for name, (net, cfg, size) in nets.items():
+    params = net.init(key, cfg)                                                      # float32
+    x = check.make_batch(p.data, p.batch, size, p.seed).astype(jnp.float32)
+    labels = jax.random.randint(jax.random.fold_in(key, 1), (p.batch,), 0, cfg.num_classes)
+    points[name] = (net, cfg, params, x, targets_matrix(labels, cfg.num_classes, jnp.float32))
+    print(f"{name}: {p.data} {tuple(x.shape)}, {len(params)} parameter tensors, bf16 rounding "
+          f"{cfg.bf16_rounding!r} (bf16-typed operands, float32 accumulation)")
+
+# %% [markdown]
+# ## Erasure: six kinds at rnd = identity
+#
+# A kind adds rounding and nothing else: no reassociation, no dropped bias, no moved padding. So at
+# `rnd = identity` it must return the f32 peer's bits exactly. We draw float32 operands for each
+# kind (forward, input backward, weight grad at strides 1 and 2; an odd side of 9 exercises the
+# strided backward's high padding) and compare bit patterns, −0 and +0 included.
+
+# %% tags=["nbval-check-output"]
+cases = bf16.kind_cases(p.seed)
+for c in cases:
+    print(f"{c.label:20} n = {bf16.contraction_length(c.op, c.a.shape, c.b.shape, c.kernel_size):4}: "
+          f"identity kind == f32 peer bit for bit: {bf16.case_erasure(c)}")
+assert all(bf16.case_erasure(c) for c in cases)
+
+# %% [markdown]
+# The comparison is not blind. Three planted kinds, each adding one change besides rounding, fail
+# it at identity: a forward that forgets the bias; a forward with XLA's `'SAME'` padding, which on
+# a strided conv over an even side pads (0, 1) instead of (1, 1); and a weight gradient that sums
+# the batch in float32 after each example's own contraction (what rounding inside the batch sum
+# needs), which reassociates the sum.
+
+# %% tags=["nbval-check-output"]
+by_label = {c.label: c for c in cases}
+even = {c.label: c for c in bf16.kind_cases(p.seed, size=8)}
+f1, f2e, g1 = by_label["forward s1"], even["forward s2"], by_label["weight grad s1"]
+controls = {
+    "dropped bias": bf16.case_erasure(f1, bf16.drop_bias_forward(f1.a, f1.b, f1.bias, stride=1)),
+    "'SAME' padding, stride 2": bf16.case_erasure(f2e, bf16.same_padding_forward(f2e.a, f2e.b, f2e.bias, stride=2)),
+    "batch sum per example": bf16.case_erasure(g1, bf16.grad_weight_rounded_per_example(g1.a, g1.b, kernel_size=3)),
+}
+for label, erased in controls.items():
+    print(f"control {label:26}: equals the f32 peer: {erased}")
+assert not any(controls.values())
+
+# %% [markdown]
+# ## Erasure along both whole chains
+#
+# `Config(bf16=True)` switches every conv site of a net to its kind; `bf16_rounding="identity"`
+# makes every one of them erase. The whole rendered chain — forward, head cotangent, every stage's
+# backward — must then be the f32 chain bit for bit: the loss, every parameter node and the input
+# cotangent.
+
+# %% tags=["nbval-check-output"]
+erasure = {name: bf16.chain_erasure(net, params, x, t, cfg) for name, (net, cfg, params, x, t) in points.items()}
+for name, report in erasure.items():
+    print(report.summary())
+assert all(report.ok for report in erasure.values())
+
+# %% [markdown]
+# ## With bf16 rounding: node = rnd(f32 node at rounded operands)
+#
+# With real rounding the kind is not its f32 peer, but it is the f32 peer run on rounded operands
+# and rounded once. The nets' default rounding keeps the operands bf16-typed, so the conv itself
+# reads bf16 and accumulates into float32; the reference runs the f32 op on the same values held
+# in float32 (products of two bf16 values are exact in float32) and rounds the result once. On a
+# CPU the two run the same sums in the same order (XLA widens the rounded operands and runs the
+# very f32 convolution the reference runs: see the HLO below), so there we ask for equality of
+# bits; a GPU runs a bf16 convolution kernel and may sum in another order, and there the identity
+# holds to the bound of the next section.
+#
+# Every conv call of a net's rendered chain is read in one run (`bf16.conv_sites` wraps the op
+# kit's three conv entry points): each site's operands, strides and node, named by its parameter.
+
+# %% tags=["nbval-check-output"]
+sites, site_rows, chains = {}, {}, {}
+for name, (net, cfg, params, x, t) in points.items():
+    sites[name], chains[name] = bf16.conv_sites(net, params, x, t, cfg)
+    site_rows[name] = bf16.site_rows(sites[name], stages.rounding(cfg))
+    equal = sum(r.equal for r in site_rows[name])
+    per_op = ", ".join(f"{sum(s.op == op for s in sites[name])} {bf16.OP_LABELS[op]}" for op in bf16.OPS)
+    print(f"{name}: {len(sites[name])} conv sites ({per_op}): {equal}/{len(sites[name])} equal "
+          f"rnd(f32 node at rounded operands)")
+    assert equal == len(sites[name]) or not bf16.same_computation()
+kinds_rounded = {c.label: bf16.case_row(c, conv.round_bf16).equal for c in cases}
+print(f"six kinds with round_bf16: {sum(kinds_rounded.values())}/6 equal")
+assert all(kinds_rounded.values()) or not bf16.same_computation()
+
+# %% [markdown]
+# Two controls: a forward that rounds only its result, rnd(conv(x, W)), and a weight gradient that
+# rounds inside the batch sum, Σ_n rnd(S_n). Neither is rnd(f32 node at rounded operands).
+
+# %% tags=["nbval-check-output"]
+wrong = {
+    "result-only rounding": bf16.case_row(f1, conv.round_bf16, bf16.forward_result_only(f1.a, f1.b, f1.bias)),
+    "rounding inside the batch sum": bf16.case_row(
+        g1, conv.round_bf16, bf16.grad_weight_rounded_per_example(g1.a, g1.b, kernel_size=3, rnd=conv.round_bf16)),
+}
+for label, row in wrong.items():
+    print(f"control {label:30}: equals rnd(f32 node at rounded operands): {row.equal}")
+assert not any(row.equal for row in wrong.values())
+
+# %% [markdown]
+# ## The bound
+#
+# Take one output s = Σ_{i≤n} a_i·b_i. Rounding the operands gives â = a(1+α), b̂ = b(1+β) with
+# |α|, |β| ≤ u = 2⁻⁸ (bf16 keeps 8 significant bits), so |Σ âb̂ − Σ ab| ≤ (2u + u²)·M with the
+# **magnitude sum** M = Σ|a|·|b|. The products âb̂ of two bf16 values are exact in float32, and a
+# float32 sum of n terms, in any order, errs by at most ((1+v)^(n−1) − 1)·Σ|âb̂|, v = 2⁻²⁴; SPEC
+# keeps the exponent n+1, which also covers rounded products. Together
+#
+#     |ŝ − s| ≤ B(n)·M,    B(n) = ((1+2⁻²⁴)^(n+1) − 1)(1+2⁻⁸)² + 2·2⁻⁸ + 2⁻¹⁶,
+#
+# and the single rounding of the result adds u·|ŝ| ≤ u(1 + B(n))·M. The error is measured against
+# M, not against |s|: an output whose products cancel can be near 0 while its rounding errors are
+# not. The contraction length n is C·k² for the forward, O·k² for the input backward (the stride-1
+# correlation of the zero-upsampled cotangent: the zeros are exact) and N·H'·W' for the weight
+# gradient, whose batch sum is inside the one contraction. For ResNet-34's 7×7 and 3×3 forward
+# convs, n = 147 … 4608 and B(n) runs from 0.0078 to 0.0081: the float32 term is small next to the
+# operand rounding until n reaches the weight gradients of large batches and images.
+#
+# As a control, a forward that accumulates in bf16 — every partial sum rounded — on positive
+# operands, where each step can lose u of a growing sum: its error grows like n·u.
+
+# %% tags=["nbval-check-output"]
+print(f"B(147) = {float(bf16.accumulation_bound(147)):.4f}, B(4608) = {float(bf16.accumulation_bound(4608)):.4f}")
+for name, rows in site_rows.items():
+    inside = sum(r.ratio <= 1 for r in rows)
+    print(f"{name}: {inside}/{len(rows)} conv nodes under the bound")
+    assert inside == len(rows)
+pos = bf16.kind_cases(p.seed, c=16, positive=True)[0]
+acc = bf16.site_row("bf16 accumulation", "forward", pos.a, pos.b, bf16.forward_bf16_accumulation(pos.a, pos.b),
+                    stride=1, kernel_size=3, rnd=conv.round_bf16)
+print(f"control, bf16 accumulation at n = {acc.n}: under the bound: {acc.ratio <= 1}")
+assert acc.ratio > 1
+
+# %% [markdown]
+# The measured worst error over each node's outputs, against the bound, layer by layer. We expect
+# ratios well below 1: the bound adds every rounding error at its worst, and real ones partly
+# cancel. Weight gradients of the deep layers sit closest to it: at 32 px their contraction is
+# short (N·1·1 at ResNet-34's layer 4), so one output carries the operand rounding of a few
+# products with nothing to average it.
+
+# %%
+for name, rows in site_rows.items():
+    for op in bf16.OPS:
+        pick = [r for r in rows if r.op == op]
+        worst = max(pick, key=lambda r: r.ratio)
+        print(f"{name:8} {bf16.OP_LABELS[op]:15} n = {min(r.n for r in pick)}…{max(r.n for r in pick)}: "
+              f"error/bound max {worst.ratio:.2f} ({worst.name}), median "
+              f"{np.median([r.ratio for r in pick]):.2f}")
+print(f"control, bf16 accumulation: error/bound {acc.ratio:.1f}")
+
+# %%
+plots.bf16_bound(site_rows, controls=[acc])
+plt.show()
+
+# %% [markdown]
+# ## The whole gradient against f32
+#
+# Each kind is tight, but a whole bf16 chain feeds its rounded activations and cotangents through
+# BatchNorm, ReLU masks and pools, and the nodes it ends with are not within a few u of the f32
+# chain's. How far they should be is a property of the point, not of the kinds: we measure the f32
+# chain's own spread when every weight and pixel moves by a relative 2⁻⁸ (bf16's resolution; two
+# random nudges), the **envelope**, as SPEC §6 does for float32 at 1e-7. At a randomly initialised
+# BatchNorm net with a small batch the envelope is large — some ReLU inputs and pool windows sit
+# closer to their kink than 2⁻⁸, and the gradient entries behind them jump — and we expect the
+# bf16 chain to move each node by about the envelope, never by much more.
+#
+# First the kinks: how many of cifar8's ReLU inputs change sign between the bf16 and the f32
+# forward?
+
+# %% tags=["nbval-check-output"]
+net8, cfg8, params8, x8, _ = points["cifar8"]
+flipped, total = bf16.relu_flips(net8, params8, x8, cfg8)
+print(f"cifar8: some ReLU masks differ between the bf16 and f32 forward: {flipped > 0}")
+assert flipped > 0
+
+# %%
+print(f"cifar8: {flipped:,} of {total:,} ReLU inputs change sign ({flipped / total:.2%})")
+
+# %% [markdown]
+# Each flipped mask moves a whole entry of a cotangent between 0 and its value, so node errors
+# measured by their largest entry are large. Against the envelope:
+
+# %% tags=["nbval-check-output"]
+nodes = {}
+for name, (net, cfg, params, x, t) in points.items():
+    _, g16, dx16 = chains[name]
+    nodes[name] = bf16.node_errors(net, params, x, t, cfg, bf16_grads=(g16, dx16), key=jax.random.fold_in(key, 2))
+    within = sum(r.ok for r in nodes[name])
+    print(f"{name}: {within}/{len(nodes[name])} gradient nodes within {bf16.ENVELOPE_FACTOR:g}× the 2⁻⁸ envelope")
+    assert within == len(nodes[name])
+
+# %%
+for name, rows in nodes.items():
+    ratios = np.array([r.ratio for r in rows])
+    rel = np.array([r.rel for r in rows])
+    worst = max(rows, key=lambda r: r.ratio)
+    print(f"{name}: |bf16 − f32| / max|f32| median {np.median(rel):.2f}, max {rel.max():.2f}; "
+          f"error/envelope median {np.median(ratios):.2f}, max {worst.ratio:.2f} ({worst.name})")
+print()
+print("\n".join(f"{r.name:28} rel {r.rel:8.2e}  envelope {r.envelope / r.scale:8.2e}  ratio {r.ratio:5.2f}"
+                for r in nodes["cifar8"]))
+
+# %% [markdown]
+# cifar8's nodes sit around the envelope, none far above it. ResNet-34 at 32 px is a more extreme
+# point: its layer 4 works on 1×1 maps, so each of those BatchNorms normalises over only N cells
+# per channel, and the f32 chain itself moves most nodes by more than their own size under a 2⁻⁸
+# nudge. At such a point no bf16 chain can be close to the f32 gradient, and this one moves it no
+# more than the nudge does. The cpu and gpu profiles use larger images.
+
+# %%
+plots.bf16_nodes(nodes, bf16.ENVELOPE_FACTOR)
+plt.show()
+
+# %% [markdown]
+# ## The replica sum
+#
+# Under data parallelism each of R replicas runs the weight-gradient kind on its own shard (its
+# loss divided by its own N, so its cotangent is R times its shard of the single-device one) and
+# the all-reduce averages the rounded nodes in float32. With S_r the float32 contraction of replica
+# r at rounded operands, the all-reduced gradient is
+#
+#     (1/R)·Σ_r rnd(S_r),   not   rnd(Σ_r S_r)/R,
+#
+# the difference being exactly (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)]: R + 1 roundings, each moving a
+# value by at most u of its size, so at most 2u·M. At `rnd = identity` it is 0. We split the batch
+# into explicit shards at every weight-gradient site of cifar8, run each replica's kind, and compute
+# both sides in float64 (where R bf16 values and R float32 values add exactly).
+
+# %% tags=["nbval-check-output"]
+replica_rows, replica_arrays = bf16.replica_rows(sites["cifar8"], p.replicas, stages.rounding(nets["cifar8"][1]))
+for row in replica_rows:
+    d = replica_arrays[row.name]
+    print(f"{row.name}: replica nodes == rnd(S_r): {row.nodes_rounded}; difference == formula: "
+          f"{np.array_equal(d['diff'], d['formula'])}; nonzero: {row.differing > 0}; "
+          f"under 2u·M: {row.max_diff_rel <= 2 * bf16.U_BF16}; 0 at identity: {row.identity_zero}")
+    assert row.ok and np.array_equal(d["diff"], d["formula"]) and row.differing > 0
+
+# %%
+for row in replica_rows:
+    print(f"{row.name}: R = {row.replicas}, entries differing {row.differing:.0%}, "
+          f"max |difference| / M = {row.max_diff_rel:.2e} (2u = {2 * bf16.U_BF16:.2e})")
+
+# %%
+plots.bf16_replica(replica_arrays, p.replicas)
+plt.show()
+
+# %% [markdown]
+# ## What a compiler does to a cast round-trip
+#
+# A rounding written as a cast round-trip, `x.astype(bf16).astype(f32)`, is a pair of `convert`
+# ops, and a compiler allowed to keep excess precision may delete the pair: XLA's GPU backend does
+# (its `SimplifyFPConversions` pass, on by default through `xla_allow_excess_precision`), as
+# upstream measured, so there such a "rounding" does not round. XLA's CPU backend keeps the pair.
+# We compile the round-trip on the backend this notebook runs on, count the converts in the
+# optimized HLO and check whether the compiled function rounds.
+#
+# That is why real bf16 needs bf16-typed operands with float32 accumulation: the conv reads the
+# bf16 values themselves, with no convert back for a compiler to fold. The program as written says
+# so on every backend — `convolution(bf16, bf16) -> f32` — and the optimized HLO keeps bf16
+# values. (This CPU backend then widens the rounded operands to run an f32 convolution: the
+# rounding has already happened. The result's single rounding, a convert pair after the float32
+# accumulator, is kept here too; it is the one place a GPU compiler could still erase, which the
+# node identity and the bound above would catch. `round_bf16`, integer arithmetic on the bits,
+# leaves nothing to fold: the "nearest" rounding of `Config.bf16_rounding`.)
+
+# %% tags=["nbval-check-output"]
+backend = jax.default_backend()
+probe = points["cifar8"][3]
+cast = bf16.hlo_cast_roundtrip(probe)
+nearest = bf16.hlo_nearest(probe)
+typed = bf16.hlo_typed_kind(probe, points["cifar8"][2]["conv1.weight"])
+print(cast.summary())
+print(nearest.summary())
+print(typed.summary())
+assert typed.operand_dtypes == ("bf16", "bf16") and typed.result_dtype == "f32" and typed.compiled_bf16 > 0
+assert nearest.converts == [] and nearest.rounds
+if backend == "cpu":
+    assert cast.pair_kept and cast.rounds
+
+# %% [markdown]
+# The optimized HLO itself is the backend's own text; here are its `convert` and `convolution`
+# lines on this machine's backend.
+
+# %%
+print(f"backend: {backend}")
+for facts in (cast.text, typed.compiled):
+    print("\n".join(line.strip()[:160] for line in facts.splitlines()
+                    if " convert(" in line or " convolution(" in line))
+    print()
+
+# %% [markdown]
+# ## Summary
+#
+# At `rnd = identity` every bf16 kind, and both nets' whole chains, are their f32 peers bit for
+# bit: the kinds add rounding and nothing else. With bf16 rounding every conv node of both nets is
+# rnd(f32 node at rounded operands), and its error against the exact value stays under SPEC §7's
+# bound relative to the magnitude sum of its products, with room to spare. The whole gradient moves
+# as much as a 2⁻⁸ nudge of the f32 chain moves it; the all-reduced bf16 weight gradient is the
+# mean of rounded replica nodes, off from the rounded sum by at most 2u·M and by nothing at
+# identity; and a bf16 rounding meant to survive a compiler is written as bf16-typed operands or as
+# integer arithmetic, never as a cast round-trip.
