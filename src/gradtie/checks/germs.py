@@ -81,7 +81,8 @@ class GermReport:
     delta_measured: float          # the smallest |t| on the grid where S ≠ G (inf if none)
     delta_bracket: tuple[float, float]  # after bisection: S = G at the first, S ≠ G at the second
     delta_predicted: float         # first-order prediction from the pool-window margins
-    kink_radius: float             # first-order radius before any ReLU input crosses 0 (S and G both kink)
+    kink_radius: float             # first-order radius before a ReLU input crosses 0 (S and G both kink);
+                                   # every ReLU with finite differences, those feeding pools without
     hs: np.ndarray                 # finite-difference steps
     fd_errors: np.ndarray          # |central difference − ⟨rendered node, v⟩| per h
     exact: float                   # ⟨rendered node, v⟩
@@ -322,23 +323,27 @@ def selections(net, params, x, cfg) -> dict:
     return _selections(net, params, x, cfg)
 
 
-@partial(jax.jit, static_argnums=(0, 3))
-def _read_with_tangents(net, params, x, cfg, v):
+@partial(jax.jit, static_argnums=(0, 3, 5))
+def _read_with_tangents(net, params, x, cfg, v, everywhere: bool):
     def read(p):
         _, saved = net.forward(p, x, cfg)
-        return net.pool_inputs(saved), net.preactivations(saved)
+        pre = net.preactivations(saved)
+        if not everywhere:      # only the layers feeding pools: the compiler drops the rest of the net
+            pre = {k: pre[k] for k in sorted(set(net.POOL_PREACTIVATIONS.values()))}
+        return net.pool_inputs(saved), pre
     return jax.jvp(read, (params,), (v,))
 
 
-def predicted_radius(net, params, x, cfg, v, sigma: dict) -> tuple[float, float]:
+def predicted_radius(net, params, x, cfg, v, sigma: dict, *, kinks_everywhere: bool = True) -> tuple[float, float]:
     """First-order radii (pool δ, ReLU kinks): min over windows of gap / |d gap/dt|, the tangents by
     the autodiff oracle.
 
     A live window keeps its selection while its selected cell stays above every non-twin competitor
     (post-ReLU values); a dead window keeps it while every cell's pre-activation stays below 0.
-    Twins have equal values and equal tangents (d gap/dt = 0): they never count.
+    Twins have equal values and equal tangents (d gap/dt = 0): they never count. The kink radius
+    covers every ReLU of the net, or with `kinks_everywhere=False` only those feeding a pool.
     """
-    (r0, z0), (dr, dz) = _read_with_tangents(net, params, x, cfg, v)
+    (r0, z0), (dr, dz) = _read_with_tangents(net, params, x, cfg, v, kinks_everywhere)
     kinks = np.inf
     for layer in z0:
         z, dzl = np.asarray(z0[layer]), np.asarray(dz[layer])
@@ -487,7 +492,8 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], stage: str, *, key
             else:
                 lo = mid
         bracket = (lo, hi)
-    predicted, kinks = predicted_radius(net, params, x, cfg, v, sigma)
+    # without finite differences only the pools' own ReLUs matter: a cheaper program
+    predicted, kinks = predicted_radius(net, params, x, cfg, v, sigma, kinks_everywhere=grads is not None)
     stage = label or stage
     if grads is None:
         empty = np.zeros(0)
