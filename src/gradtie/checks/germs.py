@@ -330,20 +330,27 @@ def _read_with_tangents(net, params, x, cfg, v, everywhere: bool):
         pre = net.preactivations(saved)
         if not everywhere:      # only the layers feeding pools: the compiler drops the rest of the net
             pre = {k: pre[k] for k in sorted(set(net.POOL_PREACTIVATIONS.values()))}
-        return net.pool_inputs(saved), pre
+        return pre
     return jax.jvp(read, (params,), (v,))
 
 
 def predicted_radius(net, params, x, cfg, v, sigma: dict, *, kinks_everywhere: bool = True) -> tuple[float, float]:
-    """First-order radii (pool δ, ReLU kinks): min over windows of gap / |d gap/dt|, the tangents by
-    the autodiff oracle.
+    """First-order radii (pool δ, ReLU kinks) along v, the tangents by the autodiff oracle.
 
-    A live window keeps its selection while its selected cell stays above every non-twin competitor
-    (post-ReLU values); a dead window keeps it while every cell's pre-activation stays below 0.
-    Twins have equal values and equal tangents (d gap/dt = 0): they never count. The kink radius
-    covers every ReLU of the net, or with `kinks_everywhere=False` only those feeding a pool.
+    Each pool reads relu(z), z the pre-activations `net.POOL_PREACTIVATIONS` names. Per window,
+    with σ its selected cell:
+
+    - live (z[σ] > 0): σ stays the maximum until a competitor's z meets z[σ], at
+      |t| = (z[σ] − z_c) / |d(z[σ] − z_c)/dt|. (z[σ] itself falling below 0 changes nothing: the
+      window turns dead, pool and gather both read 0.) Twins have equal values and equal tangents:
+      they never meet.
+    - dead (z < 0 everywhere): the pooled 0 holds until a cell other than σ crosses 0, at
+      |t| = −z_c / |dz_c/dt|. (σ crossing 0 makes it the window's maximum: still σ.)
+
+    δ is the smallest of these; the kink radius is the smallest |z| / |dz/dt| over every ReLU input
+    of the net (with `kinks_everywhere=False`, over those feeding pools only).
     """
-    (r0, z0), (dr, dz) = _read_with_tangents(net, params, x, cfg, v, kinks_everywhere)
+    z0, dz = _read_with_tangents(net, params, x, cfg, v, kinks_everywhere)
     kinks = np.inf
     for layer in z0:
         z, dzl = np.asarray(z0[layer]), np.asarray(dz[layer])
@@ -352,17 +359,17 @@ def predicted_radius(net, params, x, cfg, v, sigma: dict, *, kinks_everywhere: b
     radius = np.inf
     for name, spec in net.POOLS.items():
         layer = net.POOL_PREACTIVATIONS[name]
-        w, dw = (np.asarray(maxpool.windows(a, spec)) for a in (r0[name], dr[name]))
         zw, dzw = (np.asarray(maxpool.windows(a, spec)) for a in (z0[layer], dz[layer]))
-        finite = np.isfinite(w)
-        dw, dzw = np.where(finite, dw, 0.0), np.where(finite, dzw, 0.0)
+        finite = np.isfinite(zw)                       # the stem pool's −∞ padding is never a competitor
+        dzw = np.where(finite, dzw, 0.0)
         idx = np.asarray(sigma[name])[..., None]
-        top, dtop = np.take_along_axis(w, idx, -1), np.take_along_axis(dw, idx, -1)
-        gap, dgap = top - w, dtop - dw
-        live_window = top > 0
+        other = np.arange(zw.shape[-1]) != idx
+        top, dtop = np.take_along_axis(zw, idx, -1), np.take_along_axis(dzw, idx, -1)
+        gap, dgap = top - zw, dtop - dzw
+        live = top > 0
         with np.errstate(divide="ignore", invalid="ignore"):
-            t_live = np.where(live_window & finite & (gap > 0) & (dgap != 0), gap / np.abs(dgap), np.inf)
-            t_dead = np.where(~live_window & finite & (zw < 0) & (dzw != 0), -zw / np.abs(dzw), np.inf)
+            t_live = np.where(live & finite & other & (gap > 0) & (dgap != 0), gap / np.abs(dgap), np.inf)
+            t_dead = np.where(~live & finite & other & (zw < 0) & (dzw != 0), -zw / np.abs(dzw), np.inf)
         radius = min(radius, float(np.min(t_live)), float(np.min(t_dead)))
     return radius, kinks
 
