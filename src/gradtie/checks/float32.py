@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import tolerances as tol
-from .tie import net_label, oracle_nodes, real_net, rendered_nodes, targets_matrix, zero_in_reals
+from .tie import host_rng, net_label, oracle_nodes, real_net, rendered_nodes, targets_matrix, zero_in_reals
 
 
 @dataclass(frozen=True)
@@ -119,7 +119,7 @@ class Float32Report:
 
 
 def _max_abs(a) -> float:
-    return float(jnp.max(jnp.abs(a)))
+    return float(np.max(np.abs(a)))
 
 
 def float32_view(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
@@ -139,29 +139,34 @@ def float32_view(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
     if draws < 1:
         raise ValueError(f"float32_view: draws must be at least 1, got {draws}")
     key = jax.random.key(0) if key is None else key
-    p32 = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
-    x32 = jnp.asarray(x, jnp.float32)
-    t32 = targets_matrix(targets, cfg.num_classes, jnp.float32)
-    p64 = {k: v.astype(jnp.float64) for k, v in p32.items()}
-    x64, t64 = x32.astype(jnp.float64), t32.astype(jnp.float64)
+    # casts on the host: no per-shape conversion kernels to compile
+    p32 = {k: np.asarray(v, np.float32) for k, v in params.items()}
+    x32 = np.asarray(x, np.float32)
+    t32 = np.asarray(targets_matrix(targets, cfg.num_classes, jnp.float32))
+    p64 = {k: v.astype(np.float64) for k, v in p32.items()}
+    x64, t64 = x32.astype(np.float64), t32.astype(np.float64)
+    p32, p64 = ({k: jnp.asarray(v) for k, v in d.items()} for d in (p32, p64))
+    x32, t32, t64 = jnp.asarray(x32), jnp.asarray(t32), jnp.asarray(t64)
 
     _, g32, dx32 = rendered_nodes(net, p32, x32, t32, cfg, label_smoothing)
     _, g64, dx64 = oracle_nodes(real_net(net), p64, x64, t64, cfg, label_smoothing)
     names = list(params)
     envelope = dict.fromkeys(names + ["input"], 0.0)
-    for r in range(draws):
-        u = jax.random.normal(jax.random.fold_in(key, r), x64.shape, jnp.float64)
-        _, gr, dxr = oracle_nodes(real_net(net), p64, x64 * (1 + nudge * u), t64, cfg, label_smoothing)
+    g64, dx64 = {k: np.asarray(v) for k, v in g64.items()}, np.asarray(dx64)
+    rng = host_rng(key)
+    for _ in range(draws):
+        nudged = x64 * (1 + nudge * rng.standard_normal(x64.shape))
+        _, gr, dxr = oracle_nodes(real_net(net), p64, jnp.asarray(nudged), t64, cfg, label_smoothing)
         for name in names:
-            envelope[name] = max(envelope[name], _max_abs(gr[name] - g64[name]))
-        envelope["input"] = max(envelope["input"], _max_abs(dxr - dx64))
+            envelope[name] = max(envelope[name], _max_abs(np.asarray(gr[name]) - g64[name]))
+        envelope["input"] = max(envelope["input"], _max_abs(np.asarray(dxr) - dx64))
 
     gmax = max(_max_abs(g64[name]) for name in names)
     zero = zero_in_reals(p64)
     rows = []
     for name in names + ["input"]:
         a, b = (dx32, dx64) if name == "input" else (g32[name], g64[name])
-        err = _max_abs(a.astype(jnp.float64) - b)
+        err = _max_abs(np.asarray(a, np.float64) - b)
         scale = tol.ZERO_NODE_SCALE * gmax if name in zero else _max_abs(b)
         rows.append(F32Row(name, tuple(b.shape), err, envelope[name], scale if scale > 0 else 1.0,
                            factor, floor, name in zero))

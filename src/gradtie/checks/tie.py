@@ -21,7 +21,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import reference
-from ..ops import head
+from ..ops import head, maxpool
+from . import fd
 from . import tolerances as tol
 
 
@@ -203,32 +204,61 @@ def oracle_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0):
     return _oracle(real_net(net), params, x, targets, cfg, label_smoothing)
 
 
+@partial(jax.jit, static_argnums=0)
+def _piece(net, saved):
+    """The smooth piece of the loss a point lies in: every ReLU input's sign, every pool's choice."""
+    return ({k: z > 0 for k, z in net.preactivations(saved).items()},
+            {k: maxpool.select(r, net.POOLS[k]) for k, r in net.pool_inputs(saved).items()})
+
+
+def host_rng(key) -> np.random.Generator:
+    """A NumPy generator seeded from a JAX key (typed or legacy uint32), for draws made on the host."""
+    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return np.random.default_rng(np.asarray(data).ravel())
+
+
+def _same_piece(a, b) -> bool:
+    return all(np.array_equal(a[i][k], b[i][k]) for i in (0, 1) for k in a[i])
+
+
 def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
                 label_smoothing: float = 0.0):
     """Each node is the derivative of the whole loss: `fd.FDRow`s, one per node in `names`.
 
-    Central differences of the real loss (`fd.loss_fn`, built from the forward) along a random unit
-    direction v in the node, against ⟨rendered node, v⟩. The step is FD_STEP or, where a kink (a
-    ReLU input reaching 0, a pool's choice changing) lies closer along v, RADIUS_FRACTION of the
-    first-order radius to it (`census.kink_radius`): real batches hold windows within 1e-6 of a
-    tie, and a difference taken across a kink measures nothing. float64.
+    Central differences of the real loss (the forward's logits through `gradtie.reference`'s loss)
+    along a random unit direction v in the node, against ⟨rendered node, v⟩, at O(h²) where the
+    loss is smooth. Real batches hold windows within 1e-6 of a tie, and a difference taken across
+    a kink measures nothing; so h starts at FD_STEP and shrinks (÷4, down to FD_MIN_STEP) until both
+    ends θ ± h·v lie in the smooth piece of θ: every ReLU input with the same sign, every pool
+    window with the same choice. The forward that gives the loss gives the piece, so the check
+    costs no extra evaluation. float64. Directions are drawn and parameters moved on the host.
     """
-    from . import census, fd
+    fwd_net = real_net(net)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
 
-    def loss(p):   # the forward's logits through the plain-jnp loss; the forward compiled once
-        return reference.smoothed_cross_entropy(_forward(real_net(net), p, x, cfg)[0], t, label_smoothing)
+    def evaluate(p):
+        logits, saved = _forward(fwd_net, p, x, cfg)
+        loss = float(reference.smoothed_cross_entropy(logits, t, label_smoothing))
+        return loss, jax.tree.map(np.asarray, _piece(fwd_net, saved))
 
     names = list(params) if names is None else list(names)
-    gnorm = max(float(jnp.linalg.norm(g.ravel())) for g in grads.values())
+    host = {k: np.asarray(v) for k, v in params.items()}
+    _, here = evaluate(host)
+    gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in grads.values())
+    rng = host_rng(key)
     rows = []
     for name in names:
-        i = list(params).index(name)
-        v = fd.unit_direction(jax.random.fold_in(key, i), params[name].shape, params[name].dtype)
-        full = {k: (v if k == name else jnp.zeros_like(p)) for k, p in params.items()}
-        h = min(tol.FD_STEP, census.RADIUS_FRACTION * census.kink_radius(real_net(net), params, x, cfg, full))
-        value = fd.central_difference(loss, params, name, v, h)
-        dot = float(jnp.vdot(grads[name], v))
+        v = rng.standard_normal(host[name].shape)
+        v /= np.linalg.norm(v)
+        h = tol.FD_STEP
+        while True:
+            plus, piece_plus = evaluate(dict(host, **{name: host[name] + h * v}))
+            minus, piece_minus = evaluate(dict(host, **{name: host[name] - h * v}))
+            if (_same_piece(piece_plus, here) and _same_piece(piece_minus, here)) or h / 4 < tol.FD_MIN_STEP:
+                break
+            h /= 4
+        value = (plus - minus) / (2 * h)
+        dot = float(np.vdot(np.asarray(grads[name]), v))
         scale = max(abs(value), abs(dot), tol.ZERO_NODE_FLOOR * gnorm)
         rows.append(fd.FDRow(name, value, dot, abs(value - dot) / scale, tol.FD_REL))
     return rows
@@ -238,7 +268,7 @@ def compare(rendered_grads: dict, oracle_grads: dict, *, limit: float, zero_node
             dx: Optional[tuple] = None) -> list[NodeRow]:
     """One row per node: max error relative to max|oracle|; a node that is 0 in ℝ is measured
     against the net's largest gradient instead (tolerances.ZERO_NODE_SCALE)."""
-    gmax = max(float(jnp.max(jnp.abs(g))) for g in oracle_grads.values())
+    gmax = max(float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values())
     rows = []
     pairs = [(k, rendered_grads[k], oracle_grads[k]) for k in oracle_grads]
     if dx is not None:

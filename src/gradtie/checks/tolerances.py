@@ -20,6 +20,9 @@ ZERO_NODE_SCALE = 1.0
 # O(ε_64·|L|/h); at h = 1e-4 both sit near 1e-8 relative.
 FD_STEP = 1e-4
 FD_REL = 1e-5
+# A step shrunk to keep both ends in the point's smooth piece stops here: below it the
+# round-off ε_64·|L|/h (2e-8 absolute at |L| ≈ 2) nears FD_REL of a derivative of 1e-3.
+FD_MIN_STEP = 1e-8
 
 # float32 node vs the float64 reference: within this many times the perturbation envelope (the
 # spread of the float64 gradient when the input moves by a relative 1e-7, float32's resolution),
