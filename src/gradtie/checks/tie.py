@@ -101,7 +101,7 @@ class TieReport:
         w = self.worst()
         line += f"; worst rel err {w.rel:.1e} ({w.name}, limit {w.limit:.0e})"
         if self.failed:
-            line += f"; first failing node: {self.failed[0].name}"
+            line += f"; first to break in backward order: {self.first_failure().name}"
         return line
 
     def table(self) -> str:
