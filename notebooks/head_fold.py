@@ -49,7 +49,7 @@ from gradtie.checks import tolerances
 from gradtie.ops import head
 
 # %% tags=["parameters"]
-num_classes = 10     # K for the fold's cases (the smoothed minimum below is the K = 10 claim)
+num_classes = 10     # K for the fold cases (the smoothed minimum below is the claim at K 10)
 seed = 0
 
 # %%

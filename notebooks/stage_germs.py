@@ -56,7 +56,7 @@ batch = 2            # cifar8 examples: few ReLU inputs keep the first kink far 
 data = "photos"      # the batch: photos, flat or randn
 directions = 1       # random unit directions per stage
 resnet_batch = 2     # ResNet-34 examples for the stem germ
-image_size = 32      # ResNet-34's input side (cifar8 always reads 32×32)
+image_size = 32      # ResNet-34 input side (cifar8 always reads 32×32)
 seed = 0
 
 # %%
