@@ -20,11 +20,11 @@ from typing import Mapping, NamedTuple, Optional
 
 import jax
 
-from ..ops import batchnorm, conv, dense, head, maxpool, relu
+from ..ops import batchnorm, conv, dense, maxpool, relu
 from .stages import (ConvBNSaved, Stage, as_input, as_targets, batch_statistic_entries, bn_nodes,
                      bn_saved, bn_specs, callables, check_image, check_params, check_running,
                      check_selections, conv_bn, conv_nodes, conv_specs, dense_specs, fold_backward,
-                     fold_forward, init_params, pool, pool_backward, rounding, running_init)
+                     fold_forward, head_fold, init_params, pool, pool_backward, rounding, running_init)
 from . import stages as _stages
 
 NAME = "cifar8"
@@ -219,12 +219,7 @@ def loss_and_grads(params, x, targets, cfg: Config = Config(), label_smoothing: 
     """
     _check(params, x, cfg)
     targets = as_targets(NAME, targets, x.shape[0], cfg.num_classes)
-    logits, saved = forward(params, x, cfg)
-    targets = targets.astype(logits.dtype)
-    loss = head.forward(logits, targets, label_smoothing)
-    dlogits = head.cotangent(logits, targets, label_smoothing)
-    grads, _ = backward(params, saved, dlogits, cfg)
-    return loss, grads
+    return head_fold(forward, backward, params, x, targets, cfg, label_smoothing)
 
 
 def forward_eval(params, running, x, cfg: Config = Config()):

@@ -200,6 +200,16 @@ def as_targets(net: str, targets, n: int, num_classes: int) -> jax.Array:
     return jnp.asarray(targets)
 
 
+def head_fold(forward, backward, params, x, targets, cfg, label_smoothing: float):
+    """One forward, the head's loss and its six-op cotangent, one rendered backward -> (loss, grads)."""
+    logits, saved = forward(params, x, cfg)
+    targets = targets.astype(logits.dtype)
+    loss = head.forward(logits, targets, label_smoothing)
+    dlogits = head.cotangent(logits, targets, label_smoothing)
+    grads, _ = backward(params, saved, dlogits, cfg)
+    return loss, grads
+
+
 # ---- layers both nets use -------------------------------------------------------------------------
 
 class ConvBNSaved(NamedTuple):
