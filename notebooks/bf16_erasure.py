@@ -215,7 +215,7 @@ for name, rows in site_rows.items():
 print(f"control, bf16 accumulation: error/bound {acc.ratio:.1f}")
 
 # %%
-plots.bf16_bound(site_rows, controls=[acc])
+plots.bf16_erasure.bf16_bound(site_rows, controls=[acc])
 plt.show()
 
 # %% [markdown]
@@ -274,7 +274,7 @@ print("\n".join(f"{r.name:28} rel {r.rel:8.2e}  envelope {r.envelope / r.scale:8
 # more than the nudge does. The cpu and gpu profiles use larger images.
 
 # %%
-plots.bf16_nodes(nodes, bf16.ENVELOPE_FACTOR)
+plots.bf16_erasure.bf16_nodes(nodes, bf16.ENVELOPE_FACTOR)
 plt.show()
 
 # %% [markdown]
@@ -307,7 +307,7 @@ for row in replica_rows:
           f"max |difference| / M = {row.max_diff_rel:.2e} (2u = {2 * bf16.U_BF16:.2e})")
 
 # %%
-plots.bf16_replica(replica_arrays, p.replicas)
+plots.bf16_erasure.bf16_replica(replica_arrays, p.replicas)
 plt.show()
 
 # %% [markdown]

@@ -34,7 +34,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, data, parallel, plots_parallel
+from gradtie import book, data, parallel, plots
 from gradtie.nets import cifar8, resnet34
 
 # %% tags=["parameters"]
@@ -146,7 +146,7 @@ print(f"E[x²] − μ² at μ/σ = {far.offset:.0e} off by more than 10 %: {far.
 # %%
 assert chan_ok
 assert far.one_round > 0.1 and far.one_round > 1e3 * far.chan
-plots_parallel.figure_drift(drift)
+plots.data_parallel.figure_drift(drift)
 plt.show()
 
 # %% [markdown]
@@ -175,7 +175,7 @@ print("control fails the tolerance:", not control.ok)
 assert not control.ok
 assert control.max_rel > 1e6 * parallel.REL_F64
 print(f"worst rel err {control.max_rel:.1e} ({control.worst.name})")
-plots_parallel.figure_tie(reports, control)
+plots.data_parallel.figure_tie(reports, control)
 plt.show()
 
 # %% [markdown]

@@ -75,7 +75,7 @@ print(steps.table())
 print(f"entries where d2/N ≠ d2·(1/N): {steps.inexact_divisions} of {steps.n * steps.k}")
 
 # %%
-plots.fold_row(steps)
+plots.head_fold.fold_row(steps)
 plt.show()
 
 # %% [markdown]
@@ -152,7 +152,7 @@ print(controls.summary())
 assert controls.ties[0].ok and not any(t.ok for t in controls.ties[1:])
 
 # %%
-plots.fold_ties({"case": cases, "α=0.1 N=6 mixup": controls}, tolerances.REL_F64)
+plots.head_fold.fold_ties({"case": cases, "α=0.1 N=6 mixup": controls}, tolerances.REL_F64)
 plt.show()
 
 # %% [markdown]
@@ -183,7 +183,7 @@ assert curve.ok
 assert 0.485 < curve.entropy - 0.01
 
 # %%
-plots.smoothed_minimum(curve)
+plots.head_fold.smoothed_minimum(curve)
 plt.show()
 
 # %% [markdown]
@@ -210,6 +210,6 @@ assert linear.ok and linear.feature_ties > 0
 assert not linear_bug.ties[0].ok and all(t.ok for t in linear_bug.ties[1:])
 
 # %%
-plots.fold_ties({"GAP + dense": linear, "gap_without_area": linear_bug}, tolerances.REL_F64,
+plots.head_fold.fold_ties({"GAP + dense": linear, "gap_without_area": linear_bug}, tolerances.REL_F64,
                 title="GAP and dense tie to autodiff at tied features; the planted GAP bug goes red")
 plt.show()

@@ -114,7 +114,7 @@ assert jnp.array_equal(toy_back, toy_first)
 assert not jnp.array_equal(toy_back, toy_last)      # the control: another σ is another backward
 
 # %%
-plots.selection_example(np.asarray(toy[0, 0]), np.asarray(dtoy[0, 0]), np.asarray(toy_first[0, 0]),
+plots.pools.selection_example(np.asarray(toy[0, 0]), np.asarray(dtoy[0, 0]), np.asarray(toy_first[0, 0]),
                         np.asarray(toy_last[0, 0]))
 plt.show()
 
@@ -187,7 +187,7 @@ assert twin8.ok and twin34.ok
 assert sum(q.counts["twin tie"] for q in twin8.pools) > 0 and twin34.pools[0].counts["twin tie"] > 0
 
 # %%
-plots.pool_census({f"cifar8, {p.data}": photo8, f"ResNet-34, {p.data}": photo34,
+plots.pools.pool_census({f"cifar8, {p.data}": photo8, f"ResNet-34, {p.data}": photo34,
                    "cifar8, flat": twin8, "ResNet-34, flat": twin34})
 plt.show()
 
@@ -247,7 +247,7 @@ print(f"  largest parameter node change {nontwin_route.param_rel:.2f} of its max
 assert not nontwin_route.same_parameter_gradient and nontwin_route.param_rel > 1e-3
 
 # %%
-plots.routing_nodes({"twin ties (flat images)": twin_route, "non-twin ties (planted)": nontwin_route},
+plots.pools.routing_nodes({"twin ties (flat images)": twin_route, "non-twin ties (planted)": nontwin_route},
                     census.ROUTE_REL)
 plt.show()
 
@@ -268,7 +268,7 @@ assert slopes_twin.smooth and abs(slopes_twin.right - slopes_twin.rendered) <= c
 assert not slopes_planted.smooth
 
 # %%
-plots.one_sided_slopes({"twin ties (flat images)": slopes_twin, "non-twin ties (planted)": slopes_planted})
+plots.pools.one_sided_slopes({"twin ties (flat images)": slopes_twin, "non-twin ties (planted)": slopes_planted})
 plt.show()
 
 # %% [markdown]
@@ -311,7 +311,7 @@ for (label, (first, last)), (m_last, m_first) in zip(spans.items(), (two, pad1, 
 assert not np.array_equal(np.asarray(same[0]), np.asarray(pad1[0]))
 
 # %%
-plots.window_grids(side, spans)
+plots.pools.window_grids(side, spans)
 plt.show()
 
 # %% [markdown]

@@ -123,7 +123,7 @@ print(walks.summary().splitlines()[0])
 assert walks.germs_hold
 
 # %%
-plots.germ_parting(walks.reports)
+plots.stage_germs.germ_parting(walks.reports)
 plt.show()
 
 # %% [markdown]
@@ -155,7 +155,7 @@ print(walks.summary().splitlines()[1])
 assert walks.predictions_hold
 
 # %%
-plots.germ_radii(walks.reports)
+plots.stage_germs.germ_radii(walks.reports)
 plt.show()
 
 # %% [markdown]
@@ -209,7 +209,7 @@ assert survey8.windows, "no stage shows a truncation window: the O(h²) claim is
 assert all(abs(r.fd_slope - 2) <= germs.SLOPE_TOL for r in survey8.windows)
 
 # %%
-plots.germ_fd(survey8.reports)
+plots.stage_germs.germ_fd(survey8.reports)
 plt.show()
 
 # %% [markdown]
@@ -246,7 +246,7 @@ assert at_tie.kinked and not survey8.reports[0].kinked
 assert not at_tie.fd_converges
 
 # %%
-plots.germ_control(survey8.reports[0], at_tie)
+plots.stage_germs.germ_control(survey8.reports[0], at_tie)
 plt.show()
 
 # %% [markdown]

@@ -174,7 +174,7 @@ print(f"cifar8 conv biases (0 in ℝ): largest error {max(r.err for r in tie8.ro
 print(tie8.table())
 
 # %%
-plots.tie_nodes([tie8, tie34])
+plots.whole_net_tie.tie_nodes([tie8, tie34])
 plt.show()
 
 # %% [markdown]
@@ -259,7 +259,7 @@ for v in (f32_8, f32_34, f32_ctl):
     print(v.summary())
 
 # %%
-plots.float32_envelopes([f32_8, f32_34, f32_ctl])
+plots.whole_net_tie.float32_envelopes([f32_8, f32_34, f32_ctl])
 plt.show()
 
 # %% [markdown]
@@ -332,7 +332,7 @@ assert nontwin.first_beta is None                              # no β row can s
 #   differ. That is the non-twin tie: equal now, not equal for every weight.
 
 # %%
-plots.control_nodes(results, {"cifar8": ctl8.real, "resnet34": ctl34.real})
+plots.whole_net_tie.control_nodes(results, {"cifar8": ctl8.real, "resnet34": ctl34.real})
 plt.show()
 
 # %% [markdown]

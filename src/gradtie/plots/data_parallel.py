@@ -1,6 +1,6 @@
 """The Data-parallel tie chapter's figures: functions take reports and return a Figure.
 
-Kept beside `gradtie.plots` (same colours and size): synchronised BatchNorm in blue, the
+Synchronised BatchNorm in blue, the
 per-replica control in red. Shown in: Data-parallel tie.
 """
 
@@ -11,8 +11,8 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from .parallel import CHAN_FACTOR, UNIT_ROUNDOFF, DriftReport, TieReport
-from .plots import CONTROL_COLOR, FIGSIZE, OK_COLOR
+from ..parallel import CHAN_FACTOR, UNIT_ROUNDOFF, DriftReport, TieReport
+from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
 
 SYNC_SHADES = ("#9ecae1", "#4292c6", "#08519c", "#08306b")   # light → dark as R grows
 

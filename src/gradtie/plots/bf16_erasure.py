@@ -1,0 +1,94 @@
+"""The bf16 erasure chapter's figures: each function takes a report and returns a Figure."""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ._style import OK_COLOR, CONTROL_COLOR, FIGSIZE
+
+
+BF16_OP_MARKERS = {"forward": "o", "backward": "s", "grad_weight": "^"}
+
+
+def bf16_bound(rows_by_net: dict, controls: list = (), title: str = "Every bf16 conv node sits under "
+                                                                    "SPEC §7's bound at its contraction length") -> plt.Figure:
+    """Max |node − exact| / Σ|a|·|b| per conv node against its contraction length n (log–log), one
+    marker per kind, one colour per net ({"cifar8": [SiteRow], …}); the bound with and without the
+    result's rounding as curves; control nodes (e.g. bf16 accumulation) in red."""
+    from ..checks.bf16 import OP_LABELS, accumulation_bound, node_bound
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    ns = [r.n for rows in rows_by_net.values() for r in rows] + [r.n for r in controls]
+    grid = np.logspace(0, np.log10(max(ns) * 4), 200)
+    ax.plot(grid, node_bound(grid), color="k", lw=1.5, label="bound B(n) + 2⁻⁸(1 + B(n))")
+    ax.plot(grid, accumulation_bound(grid), color="k", lw=1, ls="--", label="B(n): before the result's rounding")
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, (net, rows) in enumerate(rows_by_net.items()):
+        for op, marker in BF16_OP_MARKERS.items():
+            pick = [r for r in rows if r.op == op]
+            if pick:
+                ax.scatter([r.n for r in pick], [r.max_rel for r in pick], marker=marker, s=22,
+                           color=colors[i % len(colors)], alpha=0.8, label=f"{net}: {OP_LABELS[op]}")
+    for r in controls:
+        ax.scatter([r.n], [r.max_rel], marker="x", s=60, color=CONTROL_COLOR, label=f"control: {r.name}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    low = min(r.max_rel for rows in rows_by_net.values() for r in rows if r.max_rel > 0)
+    ax.set_ylim(bottom=low / 10)   # room for the legend below the points
+    ax.set_xlabel("contraction length n (products per output)")
+    ax.set_ylabel("max |node − exact| / Σ|a|·|b|")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=7, ncol=2, loc="lower left")
+    fig.tight_layout()
+    return fig
+
+
+def bf16_nodes(rows_by_net: dict, factor: float, title: str = "bf16 moves each gradient node about as "
+                                                               "much as a 2⁻⁸ nudge of the f32 chain") -> plt.Figure:
+    """Per gradient node: |bf16 − f32| against the f32 chain's spread under a relative 2⁻⁸ nudge of
+    every weight and pixel (both relative to max|f32 node|), one colour per net; the limit
+    factor × envelope as a dashed line; nodes beyond it in red."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    lo, hi = np.inf, 0.0
+    for i, (net, rows) in enumerate(rows_by_net.items()):
+        env = np.array([r.envelope / r.scale for r in rows if r.scale > 0])
+        err = np.array([r.rel for r in rows if r.scale > 0])
+        ok = np.array([r.ok for r in rows if r.scale > 0])
+        ax.scatter(env[ok], err[ok], s=18, color=colors[i % len(colors)], alpha=0.8, label=f"{net} ({len(rows)} nodes)")
+        if (~ok).any():
+            ax.scatter(env[~ok], err[~ok], s=30, marker="x", color=CONTROL_COLOR, label=f"{net}: beyond the limit")
+        pos = np.concatenate([env[env > 0], err[err > 0]])
+        if pos.size:
+            lo, hi = min(lo, pos.min()), max(hi, pos.max())
+    grid = np.array([lo / 2, hi * 2]) if np.isfinite(lo) else np.array([1e-8, 1.0])
+    ax.plot(grid, grid, color="0.5", lw=1, label="error = envelope")
+    ax.plot(grid, factor * grid, color="k", lw=1, ls="--", label=f"limit: {factor:g} × envelope")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("f32 envelope: max |f32 node(nudged) − f32 node| / max |f32 node|")
+    ax.set_ylabel("max |bf16 node − f32 node| / max |f32 node|")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def bf16_replica(arrays: dict, replicas: int, title: str = "The all-reduced bf16 gradient is mean_r rnd(S_r), "
+                                                            "not rnd(Σ_r S_r)/R: the gap is real and under 2u·M") -> plt.Figure:
+    """Histogram over every weight-gradient entry of the named sites ({"conv1": replica arrays, …}) of
+    (mean_r rnd(S_r) − rnd(Σ_r S_r)/R) / M, with the ±2u lines; identity's difference (all 0) noted."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    vals = np.concatenate([(d["diff"] / np.where(d["mag"] > 0, d["mag"], 1)).ravel() for d in arrays.values()])
+    u = 2.0 ** -8
+    ax.hist(vals, bins=81, range=(-2.2 * u, 2.2 * u), color=OK_COLOR)
+    for v in (-2 * u, 2 * u):
+        ax.axvline(v, color="k", ls="--", lw=1)
+    ax.text(0.02, 0.95, f"R = {replicas}, {vals.size:,} entries, {np.mean(vals != 0):.0%} nonzero\n"
+                        f"at rnd = identity: every difference is exactly 0", transform=ax.transAxes,
+            va="top", fontsize=8)
+    ax.set_xlabel("(mean_r rnd(S_r) − rnd(Σ_r S_r)/R) / Σ|a|·|b|    (dashed: ±2u, u = 2⁻⁸)")
+    ax.set_ylabel("entries")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    return fig
