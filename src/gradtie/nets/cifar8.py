@@ -16,15 +16,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Mapping, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import jax
 
 from ..ops import batchnorm, conv, dense, maxpool, relu
-from .stages import (ConvBNSaved, Stage, as_input, as_targets, batch_statistic_entries, bn_nodes,
-                     bn_saved, bn_specs, callables, check_image, check_params, check_running,
-                     check_selections, conv_bn, conv_nodes, conv_specs, dense_specs, fold_backward,
-                     fold_forward, head_fold, init_params, pool, pool_backward, rounding, running_init)
+from .stages import (ConvBNSaved, NetDef, Stage, batch_statistic_entries, bn_nodes, bn_saved, bn_specs,
+                     conv_bn, conv_nodes, conv_specs, dense_specs, pool, pool_backward, rounding)
 from . import stages as _stages
 
 NAME = "cifar8"
@@ -83,18 +81,9 @@ def param_specs(cfg: Config = Config()):
     return [spec for k in range(1, 5) for spec in _stage_specs(k, cfg)] + _head_specs(cfg)
 
 
-def init(key: jax.Array, cfg: Config = Config()) -> dict[str, jax.Array]:
-    """38 float32 tensors (30 without conv biases): He fan-out convs, Glorot dense, γ = 1, β = 0, biases 0."""
-    return init_params(key, param_specs(cfg))
-
-
 def bn_names(cfg: Config = Config()) -> list[str]:
     return [f"bn{j}" for j in range(1, 9)]
 
-
-def init_running(params: Mapping, cfg: Config = Config()) -> dict[str, jax.Array]:
-    """Running statistics before the first step: mean 0, variance 1 (PyTorch's)."""
-    return running_init(params, bn_names(cfg))
 
 
 # ---- stages 1…4: conv→BN→ReLU, conv→BN→ReLU, 2×2 pool ---------------------------------------------
@@ -182,53 +171,15 @@ def stage_list(cfg: Config = Config()) -> list[Stage]:
     return out
 
 
-def _check(params, x, cfg: Config) -> None:
-    check_image(NAME, x, f"{IMAGE_SIZE}", lambda s: s == IMAGE_SIZE)
-    check_params(NAME, params, param_specs(cfg))
-
-
-def stages(params, cfg: Config = Config()):
-    """The five (name, callable) stages, train-mode BN; composing them is `forward`'s logits."""
-    check_params(NAME, params, param_specs(cfg))
-    return callables(stage_list(cfg), params, cfg)
-
-
-def forward(params, x, cfg: Config = Config(), *, selections=None):
-    """Train-mode forward (batch statistics) -> (logits [N,K], saved).
-
-    saved: {"stage1"…"stage4": StageSaved, "head": HeadSaved}, arrays only (a pytree). With
-    `selections` {pool name: σ}, those pools are the gather model frozen at σ.
-    """
-    _check(params, x, cfg)
-    check_selections(NAME, selections, POOLS)
-    x = as_input(NAME, x, params)
-    return fold_forward(stage_list(cfg), params, x, cfg, selections=selections)
-
-
-def backward(params, saved, dlogits, cfg: Config = Config()):
-    """The rendered chain -> (grads with params' keys in their order, dx [N,3,32,32])."""
-    check_params(NAME, params, param_specs(cfg))
-    return fold_backward(stage_list(cfg), params, saved, dlogits, cfg)
-
-
-def loss_and_grads(params, x, targets, cfg: Config = Config(), label_smoothing: float = 0.0):
-    """Mean smoothed cross-entropy and its gradient from the rendered chain.
-
-    targets: int labels [N] or rows summing to 1 [N,K]; the cotangent at the logits is the head's
-    six kit ops, dy = (p − t̃)/N.
-    """
-    _check(params, x, cfg)
-    targets = as_targets(NAME, targets, x.shape[0], cfg.num_classes)
-    return head_fold(forward, backward, params, x, targets, cfg, label_smoothing)
-
-
-def forward_eval(params, running, x, cfg: Config = Config()):
-    """Eval-mode logits: BN with the running statistics (per-example BN: its own, train = eval)."""
-    _check(params, x, cfg)
-    check_running(NAME, running, bn_names(cfg), params)
-    x = as_input(NAME, x, params)
-    logits, _ = fold_forward(stage_list(cfg), params, x, cfg, running=running)
-    return logits
+NET = NetDef(NAME, Config, param_specs, stage_list, bn_names, f"{IMAGE_SIZE}", lambda s: s == IMAGE_SIZE, POOLS, (1, 3, IMAGE_SIZE, IMAGE_SIZE))
+init = NET.init
+init_running = NET.init_running
+stages = NET.stages
+forward = NET.forward
+backward = NET.backward
+loss_and_grads = NET.loss_and_grads
+forward_eval = NET.forward_eval
+summary = NET.summary
 
 
 # ---- reading `saved` -------------------------------------------------------------------------------
@@ -259,8 +210,3 @@ def batch_stats(saved) -> dict[str, jax.Array]:
 
 
 census = _stages.census
-
-
-def summary(params, cfg: Config = Config(), x_shape=(1, 3, IMAGE_SIZE, IMAGE_SIZE)):
-    """Rows (name, kind, output shape, parameter count), one per stage; `stages.format_summary` prints them."""
-    return _stages.summary(stage_list(cfg), params, cfg, x_shape)

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Mapping, NamedTuple, Optional
+from typing import NamedTuple, Optional
 
 import jax
 
 from ..ops import batchnorm, conv, dense, gap, maxpool, relu, residual
-from .stages import (ConvBNSaved, Stage, as_input, as_targets, batch_statistic_entries, bn_nodes,
-                     bn_saved, bn_specs, callables, check_image, check_params, check_running,
-                     check_selections, conv_bn, conv_nodes, conv_specs, dense_specs, fold_backward,
-                     fold_forward, head_fold, init_params, pool, pool_backward, rounding, running_init)
+from .stages import (ConvBNSaved, NetDef, Stage, batch_statistic_entries, bn_nodes, bn_saved, bn_specs,
+                     conv_bn, conv_nodes, conv_specs, dense_specs, pool, pool_backward, rounding)
 from . import stages as _stages
 
 NAME = "resnet34"
@@ -96,11 +94,6 @@ def param_specs(cfg: Config = Config()):
             + _head_specs(cfg))
 
 
-def init(key: jax.Array, cfg: Config = Config()) -> dict[str, jax.Array]:
-    """110 float32 tensors (146 with conv biases): He fan-out convs, Glorot fc, γ = 1, β = 0, biases 0."""
-    return init_params(key, param_specs(cfg))
-
-
 def bn_names(cfg: Config = Config()) -> list[str]:
     names = ["bn1"]
     for block in blocks():
@@ -109,10 +102,6 @@ def bn_names(cfg: Config = Config()) -> list[str]:
             names.append(f"{block.name}.downsample.1")
     return names
 
-
-def init_running(params: Mapping, cfg: Config = Config()) -> dict[str, jax.Array]:
-    """Running statistics before the first step: mean 0, variance 1 (PyTorch's)."""
-    return running_init(params, bn_names(cfg))
 
 
 # ---- stem: conv 7×7/s2 → BN → ReLU → max pool 3×3/s2 pad 1 -----------------------------------------
@@ -226,53 +215,15 @@ def stage_list(cfg: Config = Config()) -> list[Stage]:
     return out
 
 
-def _check(params, x, cfg: Config) -> None:
-    check_image(NAME, x, "a positive multiple of 32", lambda s: s >= 32 and s % 32 == 0)
-    check_params(NAME, params, param_specs(cfg))
-
-
-def stages(params, cfg: Config = Config()):
-    """The eighteen (name, callable) stages, train-mode BN; composing them is `forward`'s logits."""
-    check_params(NAME, params, param_specs(cfg))
-    return callables(stage_list(cfg), params, cfg)
-
-
-def forward(params, x, cfg: Config = Config(), *, selections=None):
-    """Train-mode forward (batch statistics) -> (logits [N,K], saved).
-
-    saved: {"stem": StemSaved, "layer1.0" … "layer4.2": BlockSaved, "head": HeadSaved}, arrays only
-    (a pytree). With `selections` {"stem.pool": σ} the stem pool is the gather model frozen at σ.
-    """
-    _check(params, x, cfg)
-    check_selections(NAME, selections, POOLS)
-    x = as_input(NAME, x, params)
-    return fold_forward(stage_list(cfg), params, x, cfg, selections=selections)
-
-
-def backward(params, saved, dlogits, cfg: Config = Config()):
-    """The rendered chain -> (grads with params' keys in their order, dx [N,3,S,S])."""
-    check_params(NAME, params, param_specs(cfg))
-    return fold_backward(stage_list(cfg), params, saved, dlogits, cfg)
-
-
-def loss_and_grads(params, x, targets, cfg: Config = Config(), label_smoothing: float = 0.0):
-    """Mean smoothed cross-entropy and its gradient from the rendered chain.
-
-    targets: int labels [N] or rows summing to 1 [N,K]; the cotangent at the logits is the head's
-    six kit ops, dy = (p − t̃)/N.
-    """
-    _check(params, x, cfg)
-    targets = as_targets(NAME, targets, x.shape[0], cfg.num_classes)
-    return head_fold(forward, backward, params, x, targets, cfg, label_smoothing)
-
-
-def forward_eval(params, running, x, cfg: Config = Config()):
-    """Eval-mode logits: every BN uses the running statistics."""
-    _check(params, x, cfg)
-    check_running(NAME, running, bn_names(cfg), params)
-    x = as_input(NAME, x, params)
-    logits, _ = fold_forward(stage_list(cfg), params, x, cfg, running=running)
-    return logits
+NET = NetDef(NAME, Config, param_specs, stage_list, bn_names, "a positive multiple of 32", lambda s: s >= 32 and s % 32 == 0, POOLS, (1, 3, 224, 224))
+init = NET.init
+init_running = NET.init_running
+stages = NET.stages
+forward = NET.forward
+backward = NET.backward
+loss_and_grads = NET.loss_and_grads
+forward_eval = NET.forward_eval
+summary = NET.summary
 
 
 # ---- reading `saved` -------------------------------------------------------------------------------
@@ -305,8 +256,3 @@ def batch_stats(saved) -> dict[str, jax.Array]:
 
 
 census = _stages.census
-
-
-def summary(params, cfg: Config = Config(), x_shape=(1, 3, 224, 224)):
-    """Rows (name, kind, output shape, parameter count), one per stage; `stages.format_summary` prints them."""
-    return _stages.summary(stage_list(cfg), params, cfg, x_shape)

@@ -69,6 +69,101 @@ def callables(stage_list: Sequence[Stage], params, cfg) -> list[tuple[str, Calla
     return [(stage.name, bind(stage)) for stage in stage_list]
 
 
+# ---- the net: its public functions, defined once over its stage list ------------------------------
+
+# Drawn weights (`init(..., weights="drawn")`) sit where a trained net sits and where a backward that
+# mixes up γ, β or a bias shows: at init every γ is exactly 1 and every β and bias 0, and a BN
+# backward that forgets γ, or a dγ formed from y instead of x̂, is bit for bit the right one there.
+DRAWN_GAMMA = (0.5, 1.5)    # γ ~ U(0.5, 1.5): trained BN scales spread around 1 (never exactly 1)
+DRAWN_BETA_STD = 0.3        # β ~ N(0, 0.3²): shifts of a trained net, a fraction of the unit BN output
+DRAWN_BIAS_STD = 0.1        # conv and dense biases ~ N(0, 0.1²)
+WEIGHTS = ("init", "drawn")
+
+
+@dataclass(frozen=True)
+class NetDef:
+    """A net as data: its name, parameter specs, stage list and BN layers, with the public functions
+    every net shares (SPEC §12) defined once over them. A net module binds them to module names."""
+    name: str
+    config: type                               # the net's frozen Config dataclass
+    param_specs: Callable[..., list]           # cfg -> [ParamSpec] in signature order
+    stage_list: Callable[..., list]            # cfg -> [Stage]
+    bn_names: Callable[..., list]              # cfg -> BN layer names (running statistics)
+    size_rule: str                             # what the image side must be, for the error message
+    size_ok: Callable[[int], bool]
+    pools: Mapping[str, maxpool.PoolSpec]
+    default_shape: tuple[int, ...]             # the input shape `summary` assumes
+
+    def _cfg(self, cfg):
+        return self.config() if cfg is None else cfg
+
+    def _check(self, params, x, cfg) -> None:
+        check_image(self.name, x, self.size_rule, self.size_ok)
+        check_params(self.name, params, self.param_specs(cfg))
+
+    def init(self, key: jax.Array, cfg=None, *, weights: str = "init") -> dict[str, jax.Array]:
+        """float32 tensors in signature order. weights "init": He fan-out convs, Glorot dense, γ = 1,
+        β = 0, biases 0; "drawn": the same weights with γ ~ U(0.5, 1.5), β ~ N(0, 0.3²) and biases
+        ~ N(0, 0.1²) — a point where a backward that confuses γ, β or a bias cannot hide."""
+        if weights not in WEIGHTS:
+            raise ValueError(f"{self.name}.init: weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
+        return init_params(key, self.param_specs(self._cfg(cfg)), drawn=weights == "drawn")
+
+    def init_running(self, params: Mapping, cfg=None) -> dict[str, jax.Array]:
+        """Running statistics before the first step: mean 0, variance 1 (PyTorch's)."""
+        return running_init(params, self.bn_names(self._cfg(cfg)))
+
+    def stages(self, params, cfg=None) -> list[tuple[str, Callable]]:
+        """The (name, callable) stages, train-mode BN; composing them is `forward`'s logits."""
+        cfg = self._cfg(cfg)
+        check_params(self.name, params, self.param_specs(cfg))
+        return callables(self.stage_list(cfg), params, cfg)
+
+    def forward(self, params, x, cfg=None, *, selections=None):
+        """Train-mode forward (batch statistics) -> (logits [N,K], saved).
+
+        saved: {stage name: that stage's saved record}, arrays only (a pytree): exactly what the
+        rendered backward reads. With `selections` {pool name: σ}, those pools are the gather model
+        frozen at σ.
+        """
+        cfg = self._cfg(cfg)
+        self._check(params, x, cfg)
+        check_selections(self.name, selections, self.pools)
+        x = as_input(self.name, x, params)
+        return fold_forward(self.stage_list(cfg), params, x, cfg, selections=selections)
+
+    def backward(self, params, saved, dlogits, cfg=None):
+        """The rendered chain -> (grads with params' keys in their order, dx at the input)."""
+        cfg = self._cfg(cfg)
+        check_params(self.name, params, self.param_specs(cfg))
+        return fold_backward(self.stage_list(cfg), params, saved, dlogits, cfg)
+
+    def loss_and_grads(self, params, x, targets, cfg=None, label_smoothing: float = 0.0):
+        """Mean smoothed cross-entropy and its gradient from the rendered chain (never autodiff).
+
+        targets: int labels [N] or rows summing to 1 [N,K]; the cotangent at the logits is the head's
+        six kit ops, dy = (p − t̃)/N.
+        """
+        cfg = self._cfg(cfg)
+        self._check(params, x, cfg)
+        targets = as_targets(self.name, targets, x.shape[0], cfg.num_classes)
+        return head_fold(self.forward, self.backward, params, x, targets, cfg, label_smoothing)
+
+    def forward_eval(self, params, running, x, cfg=None):
+        """Eval-mode logits: every BN with the running statistics (per-example BN: its own)."""
+        cfg = self._cfg(cfg)
+        self._check(params, x, cfg)
+        check_running(self.name, running, self.bn_names(cfg), params)
+        x = as_input(self.name, x, params)
+        logits, _ = fold_forward(self.stage_list(cfg), params, x, cfg, running=running)
+        return logits
+
+    def summary(self, params, cfg=None, x_shape=None) -> list["SummaryRow"]:
+        """Rows (name, kind, output shape, parameter count), one per stage; `format_summary` prints them."""
+        cfg = self._cfg(cfg)
+        return summary(self.stage_list(cfg), params, cfg, x_shape or self.default_shape)
+
+
 # ---- parameters: specs, init, checks --------------------------------------------------------------
 
 class ParamSpec(NamedTuple):
@@ -91,12 +186,13 @@ def dense_specs(name: str, in_features: int, out_features: int) -> list[ParamSpe
             ParamSpec(f"{name}.bias", (out_features,), "zeros")]
 
 
-def init_params(key: jax.Array, specs: Sequence[ParamSpec]) -> dict[str, jax.Array]:
+def init_params(key: jax.Array, specs: Sequence[ParamSpec], *, drawn: bool = False) -> dict[str, jax.Array]:
     """float32 tensors in spec order: conv weights N(0, 2/(O·kh·kw)) (He fan-out), dense weights
-    N(0, 2/(in+out)) (Glorot), γ = 1, β = 0, biases 0."""
+    N(0, 2/(in+out)) (Glorot), γ = 1, β = 0, biases 0; with `drawn`, γ, β and biases drawn instead
+    (DRAWN_GAMMA, DRAWN_BETA_STD, DRAWN_BIAS_STD)."""
     specs = tuple(specs)
-    drawn = _draw(key, specs)
-    return {spec.name: drawn[spec.name] for spec in specs}  # a jit hands dicts back key-sorted
+    drawn_ = _draw(key, specs, drawn)
+    return {spec.name: drawn_[spec.name] for spec in specs}  # a jit hands dicts back key-sorted
 
 
 def _std(spec: ParamSpec) -> float:
@@ -107,20 +203,37 @@ def _std(spec: ParamSpec) -> float:
     return math.sqrt(2.0 / (in_features + out_features))
 
 
-@partial(jax.jit, static_argnums=1)
-def _draw(key: jax.Array, specs: tuple[ParamSpec, ...]) -> dict[str, jax.Array]:
+def _is_beta(spec: ParamSpec, specs: Sequence[ParamSpec]) -> bool:
+    """A BN shift: a zeros-initialised vector beside a ones-initialised γ of the same layer."""
+    gamma = spec.name[: -len("bias")] + "weight"
+    return spec.name.endswith(".bias") and any(s.name == gamma and s.init == "ones" for s in specs)
+
+
+@partial(jax.jit, static_argnums=(1, 2))
+def _draw(key: jax.Array, specs: tuple[ParamSpec, ...], drawn: bool) -> dict[str, jax.Array]:
     # one standard-normal draw for all weights, cut into tensors: one small program to compile
     # instead of a random-number kernel per tensor shape
     weights = [spec for spec in specs if spec.init in ("conv", "dense")]
     z = jax.random.normal(key, (sum(math.prod(spec.shape) for spec in weights),), jnp.float32)
-    params, offset = {}, 0
+    vectors = [spec for spec in specs if spec.init in ("ones", "zeros")]
+    u = jax.random.uniform(jax.random.fold_in(key, 1), (sum(math.prod(s.shape) for s in vectors),), jnp.float32)
+    zv = jax.random.normal(jax.random.fold_in(key, 2), u.shape, jnp.float32)
+    params, offset, voffset = {}, 0, 0
+    lo, hi = DRAWN_GAMMA
     for spec in specs:
         if spec.init in ("conv", "dense"):
             size = math.prod(spec.shape)
             params[spec.name] = _std(spec) * z[offset:offset + size].reshape(spec.shape)
             offset += size
-        elif spec.init == "ones":
-            params[spec.name] = jnp.ones(spec.shape, jnp.float32)
+            continue
+        size = math.prod(spec.shape)
+        cut = slice(voffset, voffset + size)
+        voffset += size
+        if spec.init == "ones":
+            params[spec.name] = (lo + (hi - lo) * u[cut] if drawn else jnp.ones(size, jnp.float32)).reshape(spec.shape)
+        elif drawn:
+            std = DRAWN_BETA_STD if _is_beta(spec, specs) else DRAWN_BIAS_STD
+            params[spec.name] = (std * zv[cut]).reshape(spec.shape)
         else:
             params[spec.name] = jnp.zeros(spec.shape, jnp.float32)
     return params
