@@ -158,6 +158,61 @@ def test_corrupt_batch_is_a_clear_error_naming_the_file(cifar, corrupt, match):
     assert "data_batch_4" in str(err.value)
 
 
+def write_bin(path, x_rows, labels):
+    """A CIFAR-10 binary batch: one record per example, the label byte then the 3,072 pixels."""
+    records = np.concatenate([np.asarray(labels, np.uint8)[:, None], x_rows], axis=1)
+    path.write_bytes(records.astype(np.uint8).tobytes())
+
+
+@pytest.fixture
+def cifar_bin(cifar, tmp_path):
+    """The same examples as `cifar`, written as the binary version (cifar-10-batches-bin/*.bin)."""
+    folder, rows, labels = cifar
+    bin_folder = tmp_path / "bin" / data.CIFAR10_BIN_FOLDER
+    bin_folder.mkdir(parents=True)
+    for name in data.CIFAR10_TRAIN + (data.CIFAR10_TEST,):
+        write_bin(bin_folder / f"{name}.bin", rows[name], labels[name])
+    return bin_folder, folder
+
+
+def test_binary_version_reads_the_same_arrays_as_the_python_version(cifar_bin):
+    bin_folder, py_folder = cifar_bin
+    b, p = data.load_cifar10(bin_folder.parent), data.load_cifar10(py_folder)
+    for got, want in zip(b, p):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(got, want)
+    d = data.load(f"cifar10:{bin_folder}")
+    assert d.num_classes == 10 and d.split.x_test.shape == (PER_BATCH, 3, 32, 32)
+    np.testing.assert_array_equal(d.split.x_train, data.load(f"cifar10:{py_folder}").split.x_train)
+    # the control: one pixel changed in one record is seen
+    raw = bytearray((bin_folder / "test_batch.bin").read_bytes())
+    raw[5 * data.CIFAR10_RECORD + 1 + 2 * 1024 + 3] ^= 0xFF
+    (bin_folder / "test_batch.bin").write_bytes(bytes(raw))
+    assert not np.array_equal(data.load_cifar10(bin_folder).x_test, p.x_test)
+
+
+@pytest.mark.parametrize("corrupt, match", [
+    (lambda f: f.write_bytes(f.read_bytes()[:-1]), "whole records of 3073 bytes"),
+    (lambda f: f.write_bytes(b""), "holds 0 bytes"),
+    (lambda f: f.write_bytes(bytes([10]) + f.read_bytes()[1:]), "record 0 .* has label 10"),
+])
+def test_corrupt_binary_batch_is_a_clear_error_naming_the_file(cifar_bin, corrupt, match):
+    bin_folder, _ = cifar_bin
+    corrupt(bin_folder / "data_batch_2.bin")
+    with pytest.raises(ValueError, match=match) as err:
+        data.load_cifar10(bin_folder)
+    assert "data_batch_2.bin" in str(err.value)
+
+
+def test_missing_binary_batch_is_named(cifar_bin):
+    bin_folder, _ = cifar_bin
+    (bin_folder / "data_batch_5.bin").unlink()
+    with pytest.raises(FileNotFoundError, match="data_batch_5.bin"):
+        data.load_cifar10(bin_folder)
+    with pytest.raises(FileNotFoundError, match="cifar-10-batches-bin"):
+        data.load_cifar10(bin_folder / "nowhere")
+
+
 # ---- targets and batch transforms ---------------------------------------------------------------
 
 def batch_and_targets(n=8, k=5, seed=0):

@@ -27,9 +27,16 @@ from .ops import head
 PHOTO_NAMES = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "china", "flower")
 FLAT_NAMES = ("horse", "page", "digits")
 MIN_CROP_SCALE = 0.3            # a crop's side is at least this fraction of the photo's short side
+# CIFAR-10 as https://www.cs.toronto.edu/~kriz/cifar.html ships it, in either of two versions:
+# "CIFAR-10 python version" (cifar-10-python.tar.gz -> cifar-10-batches-py/, pickled dicts) and
+# "CIFAR-10 binary version" (cifar-10-binary.tar.gz -> cifar-10-batches-bin/, fixed-size records).
 CIFAR10_FOLDER = "cifar-10-batches-py"
 CIFAR10_TRAIN = tuple(f"data_batch_{i}" for i in range(1, 6))
 CIFAR10_TEST = "test_batch"
+CIFAR10_BIN_FOLDER = "cifar-10-batches-bin"
+CIFAR10_BIN_TRAIN = tuple(f"{name}.bin" for name in CIFAR10_TRAIN)
+CIFAR10_BIN_TEST = f"{CIFAR10_TEST}.bin"
+CIFAR10_RECORD = 1 + 3 * 32 * 32      # binary record: one label byte, then the red, green, blue planes
 CIFAR10_CLASSES = 10
 
 Seed = Union[int, np.integer, np.random.Generator, jax.Array]
@@ -253,7 +260,7 @@ def synthetic(n: int, size: int, num_classes: int, seed: int = 0, *,
     return x, rng.integers(0, num_classes, size=n).astype(np.int64)
 
 
-# ---- CIFAR-10, python pickle batches ------------------------------------------------------------
+# ---- CIFAR-10: python pickle batches or binary records ----------------------------------------
 
 
 class _ArrayUnpickler(pickle.Unpickler):
@@ -270,14 +277,21 @@ class _ArrayUnpickler(pickle.Unpickler):
         return super().find_class(canonical, name)
 
 
-def _cifar_folder(path) -> Path:
+def _cifar_folder(path) -> tuple[Path, str]:
+    """(folder, "python" or "binary"): `path` is either version's batch folder or the folder holding it."""
     p = Path(path)
-    if (p / CIFAR10_FOLDER).is_dir():
-        p = p / CIFAR10_FOLDER
+    for sub in (CIFAR10_FOLDER, CIFAR10_BIN_FOLDER):
+        if (p / sub).is_dir():
+            p = p / sub
+            break
     if not p.is_dir():
-        raise FileNotFoundError(f"load_cifar10: no folder at {str(path)!r}; expected the folder "
-                                f"{CIFAR10_FOLDER!r} (data_batch_1…5 and test_batch) or the folder holding it")
-    return p
+        raise FileNotFoundError(f"load_cifar10: no folder at {str(path)!r}; expected {CIFAR10_FOLDER!r} "
+                                f"(data_batch_1…5 and test_batch, the python version) or "
+                                f"{CIFAR10_BIN_FOLDER!r} (data_batch_1…5.bin and test_batch.bin, the "
+                                f"binary version), or the folder holding one of them")
+    if any((p / name).exists() for name in CIFAR10_BIN_TRAIN + (CIFAR10_BIN_TEST,)):
+        return p, "binary"
+    return p, "python"
 
 
 def _field(d: dict, name: str):
@@ -321,17 +335,46 @@ def read_cifar10_batch(file) -> tuple[np.ndarray, np.ndarray]:
     return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
 
-def load_cifar10(path, *, dtype=None) -> Split:
-    """CIFAR-10 from its python pickle batches: (x_train [50000,3,32,32], y_train, x_test, y_test).
+def read_cifar10_bin(file) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR-10 binary batch -> (x uint8 [N,3,32,32], labels int64 [N]), with clear errors.
 
-    `path` is the `cifar-10-batches-py` folder or the folder holding it. Images stay uint8 with
-    `dtype=None`, or become float32/float64 in [0,1]. The files are read with an unpickler that
-    accepts NumPy arrays only. A missing folder or file is a FileNotFoundError, anything malformed
-    a ValueError, each naming the file and what was expected.
+    The file is N records of 3,073 bytes: the label (0…9), then 1,024 red, 1,024 green and 1,024
+    blue pixels, each plane 32×32 row-major.
     """
-    folder = _cifar_folder(path)
-    train = [read_cifar10_batch(folder / name) for name in CIFAR10_TRAIN]
-    x_test, y_test = read_cifar10_batch(folder / CIFAR10_TEST)
+    file = Path(file)
+    if not file.is_file():
+        raise FileNotFoundError(f"load_cifar10: missing batch file {str(file)!r}; expected "
+                                f"{', '.join(CIFAR10_BIN_TRAIN)} and {CIFAR10_BIN_TEST} in {str(file.parent)!r}")
+    raw = np.frombuffer(file.read_bytes(), dtype=np.uint8)
+    if raw.size == 0 or raw.size % CIFAR10_RECORD:
+        raise ValueError(f"load_cifar10: {str(file)!r} holds {raw.size} bytes; a CIFAR-10 binary batch "
+                         f"is whole records of {CIFAR10_RECORD} bytes (1 label byte + 3×32×32 pixels)")
+    records = raw.reshape(-1, CIFAR10_RECORD)
+    labels = records[:, 0].astype(np.int64)
+    if labels.max() >= CIFAR10_CLASSES:
+        bad = int(np.argmax(labels >= CIFAR10_CLASSES))
+        raise ValueError(f"load_cifar10: record {bad} of {str(file)!r} has label {int(labels[bad])}; "
+                         f"labels must lie in 0…{CIFAR10_CLASSES - 1}")
+    return records[:, 1:].reshape(-1, 3, 32, 32).copy(), labels
+
+
+def load_cifar10(path, *, dtype=None) -> Split:
+    """CIFAR-10 from either version's files: (x_train [50000,3,32,32], y_train, x_test, y_test).
+
+    `path` is the `cifar-10-batches-py` folder (the python version: pickled batches) or the
+    `cifar-10-batches-bin` folder (the binary version: `.bin` records), or the folder holding one;
+    both come from https://www.cs.toronto.edu/~kriz/cifar.html and give the same arrays. Images
+    stay uint8 with `dtype=None`, or become float32/float64 in [0,1]. Pickles are read with an
+    unpickler that accepts NumPy arrays only. A missing folder or file is a FileNotFoundError,
+    anything malformed a ValueError, each naming the file and what was expected.
+    """
+    folder, version = _cifar_folder(path)
+    if version == "binary":
+        train = [read_cifar10_bin(folder / name) for name in CIFAR10_BIN_TRAIN]
+        x_test, y_test = read_cifar10_bin(folder / CIFAR10_BIN_TEST)
+    else:
+        train = [read_cifar10_batch(folder / name) for name in CIFAR10_TRAIN]
+        x_test, y_test = read_cifar10_batch(folder / CIFAR10_TEST)
     x_train = np.concatenate([b[0] for b in train])
     y_train = np.concatenate([b[1] for b in train])
     if dtype is not None:
