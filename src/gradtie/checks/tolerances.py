@@ -32,3 +32,11 @@ F32_NUDGE = 1e-7
 F32_FLOOR = 1e-5
 # The envelope is the largest spread over this many independent nudges (a few, per SPEC §6).
 F32_DRAWS = 3
+
+# ---- Training with the rendered step (`train.side_by_side`) ----
+# Rendered vs autodiff float32 runs in lockstep: their relative parameter distance must stay within
+# this many times the envelope (the largest distance of rendered runs on one-ulp nudged inputs from
+# the rendered run, step by step) — the same multiple the float32 view of a single gradient uses.
+TRAIN_TRACK_FACTOR = F32_ENVELOPE_FACTOR
+# Nudged runs the envelope is the maximum over (a few, as for the float32 view).
+TRAIN_TRACK_DRAWS = F32_DRAWS
