@@ -243,7 +243,7 @@ def test_loss_decreases_over_rendered_steps():
     assert train.evaluate(tiny, TINY, s, np.asarray(x), np.asarray(labels), batch=5) >= 0.5
 
 
-# ---- fit and checkpoints -------------------------------------------------------------------------
+# ---- fit: precise BN, the run contract, resume -------------------------------------------------
 
 def tiny_split(seed=0):
     rng = np.random.default_rng(seed)
@@ -254,42 +254,209 @@ def tiny_split(seed=0):
 
 
 FIT = dict(optimizer="nesterov", lr=0.05, batch=8, schedule="cosine", warmup_epochs=1, flip=True,
-           mix="mixup", seed=3, progress=False)
+           mix="mixup", seed=3, precise_batches=4, progress=False)
+STEPS_PER_EPOCH = 48 // 8
+CONTRACT = {"epoch", "step", "loss", "train_accuracy", "test_accuracy", "test_accuracy_running", "lr",
+            "seconds", "images_per_second"}
+TIMINGS = {"seconds", "eval_seconds", "images_per_second"}
 
 
-def test_fit_learns_and_writes_checkpoints(tmp_path):
+def trajectory(history):
+    """A history without its wall-clock fields: what must repeat bit for bit."""
+    return [{k: v for k, v in h.items() if k not in TIMINGS} for h in history]
+
+
+def assert_same_state(a, b):
+    for part in ("params", "running"):
+        for k in getattr(b, part):
+            np.testing.assert_array_equal(getattr(a, part)[k], getattr(b, part)[k], err_msg=f"{part}/{k}")
+    for name, tree in b.opt_state.items():
+        for k in tree:
+            np.testing.assert_array_equal(a.opt_state[name][k], tree[k], err_msg=f"opt_state/{name}/{k}")
+    assert int(a.step) == int(b.step)
+
+
+def test_precise_statistics_are_the_population_statistics_of_the_fixed_batches():
+    # the stand-in's BN reads the images themselves, so its population statistics are the images'
+    x = tiny_split().x_train
+    params = tiny.init(jax.random.key(0), TINY)
+    got = train.precise_statistics(tiny, TINY, params, x, batch=8, batches=4, seed=5)
+    order = np.asarray(jax.random.permutation(jax.random.fold_in(jax.random.key(5), train._PRECISE_STREAM), 48))
+    used = x[order[:32]].astype(np.float64)
+    np.testing.assert_allclose(got["bn1.running_mean"], used.mean(axis=(0, 2, 3)), rtol=1e-5)
+    np.testing.assert_allclose(got["bn1.running_var"], used.var(axis=(0, 2, 3)), rtol=1e-5)
+    # the control: the mean of the batch variances alone (no spread of the batch means) is smaller
+    per_batch = used.reshape(4, 8, 3, 4, 4)
+    naive = per_batch.var(axis=(1, 3, 4)).mean(axis=0)
+    assert np.all(naive < 0.999 * used.var(axis=(0, 2, 3)))
+    # a different set of batches gives different statistics: the set is fixed by the seed
+    other = train.precise_statistics(tiny, TINY, params, x, batch=8, batches=4, seed=6)
+    assert not np.array_equal(other["bn1.running_mean"], got["bn1.running_mean"])
+    with pytest.raises(ValueError, match="no full batch of 64"):
+        train.precise_statistics(tiny, TINY, params, x, batch=64)
+
+
+def test_evaluate_reads_the_statistics_it_is_given():
+    split = tiny_split()
+    result = train.fit(tiny, TINY, split, epochs=2, **FIT)
+    state, precise = result.state, result.precise
+    acc = train.evaluate(tiny, TINY, state, split.x_test, split.y_test, batch=5, running=precise)
+    assert acc == result.history[-1]["test_accuracy"]                       # padding changes nothing
+    assert train.evaluate(tiny, TINY, state, split.x_test, split.y_test) == acc
+    assert train.evaluate(tiny, TINY, state, split.x_test, split.y_test) == acc
+    assert result.history[-1]["test_accuracy_running"] == train.evaluate(tiny, TINY, state, split.x_test, split.y_test,
+                                                                         running=state.running)
+    # the control: statistics shifted by 3 standard deviations wreck the accuracy
+    bad = {k: (v + 3 * jnp.sqrt(precise["bn1.running_var"]) if k.endswith("mean") else v)
+           for k, v in precise.items()}
+    assert train.evaluate(tiny, TINY, state, split.x_test, split.y_test, running=bad) < acc - 0.2
+
+
+def test_fit_writes_the_run_contract(tmp_path):
     result = train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path, **FIT)
-    assert [h["epoch"] for h in result.history] == [1, 2, 3]
-    assert result.history[-1]["test_accuracy"] >= 0.75
-    record = json.loads((tmp_path / train.METRICS).read_text())
-    assert record["optimizer"] == "nesterov" and len(record["history"]) == 3
-    state, _ = train.load_checkpoint(tmp_path, result.state)
-    assert int(state.step) == 3 * 6
-    for k in state.params:
-        np.testing.assert_array_equal(state.params[k], result.state.params[k])
+    lines = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 3
+    rows = [json.loads(line) for line in lines]
+    assert [r["epoch"] for r in rows] == [1, 2, 3] and [r["step"] for r in rows] == [6, 12, 18]
+    for r in rows:
+        assert CONTRACT <= set(r)
+        assert r["bn_gap"] == r["test_accuracy"] - r["test_accuracy_running"]
+        assert r["seconds"] > 0 and r["images_per_second"] > 0
+    assert rows == result.history
+    assert rows[-1]["test_accuracy"] >= 0.75
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["epochs"] == 3 and run["optimizer"] == "nesterov" and run["batch"] == 8
+    assert run["segments"] == [{"first": 0, "steps": 18, "lr": 0.05, "warmup_steps": 6}]
+    assert run["data"]["n_train"] == 48 and len(run["data"]["fingerprint"]) == 16
+    assert run["running_momentum"] == 0.01 and run["precise_batches"] == 4
+    state, meta = train.load_checkpoint(tmp_path, result.state)
+    assert_same_state(state, result.state)
+    assert meta["history"] == rows
+    assert not list(tmp_path.glob("*.tmp"))
+    # a second run into the same folder would mix two runs: an error, unless it resumes
+    with pytest.raises(ValueError, match="already holds a run"):
+        train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path, **FIT)
+    with pytest.raises(FileNotFoundError, match="no run to resume"):
+        train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path / "new", resume=True, **FIT)
 
 
-def test_resumed_fit_continues_exactly(tmp_path):
-    straight = train.fit(tiny, TINY, tiny_split(), epochs=2, out=tmp_path / "a", **FIT)
-    train.fit(tiny, TINY, tiny_split(), epochs=1, out=tmp_path / "b", **FIT)
-    resumed = train.fit(tiny, TINY, tiny_split(), epochs=2, out=tmp_path / "b", resume=True, **FIT)
-    for k in straight.state.params:
-        np.testing.assert_array_equal(straight.state.params[k], resumed.state.params[k])
-    for k in straight.state.opt_state["v"]:
-        np.testing.assert_array_equal(straight.state.opt_state["v"][k], resumed.state.opt_state["v"][k])
-    assert [h["loss"] for h in straight.history] == [h["loss"] for h in resumed.history]
-    with pytest.raises(ValueError, match="optimizer='nesterov'"):
-        train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path / "b", resume=True,
-                  **{**FIT, "optimizer": "adamw"})
+def test_interrupted_after_epoch_2_and_resumed_equals_uninterrupted_bit_for_bit(tmp_path):
+    straight = train.fit(tiny, TINY, tiny_split(), epochs=4, out=tmp_path / "a", **FIT)
+    first = train.fit(tiny, TINY, tiny_split(), epochs=4, stop_after=2, out=tmp_path / "b", **FIT)
+    assert len(first.history) == 2
+    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 2
+    resumed = train.fit(tiny, TINY, tiny_split(), out=tmp_path / "b", resume=True, **FIT)   # epochs: 4 from run.json
+    assert_same_state(resumed.state, straight.state)
+    assert trajectory(resumed.history) == trajectory(straight.history)
+    assert len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 4
+    # the control: a different seed is a different run, not the same one
+    other = train.fit(tiny, TINY, tiny_split(), epochs=4, out=tmp_path / "c", **{**FIT, "seed": 4})
+    assert not np.array_equal(other.state.params["fc.weight"], straight.state.params["fc.weight"])
 
 
-def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
+def interrupting(monkeypatch, at_step, exc):
+    """make_step whose step raises `exc` instead of taking step `at_step` (1-based)."""
+    real = train.make_step
+
+    def make_step(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def wrapped(state, x, targets, lr):
+            if int(state.step) + 1 == at_step:
+                raise exc
+            return step(state, x, targets, lr)
+        return wrapped
+
+    monkeypatch.setattr(train, "make_step", make_step)
+
+
+def test_ctrl_c_mid_epoch_saves_a_checkpoint_and_the_run_resumes_exactly(tmp_path, monkeypatch):
+    straight = train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path / "a", **FIT)
+    with monkeypatch.context() as m:
+        interrupting(m, at_step=STEPS_PER_EPOCH + 4, exc=KeyboardInterrupt())
+        with pytest.raises(KeyboardInterrupt):
+            train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path / "b", **FIT)
+    state, meta = train.load_checkpoint(tmp_path / "b", straight.state)
+    assert int(state.step) == STEPS_PER_EPOCH + 3 and len(meta["history"]) == 1
+    resumed = train.fit(tiny, TINY, tiny_split(), out=tmp_path / "b", resume=True, **FIT)
+    assert_same_state(resumed.state, straight.state)
+    assert trajectory(resumed.history) == trajectory(straight.history)
+
+
+def test_resume_keeps_the_schedule_and_extends_only_when_asked(tmp_path):
+    train.fit(tiny, TINY, tiny_split(), epochs=2, out=tmp_path, **FIT)
+    with pytest.raises(ValueError, match="fixed by its total of 2 epochs.*extend"):
+        train.fit(tiny, TINY, tiny_split(), epochs=3, out=tmp_path, resume=True, **FIT)
+    with pytest.raises(ValueError, match="optimizer='nesterov', this call asks for 'adamw'"):
+        train.fit(tiny, TINY, tiny_split(), out=tmp_path, resume=True, **{**FIT, "optimizer": "adamw"})
+    with pytest.raises(ValueError, match="fingerprint"):
+        train.fit(tiny, TINY, tiny_split(seed=1), out=tmp_path, resume=True, **FIT)
+    with pytest.raises(ValueError, match="extend_epochs extends a run being resumed"):
+        train.fit(tiny, TINY, tiny_split(), out=tmp_path / "x", extend_epochs=1, **FIT)
+    longer = train.fit(tiny, TINY, tiny_split(), out=tmp_path, resume=True, extend_epochs=1, **FIT)
+    assert [h["epoch"] for h in longer.history] == [1, 2, 3]
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["epochs"] == 3 and run["segments"][1] == {"first": 12, "steps": 6, "lr": 0.05, "warmup_steps": 0}
+    # the first two epochs kept their schedule; the third is a new cosine cycle from the base rate
+    assert longer.history[1]["lr"] < 0.01 and longer.history[2]["lr"] < 0.01
+    sched = train._segments_schedule("cosine", run["segments"])
+    assert float(sched(11)) < 0.01 and float(sched(12)) == pytest.approx(0.05)
+
+
+def test_metrics_log_is_reconciled_with_the_checkpoint_on_resume(tmp_path):
+    train.fit(tiny, TINY, tiny_split(), epochs=3, stop_after=1, out=tmp_path, **FIT)
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(log.read_text() + '{"epoch": 2, "written after the last checkpoint": true}\n')
+    train.fit(tiny, TINY, tiny_split(), stop_after=2, out=tmp_path, resume=True, **FIT)
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [r["epoch"] for r in rows] == [1, 2] and all(CONTRACT <= set(r) for r in rows)
+
+
+def test_nan_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path, monkeypatch):
+    train.fit(tiny, TINY, tiny_split(), epochs=3, stop_after=1, out=tmp_path, **FIT)
+    before = (tmp_path / "checkpoint.npz").read_bytes()
+    real = train.make_step
+
+    def make_step(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def poisoned(state, x, targets, lr):
+            new, metrics = step(state, x, targets, lr)
+            if int(new.step) == STEPS_PER_EPOCH + 2:
+                metrics = {**metrics, "loss": jnp.asarray(jnp.nan)}
+            return new, metrics
+        return poisoned
+
+    monkeypatch.setattr(train, "make_step", make_step)
+    with pytest.raises(train.NonFiniteLoss, match=rf"loss is nan .* at step {STEPS_PER_EPOCH + 2} "
+                                                  r"\(epoch 2, batch 2 of 6.*checkpoint.npz.*step 6\) is kept"):
+        train.fit(tiny, TINY, tiny_split(), out=tmp_path, resume=True, **FIT)
+    assert (tmp_path / "checkpoint.npz").read_bytes() == before
+    assert len((tmp_path / "metrics.jsonl").read_text().splitlines()) == 1
+
+
+def test_a_real_divergence_is_caught_too(tmp_path):
+    with pytest.raises(train.NonFiniteLoss, match="at step .* no checkpoint was written"):
+        train.fit(tiny, TINY, tiny_split(), epochs=1, out=tmp_path, **{**FIT, "optimizer": "sgd", "lr": 1e30})
+
+
+def test_corrupt_or_mismatched_checkpoint_is_a_one_line_error_naming_file_and_tensor(tmp_path):
     result = train.fit(tiny, TINY, tiny_split(), epochs=1, out=tmp_path, **{**FIT, "mix": None})
-    other = train.init_state(tiny, TINY, result.state.params, train.adamw())
-    with pytest.raises(ValueError, match="lacks 'opt_state/m/bn1.weight'"):
-        train.load_checkpoint(tmp_path, other)
+    file = tmp_path / "checkpoint.npz"
+    other_opt = train.init_state(tiny, TINY, result.state.params, train.adamw())
+    with pytest.raises(ValueError, match=r"checkpoint\.npz.*first mismatching tensor 'opt_state/m/bn1.weight' is missing"):
+        train.load_checkpoint(tmp_path, other_opt)
+    wider = TinyConfig(num_classes=5)
+    other_net = train.init_state(tiny, wider, tiny.init(jax.random.key(1), wider), train.nesterov())
+    with pytest.raises(ValueError, match=r"first mismatching tensor 'params/fc.weight' is float32 \(3, 48\), "
+                                         r"this run expects float32 \(5, 48\)"):
+        train.load_checkpoint(tmp_path, other_net)
+    file.write_bytes(file.read_bytes()[:300])
+    with pytest.raises(ValueError, match="not a readable gradtie checkpoint") as err:
+        train.load_checkpoint(tmp_path, result.state)
+    assert str(file) in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
-        train.load_checkpoint(tmp_path / "empty", other)
+        train.load_checkpoint(tmp_path / "empty", result.state)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -297,10 +464,41 @@ def test_checkpoint_mismatch_is_a_clear_error(tmp_path):
     (dict(batch=100), "no full batch"),
     (dict(mix="cutout"), "mix must be"),
     (dict(optimizer="lamb"), "expected one of"),
+    (dict(lr=-1.0), "lr must be a positive number"),
+    (dict(stop_after=0), "stop_after must be a positive integer"),
+    (dict(resume=True), "need the run's folder"),
 ])
 def test_fit_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         train.fit(tiny, TINY, tiny_split(), **{**FIT, **kwargs})
+
+
+# ---- rendered vs autodiff, side by side ------------------------------------------------------------
+
+def test_side_by_side_autodiff_within_the_envelope_and_the_control_out_f64():
+    controls = pytest.importorskip("gradtie.checks.controls")
+    x = np.random.default_rng(0).standard_normal((48, 3, 4, 4))
+    y = np.random.default_rng(1).integers(0, 3, 48)
+    split = data.Split(x, y, x[:8], y[:8])
+    tr = train.side_by_side(tiny, TINY, split, steps=8, batch=8, epochs=2, lr=0.1, dtype="float64",
+                            controls=[controls.swap_gamma_beta(tiny)], progress=False)
+    assert tr.ok, tr.summary()
+    assert tr.steps.tolist() == list(range(1, 9)) and tr.envelope.shape == (8,)
+    assert np.all(tr.envelope > 0) and tr.worst_ratio("autodiff") <= tr.factor
+    assert tr.steps_over("swap_gamma_beta") == 8
+    assert "within the bound at 8/8 steps" in tr.summary()
+    # the free runs take the same first step from the same weights
+    assert tr.loss["rendered"][0] == pytest.approx(tr.loss["autodiff"][0], rel=1e-12)
+    # the verdict itself can fail: the control's distances in the autodiff row are out
+    assert not tr._replace(distance={"autodiff": tr.distance["swap_gamma_beta"]}).ok
+
+
+def test_nudge_ulp_moves_each_nonzero_entry_one_ulp():
+    x = jnp.asarray([0.0, 1.0, -2.5, 3e-3], jnp.float32)
+    y = train.nudge_ulp(x, jax.random.key(0))
+    assert float(y[0]) == 0.0
+    for a, b in zip(np.asarray(x)[1:], np.asarray(y)[1:]):
+        assert b in (np.nextafter(a, np.float32(np.inf)), np.nextafter(a, np.float32(-np.inf)))
 
 
 # ---- cifar8 (SPEC §3): rendered steps on digits ------------------------------------------------------
@@ -369,3 +567,17 @@ def test_cifar8_rendered_step_equals_autodiff_step_and_tracks_running_stats_f64(
     assert set(s2.running) == {f"bn{j}.{s}" for j in range(1, 9) for s in ("running_mean", "running_var")}
     acc = train.evaluate(c8.net, c8.cfg, s2, c8.x, c8.y, batch=8)
     assert 0.0 <= acc <= 1.0
+
+
+def test_cifar8_side_by_side_on_digits_f32(c8):
+    """A few steps of a digits run (from step 2 on, γ ≠ 1 and β ≠ 0): the autodiff step lands within
+    the one-ulp envelope of the rendered step at each, γ↔β swapped far outside. SGD shares the
+    compiled rendered step with the test above."""
+    controls = pytest.importorskip("gradtie.checks.controls")
+    split = data.Split(c8.x, c8.y, c8.x[:8], c8.y[:8])
+    tr = train.side_by_side(c8.net, c8.cfg, split, steps=3, batch=8, epochs=2, optimizer="sgd", lr=0.05,
+                            progress=False,
+                            controls=[controls.swap_gamma_beta(c8.net)])
+    assert tr.ok, tr.summary()
+    assert np.all(tr.distance["autodiff"] > 0)          # float32: the two chains round differently
+    assert np.all(tr.distance["swap_gamma_beta"] > 100 * tr.bound)

@@ -16,17 +16,23 @@ the step section, is the peer a reader compares against: the same forward, diffe
 Every optimizer is a pair of pure functions on dict-of-array pytrees, `init(params) -> state` and
 `update(params, grads, state, lr) -> (params, state)`; states are dicts of arrays, so checkpoints
 are plain `.npz` files.
+
+`fit` is the training loop behind `gradtie train`: evaluation with recomputed (precise) BN
+statistics beside the running ones, a run folder with `run.json`, an append-only `metrics.jsonl`
+and atomic checkpoints, and an exact resume. `side_by_side` runs the rendered and the autodiff
+step in lockstep and bounds their distance by the float32 round-off envelope.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Union
+from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +46,7 @@ OptState = dict[str, Any]
 
 RUNNING_MOMENTUM = 0.01     # running ← (1 − 0.01)·running + 0.01·batch (PyTorch's BatchNorm default)
 CHECKPOINT = "checkpoint.npz"
-METRICS = "metrics.json"
+METRICS = "metrics.jsonl"     # one JSON object per epoch, appended
 
 
 # ---- update rules --------------------------------------------------------------------------------
@@ -212,7 +218,8 @@ def _rendered_loss_and_grads(net, cfg, alpha: float):
         logits, saved = net.forward(params, x, cfg)
         t = _as_rows(targets, logits.shape[1], logits.dtype)
         loss = head.forward(logits, t, alpha)
-        dlogits = head.cotangent(logits, t, alpha)
+        # a must-fail control (`gradtie.checks.controls`) may carry its own head fold
+        dlogits = getattr(net, "head_cotangent", head.cotangent)(logits, t, alpha)
         grads, _ = net.backward(params, saved, dlogits, cfg)
         return loss, grads, logits, net.batch_stats(saved)
     return run
@@ -300,36 +307,114 @@ def _autodiff_loss_and_grads(net, cfg, alpha: float):
     return run
 
 
-# ---- evaluation ----------------------------------------------------------------------------------
+# ---- evaluation: precise BatchNorm statistics ----------------------------------------------------
+#
+# The running statistics move by 1% a step (momentum 0.01, part of the tied step, kept as upstream
+# has it): after s steps they still hold 0.99^s of where they started and lag far behind weights
+# that change fast early on (0.99^88 ≈ 41% after four epochs of digits at batch 64). Reading test
+# accuracy through them measures that lag, not the model. Before each evaluation we therefore
+# recompute every BN layer's population statistics with the current weights over a fixed set of
+# training batches ("precise BN", as in Wu & Johnson, "Rethinking 'Batch' in BatchNorm", 2021) and
+# evaluate with those; the running ones are evaluated too, and the gap is logged. Test images
+# never normalise with their own batch's statistics.
+
+PRECISE_BATCHES = 16    # training batches the population statistics are recomputed over
+_PRECISE_STREAM = 2**31 - 1   # the fold_in tag of the key that fixes which batches those are
 
 _EVAL_FNS: dict = {}
+_STATS_FNS: dict = {}
+
+
+def _cached(cache: dict, net, cfg, build):
+    """One jitted function per (net, config), reused across calls (no recompiles per epoch)."""
+    key = (id(net), cfg)
+    if key not in cache or cache[key][0] is not net:
+        cache[key] = (net, jax.jit(build()))
+    return cache[key][1]
 
 
 def _eval_fn(net, cfg):
-    """One jitted eval forward per (net, config), reused across calls (no recompiles per epoch)."""
-    key = (id(net), cfg)
-    if key not in _EVAL_FNS or _EVAL_FNS[key][0] is not net:
-        _EVAL_FNS[key] = (net, jax.jit(lambda params, running, x: net.forward_eval(params, running, x, cfg)))
-    return _EVAL_FNS[key][1]
+    return _cached(_EVAL_FNS, net, cfg,
+                   lambda: lambda params, running, x: net.forward_eval(params, running, x, cfg))
 
 
-def evaluate(net, cfg, state: TrainState, x, labels, batch: int = 256) -> float:
-    """Top-1 accuracy of the eval-mode net (BN with running statistics) on (x, labels)."""
+def _stats_fn(net, cfg):
+    return _cached(_STATS_FNS, net, cfg,
+                   lambda: lambda params, x: net.batch_stats(net.forward(params, x, cfg)[1]))
+
+
+def precise_statistics(net, cfg, params: Params, x, *, batch: int, batches: int = PRECISE_BATCHES,
+                       seed: int = 0) -> dict[str, jax.Array]:
+    """Every BN layer's population statistics over `batches` fixed training batches of `batch`.
+
+    Each batch runs the train-mode forward with the current weights (every layer normalised with
+    its batch's statistics, as in training); per layer, the batches' means and biased variances
+    are combined with Chan's rule for equal counts, μ = mean_b μ_b and σ² = mean_b[σ_b² + (μ_b − μ)²],
+    which is the mean and variance over all the cells of all the batches. The batches are the first
+    `batches` of one permutation of x fixed by the seed (no augmentation), the same at every call;
+    if x holds fewer full batches, all of them. Returns a dict shaped like the running statistics.
+    """
+    op = "train.precise_statistics"
+    batch = data_._positive_int(op, "batch", batch)
+    batches = data_._positive_int(op, "batches", batches)
+    n = len(x)
+    k = min(batches, n // batch)
+    if k == 0:
+        raise ValueError(f"{op}: {n} training images make no full batch of {batch}")
+    order = np.asarray(jax.random.permutation(
+        jax.random.fold_in(jax.random.key(seed), _PRECISE_STREAM), n))[:k * batch]
+    f = _stats_fn(net, cfg)
+    dtype = next(iter(params.values())).dtype
+    per_batch = [f(params, jnp.asarray(x[order[i * batch:(i + 1) * batch]], dtype)) for i in range(k)]
+    out = {}
+    for name in per_batch[0]:
+        if name.endswith(".running_var"):
+            continue
+        base = name[:-len("running_mean")]
+        means = jnp.stack([b[name] for b in per_batch])
+        variances = jnp.stack([b[base + "running_var"] for b in per_batch])
+        mean = jnp.mean(means, axis=0)
+        out[name] = mean
+        out[base + "running_var"] = jnp.mean(variances + jnp.square(means - mean), axis=0)
+    return {name: out[name] for name in per_batch[0]}
+
+
+def evaluate(net, cfg, state: TrainState, x, labels, batch: int = 256, *,
+             running: Optional[Mapping] = None) -> float:
+    """Top-1 accuracy of the eval-mode net on (x, labels): every BN normalises with fixed statistics,
+    `running` when given (e.g. `precise_statistics`), else the state's running averages.
+
+    The last chunk is padded to the chunk size (eval mode treats examples independently), so one
+    compiled forward serves every chunk.
+    """
     batch = data_._positive_int("train.evaluate", "batch", batch)
     n = len(labels)
     if n == 0 or len(x) != n:
         raise ValueError(f"train.evaluate: need as many labels as images (and at least one), "
                          f"got {len(x)} images and {n} labels")
     f = _eval_fn(net, cfg)
+    stats = state.running if running is None else running
     dtype = next(iter(state.params.values())).dtype
+    chunk = min(batch, n)
+    labels = np.asarray(labels)
     correct = 0
-    for start in range(0, n, batch):
-        logits = f(state.params, state.running, jnp.asarray(x[start:start + batch], dtype))
-        correct += int(jnp.sum(jnp.argmax(logits, axis=1) == jnp.asarray(labels[start:start + batch])))
+    for start in range(0, n, chunk):
+        xb = np.asarray(x[start:start + chunk])
+        m = len(xb)
+        if m < chunk:
+            xb = np.concatenate([xb, np.zeros((chunk - m,) + xb.shape[1:], xb.dtype)])
+        logits = f(state.params, stats, jnp.asarray(xb, dtype))
+        correct += int(np.sum(np.argmax(np.asarray(logits)[:m], axis=1) == labels[start:start + m]))
     return correct / n
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
+#
+# One file, `checkpoint.npz`: every tensor of the state under "params/…", "opt_state/…",
+# "running/…", "step", plus "meta", a JSON string with the per-epoch history and the partial sums
+# of the epoch in progress (so a run stopped mid-epoch resumes mid-epoch). It is written to a
+# temporary file and renamed over the old one: a run killed at any moment leaves the last good
+# checkpoint whole.
 
 def _flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
     if isinstance(tree, Mapping):
@@ -340,55 +425,95 @@ def _flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
     return {prefix[:-1]: np.asarray(tree)}
 
 
-def _unflatten_like(template, flat: Mapping[str, np.ndarray], file: Path, prefix: str = ""):
-    if isinstance(template, Mapping):
-        return {k: _unflatten_like(v, flat, file, f"{prefix}{k}/") for k, v in template.items()}
-    key = prefix[:-1]
-    if key not in flat:
-        raise ValueError(f"checkpoint {str(file)!r} lacks {key!r}; was it written for another net "
-                         f"or optimizer?")
-    arr = flat[key]
-    want = (tuple(np.shape(template)), np.dtype(jnp.asarray(template).dtype))
-    if (arr.shape, arr.dtype) != want:
-        raise ValueError(f"checkpoint {str(file)!r}: {key!r} is {arr.dtype} {arr.shape}, expected "
-                         f"{want[1]} {want[0]}")
-    return jnp.asarray(arr)
+def _state_tree(state: TrainState) -> dict:
+    return {"params": state.params, "opt_state": state.opt_state, "running": state.running,
+            "step": state.step}
 
 
-def save_checkpoint(out, state: TrainState, record: dict) -> None:
-    """`out/checkpoint.npz` (params, opt_state, running, step) and `out/metrics.json` (record);
-    each written to a temporary file first and renamed, so a killed run leaves the last good pair."""
+def _one_line(err: BaseException) -> str:
+    return " ".join(f"{type(err).__name__}: {err}".split())
+
+
+def save_checkpoint(out, state: TrainState, meta: Mapping) -> Path:
+    """Write `out/checkpoint.npz` (the state's tensors and `meta` as JSON) atomically."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    flat = _flatten({"params": state.params, "opt_state": state.opt_state,
-                     "running": state.running, "step": state.step})
-    tmp = out / (CHECKPOINT + ".tmp.npz")
-    np.savez(tmp, **flat)
-    os.replace(tmp, out / CHECKPOINT)
-    tmp = out / (METRICS + ".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=float) + "\n")
-    os.replace(tmp, out / METRICS)
+    flat = _flatten(_state_tree(state))
+    flat["meta"] = np.asarray(json.dumps(meta))
+    file = out / CHECKPOINT
+    tmp = out / (CHECKPOINT + ".tmp")
+    with open(tmp, "wb") as f:
+        np.savez(f, **flat)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, file)
+    return file
 
 
 def load_checkpoint(out, template: TrainState) -> tuple[TrainState, dict]:
-    """The state saved in `out` (checked key by key against `template`) and its metrics record."""
-    out = Path(out)
-    file = out / CHECKPOINT
-    if not file.is_file() or not (out / METRICS).is_file():
-        raise FileNotFoundError(f"no checkpoint in {str(out)!r}: expected {CHECKPOINT} and {METRICS}")
-    with np.load(file) as z:
-        flat = {k: z[k] for k in z.files}
-    tree = _unflatten_like({"params": template.params, "opt_state": template.opt_state,
-                            "running": template.running, "step": template.step}, flat, file)
-    record = json.loads((out / METRICS).read_text())
-    return TrainState(tree["params"], tree["opt_state"], tree["running"], tree["step"]), record
+    """The state saved in `out` and its meta record.
+
+    Every tensor is checked against `template` in signature order (params, optimizer state,
+    running statistics, step); the first one missing, extra or of another shape or dtype is a
+    one-line ValueError naming the file and the tensor. An unreadable file is a ValueError naming
+    the file; a missing one a FileNotFoundError.
+    """
+    file = Path(out) / CHECKPOINT
+    if not file.is_file():
+        raise FileNotFoundError(f"no checkpoint in {str(out)!r}: expected {CHECKPOINT}")
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            flat = {k: z[k] for k in z.files}
+        meta = json.loads(str(flat.pop("meta")))
+    except Exception as err:  # truncated zip, bad CRC, no meta, bad JSON: one meaning to the reader
+        raise ValueError(f"checkpoint {str(file)!r} is not a readable gradtie checkpoint "
+                         f"({_one_line(err)})") from err
+    want = _flatten(_state_tree(template))
+    for key, ref in want.items():
+        if key not in flat:
+            raise ValueError(f"checkpoint {str(file)!r}: first mismatching tensor {key!r} is missing "
+                             f"(was it written for another net or optimizer?)")
+        got = flat[key]
+        if (got.shape, got.dtype) != (ref.shape, ref.dtype):
+            raise ValueError(f"checkpoint {str(file)!r}: first mismatching tensor {key!r} is "
+                             f"{got.dtype} {got.shape}, this run expects {ref.dtype} {ref.shape}")
+    extra = [k for k in flat if k not in want]
+    if extra:
+        raise ValueError(f"checkpoint {str(file)!r}: first mismatching tensor {extra[0]!r} is not "
+                         f"in this run's state (was it written for another net or optimizer?)")
+
+    def rebuild(tree, prefix=""):
+        if isinstance(tree, Mapping):
+            return {k: rebuild(v, f"{prefix}{k}/") for k, v in tree.items()}
+        return jnp.asarray(flat[prefix[:-1]])
+
+    tree = rebuild(_state_tree(template))
+    return TrainState(tree["params"], tree["opt_state"], tree["running"], tree["step"]), meta
 
 
-# ---- the training loop ---------------------------------------------------------------------------
+# ---- the run: run.json, metrics.jsonl, checkpoints, resume ---------------------------------------
+
+RUN = "run.json"
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss or the gradient left the finite floats; the run stopped before saving that state."""
+
 
 class FitResult(NamedTuple):
     state: TrainState
-    history: list[dict]     # one record per epoch
+    history: list[dict]                       # one record per epoch, as in metrics.jsonl
+    precise: Optional[dict[str, jax.Array]]   # the last evaluation's recomputed BN statistics
+    out: Optional[Path]
+
+
+class _Progress(NamedTuple):
+    """What a checkpoint records, replaced as one value after each step (a Ctrl-C between two
+    statements never leaves the state and the epoch's sums out of step with each other)."""
+    state: TrainState
+    step: int
+    sums: dict          # loss, accuracy, seconds of the epoch in progress
+    history: list
 
 
 def default_label_smoothing(net) -> float:
@@ -396,22 +521,139 @@ def default_label_smoothing(net) -> float:
     return 0.1 if getattr(net, "NAME", "") == "resnet34" else 0.0
 
 
-def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str = "sgd",
-        lr: Optional[float] = None, epochs: int = 1, batch: int = 128, schedule: str = "cosine",
-        warmup_epochs: int = 0, grads: str = "rendered", label_smoothing: Optional[float] = None,
-        flip: bool = True, mix: Optional[str] = None, seed: int = 0, dtype: str = "float32",
-        out=None, resume: bool = False, progress: bool = True, eval_batch: int = 256) -> FitResult:
-    """Train `net` on a dataset's train split for `epochs` epochs; report test accuracy per epoch.
+def fingerprint(split: data_.Split) -> str:
+    """A short SHA-256 of the split's arrays (dtype, shape, bytes): a resumed run reads the same data."""
+    h = hashlib.sha256()
+    for a in split:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
 
-    Each epoch shuffles with a key folded from (seed, epoch), so a run resumed from `out` after
-    epoch e continues exactly as the uninterrupted run would. With `out`, every epoch writes
-    `checkpoint.npz` and `metrics.json` there; `resume=True` continues from them when present.
-    mix: None, "mixup" or "cutmix" (soft targets); flip: the left-right flip augmentation.
+
+def _atomic_write(file: Path, text: str) -> None:
+    tmp = file.with_name(file.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, file)
+
+
+def read_run(out) -> dict:
+    """`out/run.json`, the full configuration of the run there (a clear error when absent or bad)."""
+    file = Path(out) / RUN
+    if not file.is_file():
+        raise FileNotFoundError(f"no run to resume in {str(out)!r}: expected {RUN}")
+    try:
+        run = json.loads(file.read_text())
+    except ValueError as err:
+        raise ValueError(f"{str(file)!r} is not a readable run record ({_one_line(err)})") from err
+    if not isinstance(run, dict) or "epochs" not in run or "segments" not in run:
+        raise ValueError(f"{str(file)!r} is not a gradtie run record (no 'epochs' and 'segments')")
+    return run
+
+
+def resume_arguments(out) -> dict[str, Any]:
+    """The `gradtie train` options a run in `out` was started with, read back from its run.json
+    (so `gradtie train --out DIR --resume` needs nothing else)."""
+    run = read_run(out)
+    cfg, d = run.get("config") or {}, run["data"]
+    args = {"net": run["net"], "data": d["name"], "image_size": d["image_size"], "n_train": d["n_train"],
+            "n_test": d["n_test"], "optimizer": run["optimizer"], "lr": run["lr"], "epochs": run["epochs"],
+            "batch": run["batch"], "warmup_epochs": run["warmup_epochs"],
+            "label_smoothing": run["label_smoothing"], "grads": run["grads"], "seed": run["seed"],
+            "flip": run["flip"], "precise_batches": run["precise_batches"], "bf16": cfg.get("bf16", False)}
+    if "head_width" in cfg:
+        args["head_width"] = cfg["head_width"]
+    return args
+
+
+def _reconcile_metrics(file: Path, history: list) -> None:
+    """metrics.jsonl holds exactly one line per epoch of the checkpoint's history: lines a killed
+    run wrote after its last checkpoint are dropped, lines it had no time to write are added."""
+    lines = file.read_text().splitlines() if file.is_file() else []
+    want = [json.dumps(h) for h in history]
+    if lines != want:
+        _atomic_write(file, "".join(line + "\n" for line in want))
+
+
+def _segments_schedule(kind: str, segments: list) -> Callable[[int], jax.Array]:
+    """lr(step) over the run's schedule segments: each a cosine cycle (with its own warmup) or a
+    constant rate over steps [first, first + steps); past the last segment, its own tail."""
+    fns = []
+    for seg in segments:
+        f = (constant(seg["lr"]) if kind == "constant"
+             else cosine_warmup(seg["lr"], seg["warmup_steps"], seg["steps"]))
+        fns.append((seg["first"], f))
+
+    def schedule(step: int) -> jax.Array:
+        first, f = next((a, f) for a, f in reversed(fns) if step >= a)
+        return f(step - first)
+
+    return schedule
+
+
+def _batch_stream(split: data_.Split, *, batch: int, key: jax.Array, epoch: int, start: int,
+                  flip: bool, mix: Optional[str], num_classes: int, dtype):
+    """Epoch `epoch`'s batches from index `start` on: (i, x, targets). The order and the flips and
+    mixes depend on (seed, epoch, i) only, so a resumed run sees exactly the batches it would have."""
+    k_batch, k_flip, k_mix = jax.random.split(jax.random.fold_in(key, epoch + 1), 3)
+    for i, (xb, yb) in enumerate(data_.batches(split.x_train, split.y_train, batch, key=k_batch)):
+        if i < start:
+            continue
+        xb = jnp.asarray(xb, dtype)
+        if flip:
+            xb = data_.augment_flip(xb, jax.random.fold_in(k_flip, i))
+        targets = jnp.asarray(yb)
+        if mix is not None:
+            mixer = data_.mixup if mix == "mixup" else data_.cutmix
+            m = mixer(xb, head.one_hot(targets, num_classes, dtype=dtype), jax.random.fold_in(k_mix, i))
+            xb, targets = m.x, m.targets
+        yield i, xb, targets
+
+
+def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str = "sgd",
+        lr: Optional[float] = None, epochs: Optional[int] = None, batch: int = 128,
+        schedule: str = "cosine", warmup_epochs: int = 0, grads: str = "rendered",
+        label_smoothing: Optional[float] = None, flip: bool = True, mix: Optional[str] = None,
+        seed: int = 0, dtype: str = "float32", precise_batches: int = PRECISE_BATCHES,
+        out=None, resume: bool = False, extend_epochs: int = 0, stop_after: Optional[int] = None,
+        progress: bool = True, eval_batch: int = 256,
+        log: Optional[Callable[[str], None]] = None) -> FitResult:
+    """Train `net` on a dataset's train split; after each epoch evaluate on its test split twice:
+    with BN statistics recomputed over `precise_batches` training batches (`test_accuracy`) and with
+    the running statistics the tied step keeps (`test_accuracy_running`).
+
+    Lean: each step is the rendered train step whose gradient nodes `cifar8Bbn_train_step_tiedB`
+    (cifar8-BN) and `r34_net_tiedB` (ResNet-34) tie to the loss's gradient; training accuracy itself
+    goes beyond what the suite states. Shown in: Training with the rendered step.
+
+    epochs: the run's total (it fixes the cosine schedule); default 1, or the recorded total when
+    resuming. With `out`, the run writes there:
+      run.json       the full configuration (net, data fingerprint, optimizer, schedule segments …);
+      metrics.jsonl  one JSON object per epoch, appended (epoch, step, loss, train_accuracy,
+                     test_accuracy, test_accuracy_running, bn_gap, lr, seconds, eval_seconds,
+                     images_per_second);
+      checkpoint.npz written atomically after every epoch and on Ctrl-C (KeyboardInterrupt, which
+                     is then re-raised).
+    resume=True continues the run in `out` exactly (same schedule, data order, optimizer state):
+    any other configuration is a ValueError naming the field; a different `epochs` too, unless
+    `extend_epochs` > 0 adds that many epochs as a new cosine cycle after the recorded total.
+    stop_after=E stops once E epochs of the run are done (the schedule still spans `epochs`).
+    A NaN or Inf loss or gradient raises NonFiniteLoss naming the step; the last checkpoint stays.
+    log: called with one line per epoch (the CLI prints them).
     """
     op = "train.fit"
     split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
-    epochs = data_._positive_int(op, "epochs", epochs)
+    data_name = dataset.name if isinstance(dataset, data_.Dataset) else "split"
+    if epochs is not None:
+        epochs = data_._positive_int(op, "epochs", epochs)
     batch = data_._positive_int(op, "batch", batch)
+    precise_batches = data_._positive_int(op, "precise_batches", precise_batches)
+    if isinstance(extend_epochs, bool) or not isinstance(extend_epochs, int) or extend_epochs < 0:
+        raise ValueError(f"{op}: extend_epochs must be a non-negative integer, got {extend_epochs!r}")
+    if stop_after is not None:
+        stop_after = data_._positive_int(op, "stop_after", stop_after)
+    if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
+        raise ValueError(f"{op}: warmup_epochs must be a non-negative integer, got {warmup_epochs!r}")
     if mix not in (None, "mixup", "cutmix"):
         raise ValueError(f"{op}: mix must be None, 'mixup' or 'cutmix', got {mix!r}")
     if schedule not in ("cosine", "constant"):
@@ -420,6 +662,12 @@ def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str 
         raise ValueError(f"{op}: dtype must be 'float32' or 'float64', got {dtype!r}")
     if dtype == "float64" and not jax.config.jax_enable_x64:
         raise ValueError(f"{op}: dtype float64 needs jax_enable_x64 (jax.config.update('jax_enable_x64', True))")
+    if grads not in ("rendered", "autodiff"):
+        raise ValueError(f"{op}: grads must be 'rendered' or 'autodiff', got {grads!r}")
+    if (resume or extend_epochs) and out is None:
+        raise ValueError(f"{op}: resume and extend_epochs need the run's folder (out)")
+    if extend_epochs and not resume:
+        raise ValueError(f"{op}: extend_epochs extends a run being resumed; pass resume=True")
     num_classes = getattr(cfg, "num_classes", None)
     if isinstance(dataset, data_.Dataset) and num_classes is not None and num_classes != dataset.num_classes:
         raise ValueError(f"{op}: the net has {num_classes} classes but {dataset.name!r} has "
@@ -429,71 +677,356 @@ def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str 
     if steps_per_epoch == 0:
         raise ValueError(f"{op}: {len(split.y_train)} training examples make no full batch of {batch}")
     opt = make_optimizer(optimizer)
-    lr = DEFAULT_LR[optimizer] if lr is None else lr
-    total = epochs * steps_per_epoch
-    sched = (constant(lr) if schedule == "constant"
-             else cosine_warmup(lr, min(warmup_epochs * steps_per_epoch, total), total))
-    alpha = default_label_smoothing(net) if label_smoothing is None else label_smoothing
+    lr = DEFAULT_LR[optimizer] if lr is None else float(lr)
+    if not (math.isfinite(lr) and lr > 0):
+        raise ValueError(f"{op}: lr must be a positive number, got {lr!r}")
+    alpha = default_label_smoothing(net) if label_smoothing is None else float(label_smoothing)
     dt = jnp.dtype(dtype)
+    out = None if out is None else Path(out)
 
+    total = epochs or 1
+    run = {
+        "net": getattr(net, "NAME", type(net).__name__), "config": _jsonable(cfg),
+        "data": {"name": data_name, "image_size": int(split.x_train.shape[-1]),
+                 "n_train": int(len(split.y_train)), "n_test": int(len(split.y_test)),
+                 "num_classes": int(num_classes), "fingerprint": fingerprint(split)},
+        "optimizer": opt.name, "hyper": opt.hyper, "lr": lr, "schedule": schedule,
+        "warmup_epochs": warmup_epochs, "epochs": total, "batch": batch,
+        "steps_per_epoch": steps_per_epoch, "grads": grads, "label_smoothing": alpha, "flip": flip,
+        "mix": mix, "seed": seed, "dtype": dtype, "precise_batches": precise_batches,
+        "running_momentum": RUNNING_MOMENTUM,
+        "segments": [{"first": 0, "steps": total * steps_per_epoch, "lr": lr,
+                      "warmup_steps": min(warmup_epochs * steps_per_epoch, total * steps_per_epoch)}],
+    }
+    run = json.loads(json.dumps(run))       # what run.json will read back (tuples become lists)
     key = jax.random.key(seed)
     params = {k: v.astype(dt) for k, v in net.init(jax.random.fold_in(key, 0), cfg).items()}
-    state = init_state(net, cfg, params, opt)
-    record = {"net": getattr(net, "NAME", type(net).__name__), "config": _jsonable(cfg),
-              "optimizer": opt.name, "hyper": opt.hyper, "lr": lr, "schedule": schedule,
-              "warmup_epochs": warmup_epochs, "epochs": epochs, "batch": batch, "grads": grads,
-              "label_smoothing": alpha, "flip": flip, "mix": mix, "seed": seed, "dtype": dtype,
-              "steps_per_epoch": steps_per_epoch, "history": []}
-    if resume and out is not None and (Path(out) / CHECKPOINT).is_file():
-        saved = json.loads((Path(out) / METRICS).read_text()) if (Path(out) / METRICS).is_file() else {}
-        for field in ("net", "optimizer", "batch", "seed", "dtype", "grads"):
-            if saved.get(field) != record[field]:
-                raise ValueError(f"{op}: cannot resume from {str(out)!r}: it was trained with "
-                                 f"{field}={saved.get(field)!r}, this run asks for {record[field]!r}")
-        state, saved = load_checkpoint(out, state)
-        record["history"] = saved["history"]
+    fresh = init_state(net, cfg, params, opt)
+    live = _Progress(fresh, 0, _zero_sums(), [])
+    if out is not None and (out / RUN).exists():
+        if not resume:
+            raise ValueError(f"{op}: {str(out)!r} already holds a run ({RUN}); pass resume=True "
+                             f"(--resume) to continue it, or choose another folder")
+        run = _resumed_run(op, out, run, epochs, extend_epochs)
+        if (out / CHECKPOINT).exists():
+            state, meta = load_checkpoint(out, fresh)
+            live = _Progress(state, int(state.step), meta["sums"], meta["history"])
+        _reconcile_metrics(out / METRICS, live.history)
+    elif resume:
+        read_run(out)                        # raises the clear "no run to resume" error
+    elif out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / METRICS).unlink(missing_ok=True)
+    if out is not None:
+        run["environment"] = {"jax": jax.__version__, "backend": jax.default_backend()}
+        _atomic_write(out / RUN, json.dumps(run, indent=1) + "\n")
+    total = run["epochs"]
+    sched = _segments_schedule(schedule, run["segments"])
     step_fn = make_step(net, cfg, opt, grads=grads, label_smoothing=alpha)
+    precise = None
+    last = stop_after if stop_after is not None else total
 
-    for epoch in range(len(record["history"]), epochs):
-        k_batch, k_flip, k_mix = jax.random.split(jax.random.fold_in(key, epoch + 1), 3)
-        sums, start = {"loss": 0.0, "accuracy": 0.0}, time.perf_counter()
-        bar = _progress(steps_per_epoch, f"epoch {epoch + 1}/{epochs}", progress)
-        for i, (xb, yb) in enumerate(data_.batches(split.x_train, split.y_train, batch, key=k_batch)):
-            xb = jnp.asarray(xb, dt)
-            if flip:
-                xb = data_.augment_flip(xb, jax.random.fold_in(k_flip, i))
-            targets = jnp.asarray(yb)
-            if mix is not None:
-                mixer = data_.mixup if mix == "mixup" else data_.cutmix
-                m = mixer(xb, head.one_hot(targets, num_classes, dtype=dt), jax.random.fold_in(k_mix, i))
-                xb, targets = m.x, m.targets
-            state, metrics = step_fn(state, xb, targets, sched(state.step))
-            for name in sums:
-                sums[name] += float(metrics[name])
+    def meta(p: _Progress) -> dict:
+        return {"sums": p.sums, "history": p.history}
+
+    try:
+        while len(live.history) < min(total, last):
+            epoch = len(live.history)
+            done = live.step - epoch * steps_per_epoch          # batches of this epoch already taken
+            bar = _progress(steps_per_epoch, f"epoch {epoch + 1}/{total}", progress, initial=done)
+            start, seconds0 = time.perf_counter(), live.sums["seconds"]
+            for i, xb, targets in _batch_stream(split, batch=batch, key=key, epoch=epoch, start=done,
+                                                flip=flip, mix=mix, num_classes=num_classes, dtype=dt):
+                lr_now = sched(live.step)
+                state, metrics = step_fn(live.state, xb, targets, lr_now)
+                loss, acc, gnorm = (float(metrics[k]) for k in ("loss", "accuracy", "grad_norm"))
+                if not (math.isfinite(loss) and math.isfinite(gnorm)):
+                    if bar is not None:
+                        bar.close()
+                    kept = (f"the last good checkpoint {str(out / CHECKPOINT)!r} (step "
+                            f"{int(load_checkpoint(out, fresh)[0].step)}) is kept"
+                            if out is not None and (out / CHECKPOINT).exists() else "no checkpoint was written")
+                    raise NonFiniteLoss(
+                        f"the loss is {loss} and the gradient norm {gnorm} at step {live.step + 1} "
+                        f"(epoch {epoch + 1}, batch {i + 1} of {steps_per_epoch}, lr {float(lr_now):.4g}); "
+                        f"stopped, {kept}")
+                sums = {"loss": live.sums["loss"] + loss, "accuracy": live.sums["accuracy"] + acc,
+                        "seconds": seconds0 + time.perf_counter() - start, "lr": float(metrics["lr"])}
+                live = _Progress(state, live.step + 1, sums, live.history)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{loss:.4f}")
             if bar is not None:
-                bar.update(1)
-                bar.set_postfix(loss=f"{float(metrics['loss']):.4f}")
-        if bar is not None:
-            bar.close()
-        entry = {"epoch": epoch + 1, "step": int(state.step),
-                 "loss": sums["loss"] / steps_per_epoch,
-                 "train_accuracy": sums["accuracy"] / steps_per_epoch,
-                 "test_accuracy": evaluate(net, cfg, state, split.x_test, split.y_test, eval_batch),
-                 "lr": float(metrics["lr"]), "seconds": time.perf_counter() - start}
-        record["history"].append(entry)
+                bar.close()
+            tic = time.perf_counter()
+            precise = precise_statistics(net, cfg, live.state.params, split.x_train, batch=batch,
+                                         batches=precise_batches, seed=seed)
+            test_acc = evaluate(net, cfg, live.state, split.x_test, split.y_test, eval_batch, running=precise)
+            test_running = evaluate(net, cfg, live.state, split.x_test, split.y_test, eval_batch)
+            s = live.sums
+            entry = {"epoch": epoch + 1, "step": live.step,
+                     "loss": s["loss"] / steps_per_epoch, "train_accuracy": s["accuracy"] / steps_per_epoch,
+                     "test_accuracy": test_acc, "test_accuracy_running": test_running,
+                     "bn_gap": test_acc - test_running, "lr": s["lr"], "seconds": s["seconds"],
+                     "eval_seconds": time.perf_counter() - tic,
+                     "images_per_second": steps_per_epoch * batch / max(s["seconds"], 1e-9)}
+            live = _Progress(live.state, live.step, _zero_sums(), live.history + [entry])
+            if out is not None:
+                save_checkpoint(out, live.state, meta(live))
+                with open(out / METRICS, "a") as f:
+                    f.write(json.dumps(entry) + "\n")
+            if log is not None:
+                log(epoch_line(entry, total))
+    except KeyboardInterrupt:
         if out is not None:
-            save_checkpoint(out, state, record)
-    return FitResult(state, record["history"])
+            save_checkpoint(out, live.state, meta(live))
+        raise
+    return FitResult(live.state, live.history, precise, out)
 
 
-def _progress(total: int, desc: str, enabled: bool):
+def _zero_sums() -> dict:
+    return {"loss": 0.0, "accuracy": 0.0, "seconds": 0.0, "lr": 0.0}
+
+
+def _resumed_run(op: str, out: Path, requested: dict, epochs: Optional[int], extend_epochs: int) -> dict:
+    """The recorded run, checked field by field against the requested one; extended if asked."""
+    saved = read_run(out)
+    for field in requested:
+        if field in ("epochs", "segments"):
+            continue
+        if saved.get(field) != requested[field]:
+            raise ValueError(f"{op}: cannot resume the run in {str(out)!r}: it was started with "
+                             f"{field}={saved.get(field)!r}, this call asks for {requested[field]!r}")
+    recorded = saved["epochs"]
+    if extend_epochs:
+        if epochs is not None and epochs not in (recorded, recorded + extend_epochs):
+            raise ValueError(f"{op}: epochs={epochs} with extend_epochs={extend_epochs}: the run in "
+                             f"{str(out)!r} has {recorded} epochs, so the new total is "
+                             f"{recorded + extend_epochs}; leave epochs out")
+        spe = saved["steps_per_epoch"]
+        saved["segments"].append({"first": recorded * spe, "steps": extend_epochs * spe,
+                                  "lr": saved["lr"], "warmup_steps": 0})
+        saved["epochs"] = recorded + extend_epochs
+    elif epochs is not None and epochs != recorded:
+        raise ValueError(f"{op}: the run in {str(out)!r} has a schedule fixed by its total of {recorded} "
+                         f"epochs; resuming with epochs={epochs} would change the steps already taken. "
+                         f"Leave epochs out (or pass {recorded}), or add epochs with extend_epochs "
+                         f"(--extend-epochs N: a new cosine cycle after epoch {recorded})")
+    return saved
+
+
+def epoch_line(entry: Mapping, total: int) -> str:
+    """One line per epoch: the figures metrics.jsonl records, rounded for reading."""
+    return (f"epoch {entry['epoch']}/{total} (step {entry['step']}): loss {entry['loss']:.4f}, "
+            f"train accuracy {entry['train_accuracy']:.4f}, test accuracy {entry['test_accuracy']:.4f} "
+            f"(running statistics {entry['test_accuracy_running']:.4f}, gap {entry['bn_gap']:+.4f}), "
+            f"lr {entry['lr']:.4g}, {entry['images_per_second']:.0f} images/s")
+
+
+def _progress(total: int, desc: str, enabled: bool, initial: int = 0):
     if not enabled:
         return None
     from tqdm.auto import tqdm
-    return tqdm(total=total, desc=desc, leave=False)
+    return tqdm(total=total, initial=initial, desc=desc, leave=False)
 
 
 def _jsonable(cfg) -> Any:
     if hasattr(cfg, "__dataclass_fields__"):
         return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
     return repr(cfg)
+
+
+# ---- rendered vs autodiff, side by side ------------------------------------------------------------
+#
+# Two float32 runs from the same weights on the same batches, one stepping with the rendered chain
+# and one with autodiff, cannot stay bit-equal: the two gradients round differently. Left to run
+# freely they part the way any two runs one ulp apart part: training passes near kinks (a
+# pre-activation or a pool window a hair from a tie), and a difference of one ulp decides on which
+# side, so from the first such step on the runs are different samples of the same training noise.
+# Measured on digits: 3e-8 apart after three steps, 8e-6 after the fourth, 10% by step 100; runs
+# whose weights are nudged by one ulp each step part the same way, a step earlier or later.
+#
+# A bound that can fail is therefore stated step by step along the run: at every step t, the
+# autodiff step taken from the rendered run's own state θ_t must land within `factor` × the
+# round-off envelope of the rendered step: the largest distance between the rendered step from θ_t
+# and the rendered step from θ_t with every weight moved one unit in the last place (up or down at
+# random), over a few draws. A gradient that differs by round-off stays inside it at every step;
+# one that differs by a bug leaves it at the first. The free runs are shown beside it.
+
+class Tracking(NamedTuple):
+    """Steps t = 1…T of a run, in lockstep on the same batches.
+
+    loss, accuracy: the batch loss and accuracy of the free rendered and autodiff runs.
+    drift: ‖θ_autodiff − θ_rendered‖₂ / ‖θ_rendered‖₂ of the free runs after step t.
+    distance: per checked step ("autodiff" and each control), the same relative distance between
+        that step and the rendered step, both taken from the rendered run's state θ_{t−1}.
+    envelope: the largest such distance of the rendered step from one-ulp nudged weights.
+    Conv biases behind BN (0 in ℝ, round-off only) are left out of every distance.
+    """
+    steps: np.ndarray
+    loss: dict[str, np.ndarray]
+    accuracy: dict[str, np.ndarray]
+    drift: np.ndarray
+    distance: dict[str, np.ndarray]
+    envelope: np.ndarray
+    factor: float                  # bound = factor × envelope
+    draws: int
+    dtype: str
+
+    @property
+    def bound(self) -> np.ndarray:
+        return self.factor * self.envelope
+
+    def first_over(self, name: str) -> Optional[int]:
+        """The first step at which `name` leaves the bound (None: never)."""
+        over = np.nonzero(self.distance[name] > self.bound)[0]
+        return int(self.steps[over[0]]) if over.size else None
+
+    def steps_over(self, name: str) -> int:
+        return int(np.sum(self.distance[name] > self.bound))
+
+    def worst_ratio(self, name: str) -> float:
+        """max over steps of distance / envelope."""
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(self.distance[name] == 0, 0.0, self.distance[name] / self.envelope)
+        return float(np.max(r))
+
+    @property
+    def controls(self) -> list[str]:
+        return [name for name in self.distance if name != "autodiff"]
+
+    @property
+    def ok(self) -> bool:
+        """autodiff within the bound at every step, and every control out of it at some step."""
+        return self.first_over("autodiff") is None and all(self.first_over(c) is not None
+                                                          for c in self.controls)
+
+    def summary(self) -> str:
+        t = len(self.steps)
+        over = self.steps_over("autodiff")
+        lines = [f"{self.dtype}, {t} steps; bound = {self.factor:g} × the rendered step's envelope "
+                 f"({self.draws} one-ulp weight nudges)",
+                 f"autodiff step: within the bound at {t - over}/{t} steps"]
+        for c in self.controls:
+            lines.append(f"control {c}: out of the bound at {self.steps_over(c)}/{t} steps")
+        return "\n".join(lines)
+
+
+def nudge_ulp(x: jax.Array, key: jax.Array) -> jax.Array:
+    """Every nonzero entry moved one unit in the last place of its dtype, up or down at random;
+    zeros stay zero."""
+    up = jax.random.bernoulli(key, 0.5, x.shape)
+    toward = jnp.where(up, jnp.inf, -jnp.inf).astype(x.dtype)
+    return jnp.where(x == 0, x, jnp.nextafter(x, toward))
+
+
+@jax.jit
+def _nudge_tree(params: Params, key: jax.Array) -> Params:
+    keys = jax.random.split(key, len(params))
+    return {k: nudge_ulp(v, kk) for (k, v), kk in zip(params.items(), keys)}
+
+
+def zero_in_reals(params: Mapping) -> set[str]:
+    """Conv biases (a `.bias` beside a rank-4 `.weight`): every conv of both nets feeds BatchNorm,
+    which subtracts the bias again, so their gradient is 0 in ℝ and pure round-off in floats."""
+    return {name for name in params if name.endswith(".bias")
+            and jnp.ndim(params.get(name[:-len("bias")] + "weight", jnp.zeros(()))) == 4}
+
+
+def _relative_distance(a: Params, b: Params, skip=frozenset()) -> float:
+    keys = [k for k in b if k not in skip]
+    num = sum(float(jnp.sum(jnp.square(a[k] - b[k]))) for k in keys)
+    den = sum(float(jnp.sum(jnp.square(b[k]))) for k in keys)
+    return math.sqrt(num / den)
+
+
+def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps: int = 100,
+                 optimizer: str = "nesterov", lr: Optional[float] = None, batch: int = 64,
+                 epochs: int = 8, flip: bool = True, seed: int = 0, dtype: str = "float32",
+                 draws: Optional[int] = None, factor: Optional[float] = None,
+                 label_smoothing: Optional[float] = None, controls: Sequence = (),
+                 progress: bool = True) -> Tracking:
+    """The first `steps` steps of `fit`'s run (same init, batches, flips and cosine schedule over
+    `epochs`), rendered and autodiff side by side, and the per-step bound.
+
+    Free runs: the rendered run and the autodiff run, each on its own. Checked steps: at every
+    step, from the rendered run's state, the autodiff step, each must-fail control (a net-like
+    object with a `name`, e.g. `gradtie.checks.controls.swap_gamma_beta(cifar8)`) and `draws`
+    rendered steps from one-ulp nudged weights (the envelope; bound = `factor` × envelope).
+
+    Lean: the steps are the tied train steps (`cifar8Bbn_train_step_tiedB`, `r34_net_tiedB`): the
+    suite says their nodes ARE the gradient in ℝ; this shows the float32 steps agreeing to round-off
+    along a real run. Shown in: Training with the rendered step.
+    """
+    from .checks import tolerances as tol
+    op = "train.side_by_side"
+    steps = data_._positive_int(op, "steps", steps)
+    batch = data_._positive_int(op, "batch", batch)
+    epochs = data_._positive_int(op, "epochs", epochs)
+    draws = data_._positive_int(op, "draws", tol.TRAIN_TRACK_DRAWS if draws is None else draws)
+    factor = tol.TRAIN_TRACK_FACTOR if factor is None else float(factor)
+    if dtype not in ("float32", "float64"):
+        raise ValueError(f"{op}: dtype must be 'float32' or 'float64', got {dtype!r}")
+    for c in controls:
+        if not isinstance(getattr(c, "name", None), str) or c.name in ("rendered", "autodiff"):
+            raise ValueError(f"{op}: each control needs its own name (a `gradtie.checks.controls` "
+                             f"control), got {type(c).__name__}")
+    split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
+    spe = len(split.y_train) // batch
+    if spe == 0:
+        raise ValueError(f"{op}: {len(split.y_train)} training examples make no full batch of {batch}")
+    if steps > epochs * spe:
+        raise ValueError(f"{op}: steps={steps} exceeds the run's {epochs} epochs × {spe} steps")
+    num_classes = getattr(cfg, "num_classes", None) or int(split.y_train.max()) + 1
+    opt = make_optimizer(optimizer)
+    lr = DEFAULT_LR[optimizer] if lr is None else float(lr)
+    alpha = default_label_smoothing(net) if label_smoothing is None else float(label_smoothing)
+    sched = cosine_warmup(lr, 0, epochs * spe)
+    dt = jnp.dtype(dtype)
+    key = jax.random.key(seed)
+    params = {k: v.astype(dt) for k, v in net.init(jax.random.fold_in(key, 0), cfg).items()}
+    skip = frozenset(zero_in_reals(params))
+
+    rendered = make_step(net, cfg, opt, grads="rendered", label_smoothing=alpha)
+    checked = {"autodiff": make_step(net, cfg, opt, grads="autodiff", label_smoothing=alpha)}
+    for c in controls:
+        checked[c.name] = make_step(c, cfg, opt, grads="rendered", label_smoothing=alpha)
+    free = {"rendered": init_state(net, cfg, params, opt), "autodiff": init_state(net, cfg, params, opt)}
+    loss = {name: [] for name in free}
+    acc = {name: [] for name in free}
+    drift, envelope = [], []
+    dist = {name: [] for name in checked}
+    k_nudge = jax.random.fold_in(key, _PRECISE_STREAM - 1)
+    bar = _progress(steps, "side by side", progress)
+    t = 0
+    for epoch in range(epochs):
+        for i, xb, targets in _batch_stream(split, batch=batch, key=key, epoch=epoch, start=0, flip=flip,
+                                            mix=None, num_classes=num_classes, dtype=dt):
+            if t == steps:
+                break
+            lr_t = sched(t)
+            here = free["rendered"]
+            for name, f in (("rendered", rendered), ("autodiff", checked["autodiff"])):
+                free[name], m = f(free[name], xb, targets, lr_t)
+                loss[name].append(float(m["loss"]))
+                acc[name].append(float(m["accuracy"]))
+            ref = free["rendered"].params
+            drift.append(_relative_distance(free["autodiff"].params, ref, skip))
+            for name, f in checked.items():
+                dist[name].append(_relative_distance(f(here, xb, targets, lr_t)[0].params, ref, skip))
+            spread = 0.0
+            for j in range(draws):
+                k_j = jax.random.fold_in(jax.random.fold_in(k_nudge, j), t)
+                nudged = here._replace(params=_nudge_tree(here.params, k_j))
+                spread = max(spread, _relative_distance(rendered(nudged, xb, targets, lr_t)[0].params, ref, skip))
+            envelope.append(spread)
+            t += 1
+            if bar is not None:
+                bar.update(1)
+        if t == steps:
+            break
+    if bar is not None:
+        bar.close()
+    as_np = lambda d: {k: np.asarray(v) for k, v in d.items()}  # noqa: E731
+    return Tracking(np.arange(1, steps + 1), as_np(loss), as_np(acc), np.asarray(drift), as_np(dist),
+                    np.asarray(envelope), factor, draws, dtype)
