@@ -1,9 +1,11 @@
 """The command line: help texts, train and bench end to end at tiny sizes, clear argument errors."""
 
 import json
+import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from gradtie import cli
@@ -37,15 +39,69 @@ def test_unknown_net_is_an_argument_error(capsys):
     assert "invalid choice" in capsys.readouterr().err
 
 
-def test_train_writes_checkpoint_and_metrics(tmp_path):
+TINY_TRAIN = ("--net", "cifar8", "--data", "digits", "--optimizer", "sgd", "--batch", "16", "--head-width", "16",
+              "--n-train", "64", "--n-test", "32", "--precise-batches", "2")
+LAST_LINE = re.compile(r"^test accuracy: [01]\.\d{4}$")
+
+
+def train_main(capsys, *args):
+    """`gradtie train` in this process (compiled steps are shared between calls): (code, out, err)."""
+    code = cli.main(["train", *args])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def checkpoint_arrays(folder):
+    with np.load(folder / "checkpoint.npz") as z:
+        return {k: z[k] for k in z.files if k != "meta"}
+
+
+def test_train_run_contract_and_an_exact_resume(tmp_path, capsys):
+    code, out, err = train_main(capsys, *TINY_TRAIN, "--epochs", "3", "--out", str(tmp_path / "a"))
+    assert code == 0, err
+    lines = out.strip().splitlines()
+    assert LAST_LINE.match(lines[-1]), lines[-1]
+    assert [line.split(" (")[0] for line in lines[:-1]] == ["epoch 1/3", "epoch 2/3", "epoch 3/3"]
+    rows = [json.loads(line) for line in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 3 and lines[-1] == f"test accuracy: {rows[-1]['test_accuracy']:.4f}"
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run["net"] == "cifar8" and run["config"]["head_width"] == 16 and run["epochs"] == 3
+    # stopped after epoch 2, resumed with nothing but the folder: the same run, bit for bit
+    code, out, _ = train_main(capsys, *TINY_TRAIN, "--epochs", "3", "--stop-after", "2", "--out", str(tmp_path / "b"))
+    assert code == 0 and len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 2
+    code, out, err = train_main(capsys, "--out", str(tmp_path / "b"), "--resume")
+    assert code == 0, err
+    assert LAST_LINE.match(out.strip().splitlines()[-1]) and out.strip().splitlines()[0].startswith("epoch 3/3")
+    a, b = checkpoint_arrays(tmp_path / "a"), checkpoint_arrays(tmp_path / "b")
+    assert list(a) == list(b)
+    for k in a:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    # a different total is a one-line error (exit 3) that says how to extend
+    code, _, err = train_main(capsys, "--out", str(tmp_path / "b"), "--resume", "--epochs", "5")
+    assert code == cli.EXIT_BAD_INPUT and "fixed by its total of 3 epochs" in err and "--extend-epochs" in err
+    assert len(err.strip().splitlines()) == 1
+    # a corrupt checkpoint names the file, in one line
+    (tmp_path / "b" / "checkpoint.npz").write_bytes(b"not a zip")
+    code, _, err = train_main(capsys, "--out", str(tmp_path / "b"), "--resume", "--extend-epochs", "1")
+    assert code == cli.EXIT_BAD_INPUT and "checkpoint.npz" in err and "not a readable" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_train_divergence_exits_4_naming_the_step(tmp_path, capsys):
+    code, out, err = train_main(capsys, *TINY_TRAIN, "--lr", "1e30", "--out", str(tmp_path))
+    assert code == cli.EXIT_NOT_FINITE
+    assert re.search(r"at step \d+ \(epoch 1, batch \d+ of 4", err) and "test accuracy" not in out
+
+
+def test_train_on_photos_as_a_command(tmp_path):
+    """The real entry point, on the photos dataset (a class per shipped photo, K = 7)."""
     out = tmp_path / "run"
-    r = run("train", "--net", "cifar8", "--data", "digits", "--optimizer", "sgd", "--epochs", "1",
-            "--batch", "32", "--head-width", "16", "--n-train", "64", "--n-test", "32", "--out", str(out))
+    r = run("train", "--net", "cifar8", "--data", "photos", "--optimizer", "sgd", "--epochs", "1",
+            "--batch", "7", "--head-width", "16", "--n-train", "28", "--n-test", "14", "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "trained cifar8 with sgd" in r.stdout
-    assert (out / "checkpoint.npz").exists()
-    metrics = json.loads((out / "metrics.json").read_text())
-    assert metrics
+    assert LAST_LINE.match(r.stdout.strip().splitlines()[-1])
+    assert json.loads((out / "run.json").read_text())["data"]["num_classes"] == 7
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 1
 
 
 def test_train_missing_cifar_folder_is_a_clear_error(tmp_path):

@@ -51,23 +51,42 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+# `gradtie train` options and their defaults; an option left out takes the run's recorded value
+# with --resume, else this default
+TRAIN_DEFAULTS = {"net": "cifar8", "data": "digits", "optimizer": "nesterov", "epochs": None, "batch": 128,
+                  "lr": None, "warmup_epochs": 0, "label_smoothing": None, "image_size": 32,
+                  "head_width": 512, "n_train": None, "n_test": None, "bf16": False, "grads": "rendered",
+                  "seed": 0, "flip": True, "precise_batches": 16}
+EXIT_NOT_FINITE = 4
+EXIT_INTERRUPTED = 130
+
+
 def _train(args: argparse.Namespace) -> int:
     from . import data, train
     from .checks.check import net_module
-    net = net_module(args.net)
-    dataset = data.load(args.data, size=args.image_size, n_train=args.n_train, n_test=args.n_test,
-                        seed=args.seed)
+    recorded = train.resume_arguments(args.out) if args.resume else {}
+    o = argparse.Namespace(**{k: getattr(args, k) if getattr(args, k) is not None else recorded.get(k, default)
+                              for k, default in TRAIN_DEFAULTS.items()})
+    net = net_module(o.net)
+    dataset = data.load(o.data, size=o.image_size, n_train=o.n_train, n_test=o.n_test, seed=o.seed)
     kwargs = {"num_classes": dataset.num_classes}
-    if args.net == "cifar8":
-        kwargs["head_width"] = args.head_width
-    cfg = net.Config(bf16=args.bf16, **kwargs)
-    result = train.fit(net, cfg, dataset, optimizer=args.optimizer, lr=args.lr, epochs=args.epochs,
-                       batch=args.batch, grads=args.grads, seed=args.seed, out=args.out,
-                       resume=args.resume, warmup_epochs=args.warmup_epochs,
-                       label_smoothing=args.label_smoothing)
-    last = result.history[-1] if result.history else {}
-    print(f"trained {args.net} with {args.optimizer} ({args.grads} gradients) for {len(result.history)} "
-          f"epochs: " + ", ".join(f"{k} {v:.4g}" for k, v in last.items() if isinstance(v, float)))
+    if o.net == "cifar8":
+        kwargs["head_width"] = o.head_width
+    cfg = net.Config(bf16=o.bf16, **kwargs)
+    try:
+        result = train.fit(net, cfg, dataset, optimizer=o.optimizer, lr=o.lr, epochs=o.epochs, batch=o.batch,
+                           grads=o.grads, seed=o.seed, flip=o.flip, warmup_epochs=o.warmup_epochs,
+                           label_smoothing=o.label_smoothing, precise_batches=o.precise_batches,
+                           out=args.out, resume=args.resume, extend_epochs=args.extend_epochs or 0,
+                           stop_after=args.stop_after, log=lambda line: print(line, flush=True))
+    except train.NonFiniteLoss as e:
+        print(f"gradtie train: error: {e}", file=sys.stderr)
+        return EXIT_NOT_FINITE
+    except KeyboardInterrupt:
+        print(f"gradtie train: interrupted; the checkpoint in {args.out} holds the last step taken; "
+              f"continue with: gradtie train --out {args.out} --resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    print(f"test accuracy: {result.history[-1]['test_accuracy']:.4f}")
     return 0
 
 
@@ -121,25 +140,61 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=_bench)
 
-    tr = sub.add_parser("train", help="train a net with the rendered (or autodiff) gradient step")
-    tr.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
-    tr.add_argument("--data", default="digits",
-                    help="digits, photos, synthetic or cifar10:PATH (the python pickle batches)")
-    tr.add_argument("--optimizer", choices=("sgd", "nesterov", "heavy-ball", "adamw"), default="nesterov")
-    tr.add_argument("--epochs", type=int, default=1)
-    tr.add_argument("--batch", type=int, default=128)
-    tr.add_argument("--lr", type=float, default=None, help="default: the upstream recipe's rate")
-    tr.add_argument("--warmup-epochs", type=int, default=0)
-    tr.add_argument("--label-smoothing", type=float, default=None)
-    tr.add_argument("--image-size", type=int, default=32)
-    tr.add_argument("--head-width", type=int, default=512, help="cifar8 head width d")
+    tr = sub.add_parser(
+        "train", help="train a net with the rendered (or autodiff) gradient step",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Trains a net with the rendered train step and evaluates it after every epoch on the "
+                    "test split twice: with BatchNorm statistics recomputed over fixed training batches "
+                    "(precise BN: the reported test accuracy) and with the running statistics the step "
+                    "keeps (momentum 0.01; they lag the weights). The run folder --out receives run.json "
+                    "(the full configuration), metrics.jsonl (one JSON object per epoch, appended) and "
+                    "checkpoint.npz (written atomically every epoch and on Ctrl-C). The last line printed "
+                    "is 'test accuracy: X'.",
+        epilog="resume: 'gradtie train --out DIR --resume' continues the run in DIR exactly (same schedule, "
+               "data order and optimizer state); options left out are read from DIR/run.json, options "
+               "given must match it. --extend-epochs N adds N epochs as a new cosine cycle.\n\n"
+               "data: digits (sklearn's 8x8 digits, upsampled), photos (crops of the shipped photos, a "
+               "class per photo), synthetic, or cifar10:PATH (PATH is cifar-10-batches-py or "
+               "cifar-10-batches-bin from https://www.cs.toronto.edu/~kriz/cifar.html, or the folder "
+               "holding it).\n\n"
+               "exit codes:\n  0  trained; the last line is 'test accuracy: X'\n"
+               "  3  invalid input, a mismatched resume or an unreadable checkpoint (one line says which)\n"
+               "  4  the loss or the gradient became NaN or Inf (the step is named; the last good "
+               "checkpoint is kept)\n  130  interrupted (Ctrl-C): a checkpoint of the last step was saved")
+    tr.add_argument("--net", choices=("cifar8", "resnet34"), default=None, help="default cifar8")
+    tr.add_argument("--data", default=None,
+                    help="digits (default), photos, synthetic or cifar10:PATH (python or binary version)")
+    tr.add_argument("--optimizer", choices=("sgd", "nesterov", "heavy-ball", "adamw"), default=None,
+                    help="default nesterov")
+    tr.add_argument("--epochs", type=int, default=None,
+                    help="the run's total epochs; it fixes the cosine schedule (default 1; on --resume, the "
+                         "recorded total)")
+    tr.add_argument("--batch", type=int, default=None, help="default 128")
+    tr.add_argument("--lr", type=float, default=None,
+                    help="base learning rate (default: the upstream recipe's, SGD 0.1, Nesterov 0.02, "
+                         "heavy ball 0.1, AdamW 1e-3)")
+    tr.add_argument("--warmup-epochs", type=int, default=None, help="linear warmup epochs (default 0)")
+    tr.add_argument("--label-smoothing", type=float, default=None,
+                    help="α (default 0 for cifar8, 0.1 for resnet34)")
+    tr.add_argument("--image-size", type=int, default=None, help="image side (default 32)")
+    tr.add_argument("--head-width", type=int, default=None, help="cifar8 head width d (default 512)")
     tr.add_argument("--n-train", type=int, default=None, help="cap the training split")
     tr.add_argument("--n-test", type=int, default=None, help="cap the test split")
-    tr.add_argument("--bf16", action="store_true")
-    tr.add_argument("--grads", choices=("rendered", "autodiff"), default="rendered")
-    tr.add_argument("--seed", type=int, default=0)
-    tr.add_argument("--out", required=True, help="folder for checkpoint.npz and metrics.json")
-    tr.add_argument("--resume", action="store_true", help="continue from the checkpoint in --out")
+    tr.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="bf16 conv sites (default off)")
+    tr.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None,
+                    help="random left-right flips, the cifar8 recipe's augmentation (default on)")
+    tr.add_argument("--precise-batches", type=int, default=None,
+                    help="training batches the BN statistics are recomputed over before each evaluation "
+                         "(default 16)")
+    tr.add_argument("--grads", choices=("rendered", "autodiff"), default=None, help="default rendered")
+    tr.add_argument("--seed", type=int, default=None, help="default 0")
+    tr.add_argument("--out", required=True, help="the run folder: run.json, metrics.jsonl, checkpoint.npz")
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    tr.add_argument("--extend-epochs", type=int, default=None,
+                    help="with --resume: add this many epochs as a new cosine cycle")
+    tr.add_argument("--stop-after", type=int, default=None,
+                    help="stop once this many epochs of the run are done (continue with --resume)")
     tr.set_defaults(func=_train)
 
     b = sub.add_parser("book", help="execute every chapter with papermill, then render the book")
