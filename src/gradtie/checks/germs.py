@@ -1,19 +1,27 @@
 """Stage germs: near a smooth point the real loss equals the gather model's along any parameter path.
 
-Stage k of cifar8 is conv(2k−1), BN, ReLU, conv(2k), BN, ReLU and pool k; for ResNet-34 the stem
-(conv1, bn1, ReLU, the 3×3/s2 pool). Along a random unit direction v in that stage's parameters,
+The Lean suite states one germ per pre-activation of cifar8 (`c8_germ_stageₖ`, k = 1…8): c8Sₖ is
+the loss read from the pre-activation c8Zₖ (the output of bnₖ) through the REAL net, c8Gₖ the same
+through the gather model (every pool frozen at its selection σ), and along any path through stage
+k's weights (convₖ and bnₖ) the two agree near the point. For a path θ(t) = θ + t·v + t²·w in those
+weights (w = 0: a straight walk),
 
-    S(t) = loss of the real net at θ + t·v,    G(t) = the same with every pool frozen at σ(θ),
+    S(t) = loss of the real net at θ(t),    G(t) = the same with every pool frozen at σ(θ),
 
 agree bit for bit for |t| below a radius δ (no window's selection changes), and part beyond it.
-The margins predict δ to first order: each window's gap between its selected cell and a competitor
-(or a dead window's distance below 0) divided by the gap's rate of change along v.
+The margins predict δ: each window's gap between its selected cell and a competitor (or a dead
+window's distance below 0), followed along the path to second order in t (tangents by the autodiff
+oracle), until it closes. Twins (cells equal for every upstream weight) have equal values and
+tangents: their gap never opens, so it never closes.
 
-Central finite differences of S converge to the rendered node at O(h²) while [−h, h] holds no kink:
-the error is |S'''(0)|·h²/6 + O(h⁴) plus round-off of order ε̂/h, ε̂ the round-off noise of one
-evaluation of S. S''' comes from the autodiff oracle, so the truncation line is a prediction, not a
-fit. The truncation is visible only where it rises above round-off before the first kink; where it
-does not, the errors must sit at round-off. This is the numeric face of `HasGradAt`.
+Central finite differences of S converge to ⟨rendered node, v⟩ = S'(0) while [−h, h] holds no kink:
+the error is |S'''(0)|·h²/6 + O(h⁴) plus the round-off of two evaluations over 2h. S''' comes from
+the autodiff oracle, so the truncation line is a prediction, not a fit. The round-off level ε_L of
+one evaluation is measured independently of the errors judged: the spread of S(0) when the walk's
+parameters move by a few ulps (every rounding downstream of the moving layer re-rolls, as it does
+between S(h) and S(−h)). A step is evidence when its allowance, truncation plus round-off, pins
+⟨g, v⟩ to `GERM_EVIDENCE_REL`; where no step lies between round-off and the first kink the verdict
+is "no evidence", never "converges". This is the numeric face of `HasGradAt`.
 
 At a non-twin tie (`census.planted_tie`) the germ fails: S and G part at every |t| and the
 one-sided slopes of S differ by an amount that does not shrink with h. Shown in: Stage germs.
@@ -21,7 +29,7 @@ one-sided slopes of S differ by an amount that does not shrink with h. Shown in:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import NamedTuple, Optional, Sequence
 
@@ -31,65 +39,54 @@ import numpy as np
 
 from .. import reference
 from ..ops import head, maxpool
+from .tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FLATNESS, GERM_KINK_FRACTION, GERM_KINK_STEPS,
+                         GERM_MIN_WINDOW, GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS,
+                         GERM_ROUNDOFF_NUDGE, GERM_SHARP_REL, GERM_SLOPE_TOL, GERM_TRUNCATION_REL,
+                         GERM_WINDOW_MARGIN)
 
-# |t| grid for S vs G: half-decade steps (ratio √10), so "measured" is known to within one step
-# before the bisection refines it
-T_GRID = np.logspace(-8, 0, 17)
-# decade steps, for nets whose every evaluation is costly (ResNet-34)
-T_GRID_COARSE = np.logspace(-8, 0, 9)
-# finite-difference steps: quarter-decade steps from deep in round-off to well past any kink
-H_GRID = np.logspace(-8, -1, 29)
-# bisection halvings of the log-width of the grid step where S and G part: 2⁻⁶ of a half decade,
-# i.e. the parting radius to within 1.8 %
-BISECT_STEPS = 6
-# steps this small carry no visible truncation: |S'''|·h²/6 would need |S'''| > 10⁴ to reach the
-# ~1e-9 round-off seen at h = 1e-6 (checked per report); the largest |error|·h among them sizes ε̂
-ROUNDOFF_STEPS = 1e-6
-# The first-order δ uses the tangents at t = 0; a ReLU crossing before δ bends the gaps (the
-# tangents change there), so the found δ may come later than predicted: we require it within
-# this factor of the prediction (a decade: two steps of the half-decade grid)
-PREDICTION_SPAN = 10.0
-# … and count as first-order agreement a bisected δ within this of the prediction (the bisection
-# resolves 1.8 %; second-order bending inside a kink-free stretch adds a little)
-FIRST_ORDER_REL = 0.05
-# a step is in the truncation window when the predicted truncation |S'''|·h²/6 exceeds the
-# round-off envelope ε̂/h this many times: round-off is then under a tenth of the error
-WINDOW_MARGIN = 10.0
-# the window must hold this many steps (half a decade at quarter-decade steps) for a slope fit
-MIN_WINDOW = 3
-# inside the window, |error| / (|S'''|·h²/6) lies within 1 ± this: round-off adds at most
-# 1/WINDOW_MARGIN, the h⁴ term a few per cent inside the smooth radius; the rest is headroom for
-# round-off excursions above the largest one seen at the small steps
-TRUNCATION_REL = 0.25
-# the log-log slope over the window: 2 within this (the same budget over ≥ half a decade)
-SLOPE_TOL = 0.25
-# a kink at t = 0 shows as a jump |right slope − left slope| that does not shrink with h: over
-# these two decades of small steps a smooth S gives |S''|·h + round-off/h, which changes by a
-# factor 100 at either end of the range (and by ≥ 5 between the ends and the middle where the two
-# terms cross), while a kink gives the same jump at every step
-KINK_STEPS = (1e-8, 1e-6)
-KINK_FLATNESS = 2.0
+# |t| grid for S vs G: decades, ±t each, evaluated in one vectorised pass (a fixed size: the
+# op-by-op programs compile once)
+T_GRID = np.logspace(-8, 0, 9)
+# refinement of the bracket where S and G part: each round evaluates this many points inside it,
+# evenly spaced in log |t|, and keeps the one step where they part: a decade shrinks 10× per round
+BISECT_POINTS = 9
+# two rounds: the parting radius to within a factor 10^(1/100), 2.3 %
+BISECT_ROUNDS = 2
+# finite-difference steps: third-decade steps from deep in round-off (ε_L/h ~ 10 at h = 1e-13)
+# to well past any kink
+H_GRID = np.logspace(-13, -1, 37)
+# the eight cifar8 germs, one per pre-activation c8Zₖ (the output of bnₖ)
+C8_GERMS = {f"c8Z{k}": f"bn{k}" for k in range(1, 9)}
+# The germ programs are compile-bound on CPU: LLVM optimisation off. It changes no IEEE result that
+# is compared (S and G share every compiled program; the finite differences and ε_L share theirs).
+QUICK = {"xla_backend_optimization_level": 0}
 _S3 = "S'''"   # a column header
 
 
+# ---- the report -------------------------------------------------------------------------------
+
 @dataclass
 class GermReport:
-    stage: str
-    params: tuple[str, ...]        # the parameters the direction moves
+    label: str                     # what the walk is: "c8Z3 straight 0", "stem", …
+    germ: str                      # the pre-activation (or stage) whose weights the path moves
+    path: str                      # "straight" (θ + t·v) or "curved" (θ + t·v + t²·w)
+    params: tuple[str, ...]        # the parameters the path moves
     ts: np.ndarray                 # |t| grid (both signs are evaluated)
     real_minus_gather: np.ndarray  # max over ±t of |S(t) − G(t)|, per |t|
     delta_measured: float          # the smallest |t| on the grid where S ≠ G (inf if none)
-    delta_bracket: tuple[float, float]  # after bisection: S = G at the first, S ≠ G at the second
-    delta_predicted: float         # first-order prediction from the pool-window margins
-    kink_radius: float             # first-order radius before a ReLU input crosses 0 (S and G both kink);
+    delta_bracket: tuple[float, float]  # after refinement: S = G at the first, S ≠ G at the second
+    delta_predicted: float         # the margins' radius (second order along the path)
+    kink_radius: float             # the radius before a ReLU input crosses 0 (S and G both kink);
                                    # every ReLU with finite differences, those feeding pools without
     hs: np.ndarray                 # finite-difference steps
-    fd_errors: np.ndarray          # |central difference − ⟨rendered node, v⟩| per h
-    exact: float                   # ⟨rendered node, v⟩
+    central: np.ndarray            # (S(h) − S(−h)) / 2h per h
+    exact: float                   # ⟨rendered node, v⟩ = S'(0) by the chain
     loss: float                    # S(0)
-    derivatives: tuple[float, float, float]  # S'(0), S''(0), S'''(0) along v, by the autodiff oracle
+    derivatives: tuple[float, float, float]  # S'(0), S''(0), S'''(0) along the path, by autodiff
     right: np.ndarray              # (S(h) − S(0)) / h per h
     left: np.ndarray               # (S(0) − S(−h)) / h per h
+    loss_roundoff: float           # ε_L: the spread of one evaluation's round-off in S (`loss_roundoff`)
+    node_scale: float = 1.0        # a control's factor on ⟨rendered node, v⟩ (1: the rendered node)
 
     # -- S vs G --
 
@@ -109,32 +106,33 @@ class GermReport:
         return bool(self.real_minus_gather[0] != 0.0)
 
     @property
-    def grid_ratio(self) -> float:
-        return float(self.ts[1] / self.ts[0])
+    def holds(self) -> bool:
+        """The germ as a walk shows it: S = G bit for bit near 0 and apart somewhere on the grid."""
+        return self.bit_identical_below and self.parted
 
     @property
     def delta(self) -> float:
-        """The parting radius after bisection (geometric middle of the bracket)."""
+        """The parting radius after refinement (geometric middle of the bracket)."""
         lo, hi = self.delta_bracket
-        return float(np.sqrt(lo * hi)) if lo > 0 else float(hi)
+        return float(np.sqrt(lo * hi)) if lo > 0 and np.isfinite(hi) else float(hi)
 
     @property
     def prediction_ratio(self) -> float:
-        """δ (bisected) / δ predicted: 1 to first order."""
+        """δ found / δ predicted: 1 where the margins' model holds up to δ."""
         return self.delta / self.delta_predicted
 
     @property
     def prediction_consistent(self) -> bool:
-        """The margins never promise more than holds: δ predicted is no later than the first grid
-        point where S and G part (up to FIRST_ORDER_REL: the prediction is first order), and the
-        bisected δ is at most PREDICTION_SPAN times the prediction."""
-        return bool(self.delta_predicted <= self.delta_measured * (1 + FIRST_ORDER_REL)
-                    and self.delta <= self.delta_predicted * PREDICTION_SPAN)
+        """The margins never promise more than holds: δ predicted is no later than the upper end of
+        the bracket where S and G part (up to GERM_SHARP_REL), and the found δ is at most
+        GERM_PREDICTION_SPAN times the prediction."""
+        return bool(self.delta_predicted <= self.delta_bracket[1] * (1 + GERM_SHARP_REL)
+                    and self.delta <= self.delta_predicted * GERM_PREDICTION_SPAN)
 
     @property
-    def first_order(self) -> bool:
-        """The bisected δ agrees with the prediction to FIRST_ORDER_REL."""
-        return bool(abs(self.prediction_ratio - 1) <= FIRST_ORDER_REL)
+    def sharp(self) -> bool:
+        """δ found agrees with the prediction to GERM_SHARP_REL."""
+        return bool(abs(self.prediction_ratio - 1) <= GERM_SHARP_REL)
 
     # -- finite differences --
 
@@ -143,49 +141,83 @@ class GermReport:
         return bool(self.hs.size)
 
     @property
+    def node(self) -> float:
+        """The directional derivative judged: ⟨rendered node, v⟩, times a control's factor."""
+        return self.node_scale * self.exact
+
+    @property
+    def fd_errors(self) -> np.ndarray:
+        return np.abs(self.central - self.node)
+
+    @property
     def smooth_radius(self) -> float:
-        """Inside this radius (first order) no ReLU input crosses 0 and no pool selection changes:
-        S is smooth on [−h, h] for h below it."""
-        return float(min(self.kink_radius, self.delta_predicted, self.delta_bracket[0] or np.inf))
-
-    @property
-    def roundoff(self) -> float:
-        """ε̂, the round-off noise of one evaluation of S: the largest |FD error|·h at steps ≤
-        ROUNDOFF_STEPS (the central difference's round-off is at most ε̂/h)."""
-        tiny = self.hs <= ROUNDOFF_STEPS
-        return float(np.max(self.fd_errors[tiny] * self.hs[tiny])) if tiny.any() else np.nan
-
-    @property
-    def roundoff_clean(self) -> bool:
-        """ε̂ is read where truncation is negligible: at ROUNDOFF_STEPS the predicted truncation is
-        under 1/WINDOW_MARGIN of the round-off envelope."""
-        return bool(self.truncation(ROUNDOFF_STEPS) * WINDOW_MARGIN <= self.roundoff / ROUNDOFF_STEPS)
+        """Inside this radius no ReLU input crosses 0 and no pool selection changes (by the margins'
+        model, and below the found δ): S is smooth on [−h, h] for h below it."""
+        return float(min(self.kink_radius, self.delta_predicted, self.delta_bracket[0]))
 
     def truncation(self, h) -> np.ndarray:
         """The predicted truncation error |S'''(0)|·h²/6 of the central difference."""
         return abs(self.derivatives[2]) * np.asarray(h) ** 2 / 6
 
+    def roundoff_term(self, h) -> np.ndarray:
+        """The round-off allowance of a central difference at step h: (e(h) − e(−h))/2h has spread
+        ε_L/(√2·h), and we allow GERM_ROUNDOFF_SIGMAS of it."""
+        return GERM_ROUNDOFF_SIGMAS * self.loss_roundoff / (np.sqrt(2) * np.asarray(h))
+
+    def allowance(self, h) -> np.ndarray:
+        """What a correct node's central difference may differ by: truncation (with its relative
+        tolerance) plus round-off."""
+        return (1 + GERM_TRUNCATION_REL) * self.truncation(h) + self.roundoff_term(h)
+
+    @property
+    def judged(self) -> np.ndarray:
+        """Steps inside GERM_KINK_FRACTION of the smooth radius: [−h, h] is one smooth piece."""
+        return self.hs < GERM_KINK_FRACTION * self.smooth_radius
+
+    @property
+    def evidence(self) -> np.ndarray:
+        """Judged steps whose allowance pins the node to GERM_EVIDENCE_REL of its size."""
+        return self.judged & (self.allowance(self.hs) <= GERM_EVIDENCE_REL * abs(self.node))
+
+    @property
+    def roundoff_edge(self) -> float:
+        """The step below which round-off alone exceeds GERM_EVIDENCE_REL·|node|: evidence lies
+        between this and GERM_KINK_FRACTION × the smooth radius."""
+        return float(self.roundoff_term(1.0) / (GERM_EVIDENCE_REL * abs(self.node)))
+
+    @property
+    def resolution(self) -> float:
+        """The best relative pin on the node any judged step gives: min allowance / |node|."""
+        j = self.judged
+        return float(np.min(self.allowance(self.hs[j])) / abs(self.node)) if j.any() and self.node else np.inf
+
+    @property
+    def violations(self) -> np.ndarray:
+        """Judged steps where the error exceeds the allowance."""
+        return self.judged & (self.fd_errors > self.allowance(self.hs))
+
     @property
     def fd_window(self) -> np.ndarray:
-        """Steps where the O(h²) truncation must show: inside the smooth radius, and predicted at
-        least WINDOW_MARGIN times above the round-off envelope ε̂/h."""
-        return (self.hs < self.smooth_radius) & (self.truncation(self.hs) >= WINDOW_MARGIN * self.roundoff / self.hs)
+        """Judged steps where the O(h²) truncation must show: predicted at least GERM_WINDOW_MARGIN
+        times above the round-off allowance."""
+        return self.judged & (self.truncation(self.hs) >= GERM_WINDOW_MARGIN * self.roundoff_term(self.hs))
 
     @property
     def has_window(self) -> bool:
-        return int(self.fd_window.sum()) >= MIN_WINDOW
+        return int(self.fd_window.sum()) >= GERM_MIN_WINDOW
 
     @property
     def window_crossover(self) -> float:
-        """The step where the predicted truncation reaches WINDOW_MARGIN × round-off: (6·M·ε̂/|S'''|)^⅓.
-        A window exists when the smooth radius lies beyond it."""
-        return float((6 * WINDOW_MARGIN * self.roundoff / abs(self.derivatives[2])) ** (1 / 3))
+        """The step where the predicted truncation reaches GERM_WINDOW_MARGIN × round-off:
+        (6·M·ρ(1)/|S'''|)^⅓, ρ(h) the round-off allowance. A window exists when the smooth radius
+        lies beyond it."""
+        return float((6 * GERM_WINDOW_MARGIN * self.roundoff_term(1.0) / abs(self.derivatives[2])) ** (1 / 3))
 
     @property
     def fd_slope(self) -> float:
         """Log-log slope of the FD error over the window (nan without one)."""
         w = self.fd_window
-        if int(w.sum()) < MIN_WINDOW:
+        if int(w.sum()) < GERM_MIN_WINDOW:
             return float("nan")
         return float(np.polyfit(np.log(self.hs[w]), np.log(self.fd_errors[w]), 1)[0])
 
@@ -196,20 +228,32 @@ class GermReport:
         return self.fd_errors[w] / self.truncation(self.hs[w])
 
     @property
+    def fd_verdict(self) -> str:
+        """"converges": every judged step within its allowance, at least one of them evidence, and
+        on the O(h²) window (if any) the error IS the predicted truncation; "fails": a judged step
+        beyond its allowance, or the window off its line; "no evidence": no step between round-off
+        and the first kink; "kink at t = 0": the one-sided slopes differ at every small step."""
+        if not self.has_fd:
+            return "no finite differences"
+        if self.violations.any():
+            return "fails"
+        if not self.evidence.any():
+            return "no evidence"
+        if self.has_window and not (np.all(np.abs(self.truncation_ratios - 1) <= GERM_TRUNCATION_REL)
+                                    and abs(self.fd_slope - 2) <= GERM_SLOPE_TOL):
+            return "fails"
+        if self.kinked:
+            return "kink at t = 0"
+        return "converges"
+
+    @property
     def fd_converges(self) -> bool:
-        """O(h²) convergence as far as float64 shows it: on the window (if any) the error IS the
-        predicted truncation (ratio 1 ± TRUNCATION_REL, slope 2 ± SLOPE_TOL); everywhere inside
-        the smooth radius it stays under that truncation plus the round-off envelope. False at a
-        kink, where ε̂ (which assumes a smooth S) means nothing, and without finite differences."""
-        if not self.has_fd or self.kinked or not self.roundoff_clean:
-            return False
-        inside = self.hs < self.smooth_radius
-        bound = (1 + TRUNCATION_REL) * self.truncation(self.hs) + WINDOW_MARGIN * self.roundoff / self.hs
-        ok = bool(np.all(self.fd_errors[inside] <= bound[inside]))
-        if self.has_window:
-            ok &= bool(np.all(np.abs(self.truncation_ratios - 1) <= TRUNCATION_REL))
-            ok &= abs(self.fd_slope - 2) <= SLOPE_TOL
-        return ok
+        return self.fd_verdict == "converges"
+
+    def judged_against(self, scale: float, label: Optional[str] = None) -> "GermReport":
+        """The same walk with the node claimed to be `scale`·⟨rendered node, v⟩: a planted wrong
+        gradient (2: doubled, 0: dropped) that the finite differences must reject."""
+        return replace(self, node_scale=float(scale), label=label or f"{self.label} (node ×{scale:g})")
 
     # -- one-sided slopes --
 
@@ -220,8 +264,8 @@ class GermReport:
 
     @property
     def jump_flatness(self) -> float:
-        """max / min of the one-sided jump over KINK_STEPS: ≈ 1 at a kink, ≫ 1 where S is smooth."""
-        lo, hi = KINK_STEPS
+        """max / min of the one-sided jump over GERM_KINK_STEPS: ≈ 1 at a kink, ≫ 1 where S is smooth."""
+        lo, hi = GERM_KINK_STEPS
         sel = (self.hs >= lo * (1 - 1e-9)) & (self.hs <= hi * (1 + 1e-9))
         j = self.jumps[sel]
         return float(np.max(j) / np.min(j)) if j.size and np.min(j) > 0 else np.inf
@@ -229,27 +273,23 @@ class GermReport:
     @property
     def kinked(self) -> bool:
         """The one-sided slopes differ by the same amount at every small step: S has a kink at 0."""
-        return self.jump_flatness <= KINK_FLATNESS
+        return self.jump_flatness <= GERM_KINK_FLATNESS
 
     def summary(self) -> str:
         if not self.parted:
-            head = f"{self.stage}: S = G bit for bit on the whole grid"
+            head_ = f"{self.label}: S = G bit for bit on the whole grid"
         elif self.parts_at_smallest:
-            head = f"{self.stage}: S ≠ G already at |t| = {self.ts[0]:.0e} (no germ)"
+            head_ = f"{self.label}: S ≠ G already at |t| = {self.ts[0]:.0e} (no germ)"
         else:
-            head = (f"{self.stage}: S = G bit for bit below |t| = {self.delta:.2e} "
-                    f"(predicted {self.delta_predicted:.2e})")
-        line = f"{head}; first ReLU kink {self.kink_radius:.1e}"
+            head_ = (f"{self.label}: S = G bit for bit below |t| = {self.delta:.2e} "
+                     f"(predicted {self.delta_predicted:.2e})")
+        line = f"{head_}; first ReLU kink {self.kink_radius:.1e}"
         if not self.has_fd:
             return line
-        if self.kinked:
-            return f"{line}; one-sided slopes {self.right[0]:.3g} / {self.left[0]:.3g}: a kink at t = 0"
-        if self.has_window:
-            return f"{line}; FD slope {self.fd_slope:.2f} over {int(self.fd_window.sum())} steps"
-        return f"{line}; FD at round-off below the kink (no truncation window)"
+        return f"{line}; finite differences: {self.fd_verdict}"
 
 
-# ---- the direction and the losses along it ------------------------------------------------------
+# ---- the path and the losses along it -----------------------------------------------------------
 
 def stage_parameters(net, stage: str, params: dict, cfg=None) -> tuple[str, ...]:
     """The parameter names a stage owns, read off the net's stage list."""
@@ -257,6 +297,24 @@ def stage_parameters(net, stage: str, params: dict, cfg=None) -> tuple[str, ...]
     if stage not in listed:
         raise ValueError(f"unknown stage {stage!r} of {net.__name__}; stages: {list(listed)}")
     return tuple(n for n in listed[stage].params if n in params)
+
+
+def walk_parameters(net, where: str, params: dict, cfg=None) -> tuple[str, tuple[str, ...]]:
+    """(stage, names) for a walk: `where` is a stage ("stage2", "stem": all its weights) or a
+    pre-activation ("bn3": the conv→BN pair that writes it, conv3.* and bn3.*, as `c8_germ_stage₃`
+    moves)."""
+    cfg = cfg if cfg is not None else net.Config()
+    stages = net.stage_list(cfg)
+    if where in {s.name for s in stages}:
+        return where, stage_parameters(net, where, params, cfg)
+    if where.rsplit(".", 1)[-1].startswith("bn"):
+        conv_name = where[: len(where) - len(where.rsplit(".", 1)[-1])] + "conv" + where.rsplit(".", 1)[-1][2:]
+        for st in stages:     # in the stage's own (signature) order
+            names = tuple(n for n in st.params if n in params and n.startswith((f"{conv_name}.", f"{where}.")))
+            if names:
+                return st.name, names
+    raise ValueError(f"unknown walk {where!r} of {net.__name__}: expected a stage "
+                     f"({', '.join(s.name for s in stages)}) or a pre-activation such as 'bn1'")
 
 
 def unit_direction(params: dict, names: Sequence[str], key) -> dict:
@@ -271,48 +329,99 @@ def unit_direction(params: dict, names: Sequence[str], key) -> dict:
     return {name: (v[name] / norm if name in v else jnp.zeros_like(p)) for name, p in params.items()}
 
 
-def _moved(params: dict, v: dict, t) -> dict:
-    return {k: params[k] + t * v[k] for k in params}
+class Path(NamedTuple):
+    """θ(t) = θ + t·v + t²·w; v and w hold every parameter (zero outside the moving ones)."""
+    v: dict
+    w: Optional[dict]     # None: a straight walk
+    names: tuple[str, ...]
+
+    @property
+    def kind(self) -> str:
+        return "straight" if self.w is None else "curved"
+
+    def at(self, params: dict, t, names: Optional[Sequence[str]] = None) -> dict:
+        """θ(t) for the named parameters (all moving ones by default), the others as they are."""
+        names = self.names if names is None else names
+        if self.w is None:
+            return dict(params, **{n: params[n] + t * self.v[n] for n in names})
+        return dict(params, **{n: params[n] + t * self.v[n] + (t * t) * self.w[n] for n in names})
 
 
-@partial(jax.jit, static_argnums=(0, 5))
-def _loss_at(net, params, v, x, targets, cfg, t, alpha, selections):
-    logits, _ = net.forward(_moved(params, v, t), x, cfg, selections=selections)
+def _zero_w(path_w, v):
+    return jax.tree.map(jnp.zeros_like, v) if path_w is None else path_w
+
+
+def _loss_fn(net, params, v, w, x, targets, cfg, t, alpha, selections):
+    p = {k: params[k] + t * v[k] + (t * t) * w[k] for k in params}
+    logits, _ = net.forward(p, x, cfg, selections=selections)
     return reference.smoothed_cross_entropy(logits, targets, alpha)
 
 
-def path_losses(net, params, x, targets, cfg, v, ts, *, selections=None, label_smoothing: float = 0.0,
-                op_by_op: bool = False) -> np.ndarray:
-    """The loss at θ + t·v for each t; with `selections`, through the gather model frozen there.
+_loss_at = jax.jit(_loss_fn, static_argnums=(0, 6), compiler_options=QUICK)
 
-    `op_by_op` evaluates without whole-graph compilation: a fused graph may reassociate differently
-    for the real and the gather forward, and "bit for bit" must compare the maths, not two
-    compilations. Otherwise one compiled program serves every t (and every later call with the
-    same shapes).
-    """
+
+def path_losses(net, params, x, targets, cfg, path: Path, ts, *, selections=None,
+                label_smoothing: float = 0.0) -> np.ndarray:
+    """The loss at θ(t) for each t (one compiled program, shared by every path and every t); with
+    `selections`, through the gather model frozen there."""
     alpha = jnp.asarray(label_smoothing, x.dtype)
-
-    def at(t):
-        return float(_loss_at(net, params, v, x, targets, cfg, jnp.asarray(t, x.dtype), alpha, selections))
-    if op_by_op:
-        with jax.disable_jit():
-            return np.array([at(t) for t in ts])
-    return np.array([at(t) for t in ts])
+    w = _zero_w(path.w, path.v)
+    return np.array([float(_loss_at(net, params, path.v, w, x, targets, cfg, jnp.asarray(t, x.dtype), alpha,
+                                     selections)) for t in ts])
 
 
-@partial(jax.jit, static_argnums=(0, 5))
-def _derivatives(net, params, v, x, targets, cfg, alpha):
-    """S', S'', S''' at t = 0 along v, by nested forward-mode autodiff of the real loss."""
+@partial(jax.jit, static_argnums=(0, 6), compiler_options=QUICK)
+def _derivatives(net, params, v, w, x, targets, cfg, alpha):
+    """S', S'', S''' at t = 0 along θ(t), by nested forward-mode autodiff of the real loss."""
     def s(t):
-        return _loss_at(net, params, v, x, targets, cfg, t, alpha, None)
+        return _loss_fn(net, params, v, w, x, targets, cfg, t, alpha, None)
 
     def d(f):
         return lambda t: jax.jvp(f, (t,), (jnp.ones_like(t),))[1]
     zero = jnp.zeros((), x.dtype)
-    return d(s)(zero), d(d(s))(zero), d(d(d(s)))(zero)
+    s2, s3 = jax.jvp(d(d(s)), (zero,), (jnp.ones_like(zero),))
+    return d(s)(zero), s2, s3
 
 
-@partial(jax.jit, static_argnums=(0, 3))
+def _nudge(params: dict, names: Sequence[str], seed: int, nudge: float) -> dict:
+    """δ: each named parameter entry times nudge·ξ, ξ standard normal drawn on the host."""
+    rng = np.random.default_rng(seed)
+    return {n: np.asarray(params[n]) * nudge * rng.standard_normal(params[n].shape) for n in names}
+
+
+def loss_roundoff(net, params, x, targets, cfg, path: Path, *, seed: int = 0, label_smoothing: float = 0.0,
+                  draws: int = GERM_ROUNDOFF_DRAWS, nudge: float = GERM_ROUNDOFF_NUDGE) -> tuple[float, np.ndarray]:
+    """ε_L, the spread of one evaluation's round-off in S, and the deviations it is read from.
+
+    For each draw, a random nudge δ of the path's own parameters (a relative `nudge` per entry):
+    d = (S(θ + δ) + S(θ − δ))/2 − S(θ). The first-order change cancels between ±δ and the second
+    order, δᵀ∇²Lδ, sits far below round-off, while every rounding downstream of the moving weights
+    re-rolls, as between S(h) and S(−h): d is round-off alone, and its root mean square over the
+    draws, over √(3/2), is the spread of one evaluation's error. Measured on the same compiled
+    program the finite differences use, and with no reference to the node they judge.
+    """
+    alpha = jnp.asarray(label_smoothing, x.dtype)
+    w = _zero_w(path.w, path.v)
+    zero = jnp.zeros((), x.dtype)
+
+    def s(p):
+        return float(_loss_at(net, p, path.v, w, x, targets, cfg, zero, alpha, None))
+
+    s0 = s(params)
+    devs = []
+    for d in range(draws):
+        delta = _nudge(params, path.names, seed + d, nudge)
+        up, down = (dict(params, **{n: jnp.asarray(np.asarray(params[n]) + sign * delta[n], params[n].dtype)
+                                    for n in path.names}) for sign in (1, -1))
+        devs.append((s(up) + s(down)) / 2 - s0)
+    devs = np.array(devs)
+    # each d carries e(θ+δ)/2 + e(θ−δ)/2 − e(θ): spread √(3/2)·σ for an evaluation error of spread σ;
+    # never below half an ulp of S(0), the loss's own last rounding
+    sigma = float(np.sqrt(np.mean(devs ** 2) / 1.5))
+    return max(sigma, float(np.spacing(abs(s0))) / 2), devs
+
+
+@partial(jax.jit, static_argnums=(0, 3), compiler_options=QUICK)
 def _selections(net, params, x, cfg):
     _, saved = net.forward(params, x, cfg)
     return {name: maxpool.select(r, net.POOLS[name]) for name, r in net.pool_inputs(saved).items()}
@@ -323,58 +432,89 @@ def selections(net, params, x, cfg) -> dict:
     return _selections(net, params, x, cfg)
 
 
-@partial(jax.jit, static_argnums=(0, 3, 5))
-def _read_with_tangents(net, params, x, cfg, v, everywhere: bool):
-    def read(p):
+@partial(jax.jit, static_argnums=(0, 3, 6), compiler_options=QUICK)
+def _read_taylor(net, params, x, cfg, v, w, everywhere: bool):
+    """z(0), z'(0) and z''(0)/2 along θ(t) for every ReLU input (or those feeding pools)."""
+    def read(t):
+        p = {k: params[k] + t * v[k] + (t * t) * w[k] for k in params}
         _, saved = net.forward(p, x, cfg)
         pre = net.preactivations(saved)
         if not everywhere:      # only the layers feeding pools: the compiler drops the rest of the net
             pre = {k: pre[k] for k in sorted(set(net.POOL_PREACTIVATIONS.values()))}
         return pre
-    return jax.jvp(read, (params,), (v,))
+
+    def d1(t):
+        return jax.jvp(read, (t,), (jnp.ones_like(t),))
+
+    zero = jnp.zeros((), x.dtype)
+    (z0, z1), (_, z2) = jax.jvp(d1, (zero,), (jnp.ones_like(zero),))
+    return z0, z1, jax.tree.map(lambda a: a / 2, z2)
 
 
-def predicted_radius(net, params, x, cfg, v, sigma: dict, *, kinks_everywhere: bool = True) -> tuple[float, float]:
-    """First-order radii (pool δ, ReLU kinks) along v, the tangents by the autodiff oracle.
+def _first_positive_root(a, b, c) -> np.ndarray:
+    """Smallest s > 0 with a·s² + b·s + c = 0, elementwise, for c > 0 (inf where none)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        disc = b * b - 4 * a * c
+        sq = np.sqrt(np.maximum(disc, 0.0))
+        q = -0.5 * (b + np.copysign(sq, b))                 # the stable pair: q/a and c/q
+        r1 = np.where(a != 0, q / a, np.inf)
+        r2 = np.where(q != 0, c / q, np.inf)
+        roots = np.stack([r1, r2])
+        roots = np.where((disc >= 0) & np.isfinite(roots) & (roots > 0), roots, np.inf)
+    return roots.min(axis=0)
+
+
+def first_crossing(g0, g1, g2) -> float:
+    """The smallest |t| at which some gap g0 + g1·t + g2·t² (g0 > 0) reaches 0, either sign of t."""
+    g0, g1, g2 = (np.asarray(a, np.float64) for a in (g0, g1, g2))
+    keep = g0 > 0
+    if not keep.any():
+        return np.inf
+    g0, g1, g2 = g0[keep], g1[keep], g2[keep]
+    return float(min(np.min(_first_positive_root(g2, g1, g0)), np.min(_first_positive_root(g2, -g1, g0))))
+
+
+def predicted_radius(net, params, x, cfg, path: Path, sigma: dict, *,
+                     kinks_everywhere: bool = True) -> tuple[float, float]:
+    """The radii (pool δ, ReLU kinks) along θ(t), each margin followed to second order in t.
 
     Each pool reads relu(z), z the pre-activations `net.POOL_PREACTIVATIONS` names. Per window,
     with σ its selected cell:
 
-    - live (z[σ] > 0): σ stays the maximum until a competitor's z meets z[σ], at
-      |t| = (z[σ] − z_c) / |d(z[σ] − z_c)/dt|. (z[σ] itself falling below 0 changes nothing: the
-      window turns dead, pool and gather both read 0.) Twins have equal values and equal tangents:
-      they never meet.
-    - dead (z < 0 everywhere): the pooled 0 holds until a cell other than σ crosses 0, at
-      |t| = −z_c / |dz_c/dt|. (σ crossing 0 makes it the window's maximum: still σ.)
+    - live (z[σ] > 0): σ stays the maximum until a competitor's z meets z[σ]: the gap
+      z[σ] − z_c closes. (z[σ] itself falling below 0 changes nothing: the window turns dead, pool
+      and gather both read 0.) Twins have equal values and tangents: their gap is 0 and stays 0.
+    - dead (z < 0 everywhere): the pooled 0 holds until a cell other than σ (and not σ's twin)
+      crosses 0. (σ crossing 0 makes it the window's maximum: still σ.)
 
-    δ is the smallest of these; the kink radius is the smallest |z| / |dz/dt| over every ReLU input
-    of the net (with `kinks_everywhere=False`, over those feeding pools only).
+    δ is the smallest |t| at which one of these closes; the kink radius is the smallest |t| at which
+    a ReLU input of the net crosses 0 (with `kinks_everywhere=False`, those feeding pools only).
     """
-    z0, dz = _read_with_tangents(net, params, x, cfg, v, kinks_everywhere)
+    w = _zero_w(path.w, path.v)
+    z0, z1, z2 = (jax.tree.map(np.asarray, a) for a in _read_taylor(net, params, x, cfg, path.v, w, kinks_everywhere))
     kinks = np.inf
     for layer in z0:
-        z, dzl = np.asarray(z0[layer]), np.asarray(dz[layer])
-        with np.errstate(divide="ignore", invalid="ignore"):
-            kinks = min(kinks, float(np.min(np.where(dzl != 0, np.abs(z) / np.abs(dzl), np.inf))))
+        s = np.sign(z0[layer])
+        kinks = min(kinks, first_crossing(np.abs(z0[layer]), s * z1[layer], s * z2[layer]))
     radius = np.inf
     for name, spec in net.POOLS.items():
         layer = net.POOL_PREACTIVATIONS[name]
-        zw, dzw = (np.asarray(maxpool.windows(a, spec)) for a in (z0[layer], dz[layer]))
+        zw, z1w, z2w = (np.asarray(maxpool.windows(jnp.asarray(a[layer]), spec)) for a in (z0, z1, z2))
         finite = np.isfinite(zw)                       # the stem pool's −∞ padding is never a competitor
-        dzw = np.where(finite, dzw, 0.0)
+        z1w, z2w = np.where(finite, z1w, 0.0), np.where(finite, z2w, 0.0)
         idx = np.asarray(sigma[name])[..., None]
         other = np.arange(zw.shape[-1]) != idx
-        top, dtop = np.take_along_axis(zw, idx, -1), np.take_along_axis(dzw, idx, -1)
-        gap, dgap = top - zw, dtop - dzw
+        top, t1, t2 = (np.take_along_axis(a, idx, -1) for a in (zw, z1w, z2w))
         live = top > 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            t_live = np.where(live & finite & other & (gap > 0) & (dgap != 0), gap / np.abs(dgap), np.inf)
-            t_dead = np.where(~live & finite & other & (zw < 0) & (dzw != 0), -zw / np.abs(dzw), np.inf)
-        radius = min(radius, float(np.min(t_live)), float(np.min(t_dead)))
+        twin = (zw == top) & (z1w == t1) & (z2w == t2)
+        on_live = live & finite & other
+        radius = min(radius, first_crossing((top - zw)[on_live], (t1 - z1w)[on_live], (t2 - z2w)[on_live]))
+        on_dead = ~live & finite & other & ~twin
+        radius = min(radius, first_crossing(-zw[on_dead], -z1w[on_dead], -z2w[on_dead]))
     return radius, kinks
 
 
-@partial(jax.jit, static_argnums=(0, 4))
+@partial(jax.jit, static_argnums=(0, 4), compiler_options=QUICK)
 def rendered_nodes(net, params, x, targets, cfg, label_smoothing=0.0) -> dict:
     """The rendered parameter nodes at θ: net.backward of the head's six-op cotangent."""
     logits, saved = net.forward(params, x, cfg)
@@ -386,9 +526,11 @@ def rendered_nodes(net, params, x, targets, cfg, label_smoothing=0.0) -> dict:
 #
 # Both losses are evaluated in three parts: the stages before the moving one (they do not depend on
 # t: computed once, shared), then the moving stage up to the last stage holding a pool, op by op,
-# real or gathered (a fused graph may reassociate differently for a max pool and a gather, and
-# "bit for bit" must compare the maths, not two compilations), then the rest of the net and the
-# loss as ONE compiled program applied to both: it returns equal bits for equal inputs.
+# real or gathered (a fused graph may contract or reassociate differently around a max pool and a
+# gather, and "bit for bit" must compare the maths, not two compilations), then the rest of the net
+# and the loss as ONE compiled program applied to both: it returns equal bits for equal inputs.
+# Every t of a grid runs in one vectorised pass (vmap over t): the same primitives for S and G, row
+# by row, and a fixed number of rows, so the op-by-op programs compile once.
 
 
 def _pool_stages(net, params, x, cfg) -> list[int]:
@@ -397,25 +539,22 @@ def _pool_stages(net, params, x, cfg) -> list[int]:
     return [i for i, st in enumerate(net.stage_list(cfg)) if hasattr(saved[st.name], "sigma")]
 
 
-@partial(jax.jit, static_argnums=(0, 1, 2, 4))
+@partial(jax.jit, static_argnums=(0, 1, 2, 4), compiler_options=QUICK)
 def _fold(net, start: int, stop: int, params, cfg, y):
     for st in net.stage_list(cfg)[start:stop]:
         y, _ = st.forward(params, y, cfg)
     return y
 
 
-@partial(jax.jit, static_argnums=(0, 1, 3))
-def _tail_loss(net, start: int, params, cfg, y, targets, alpha):
-    for st in net.stage_list(cfg)[start:]:
-        y, _ = st.forward(params, y, cfg)
-    return reference.smoothed_cross_entropy(y, targets, alpha)
-
-
-def _middle(net, start: int, stop: int, params, cfg, y, selections):
-    with jax.disable_jit():
-        for st in net.stage_list(cfg)[start:stop]:
-            y, _ = st.forward(params, y, cfg, selections=selections)
-    return y
+@partial(jax.jit, static_argnums=(0, 1, 3), compiler_options=QUICK)
+def _tail_losses(net, start: int, params, cfg, moved, ys, targets, alpha):
+    """The loss from stage `start` on, per row of ys (and of the moved parameters, if any)."""
+    def one(m, y):
+        p = dict(params, **m)
+        for st in net.stage_list(cfg)[start:]:
+            y, _ = st.forward(p, y, cfg)
+        return reference.smoothed_cross_entropy(y, targets, alpha)
+    return jax.vmap(one)(moved, ys)
 
 
 class _Plan(NamedTuple):
@@ -433,57 +572,103 @@ def _plan(net, params, x, cfg, stage: str) -> _Plan:
     return _Plan(k, (max(pools) if pools else k) + 1, _fold(net, 0, k, params, cfg, x))
 
 
-def split_losses(net, params, x, targets, cfg, v, ts, sigma: dict, *, stage: Optional[str] = None,
+def split_losses(net, params, x, targets, cfg, path: Path, ts, sigma: dict, *, stage: Optional[str] = None,
                  plan: Optional[_Plan] = None, label_smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(S(t), G(t)) for each t, the real loss and the gather model's at σ, comparable bit for bit.
 
-    v moves the parameters of `stage` only (or give the `plan` a previous call made).
+    The path moves the parameters of `stage` only (or give the `plan` a previous call made).
     """
     if plan is None:
         if stage is None:
-            raise ValueError("split_losses: name the stage v moves (or pass a plan)")
+            raise ValueError("split_losses: name the stage the path moves (or pass a plan)")
         plan = _plan(net, params, x, cfg, stage)
+    stage_list = net.stage_list(cfg)
+    middle_names = {n for st in stage_list[plan.start:plan.stop] for n in st.params}
+    outside = [n for n in path.names if n not in middle_names and n not in
+               {m for st in stage_list[plan.stop:] for m in st.params}]
+    if outside:
+        raise ValueError(f"split_losses: the path moves {outside}, upstream of stage {stage_list[plan.start].name}")
+    ts = jnp.asarray(np.asarray(ts, np.float64), x.dtype)
     alpha = jnp.asarray(label_smoothing, x.dtype)
-    real, gath = [], []
-    moving = [n for n in net.stage_list(cfg)[plan.start].params if n in params]
-    for t in ts:
-        t = jnp.asarray(t, x.dtype)
-        p = dict(params, **{n: params[n] + t * v[n] for n in moving})
-        for sel, out in ((None, real), (sigma, gath)):
-            y = _middle(net, plan.start, plan.stop, p, cfg, plan.y0, sel)
-            out.append(float(_tail_loss(net, plan.stop, p, cfg, y, targets, alpha)))
-    return np.array(real), np.array(gath)
+    in_middle = tuple(n for n in path.names if n in middle_names)
+    in_tail = tuple(n for n in path.names if n not in middle_names)
+
+    def middle(t, sel):
+        p = path.at(params, t, in_middle)
+        y = plan.y0
+        for st in stage_list[plan.start:plan.stop]:
+            y, _ = st.forward(p, y, cfg, selections=sel)
+        return y
+
+    moved = jax.vmap(lambda t: {n: path.at(params, t, in_tail)[n] for n in in_tail})(ts)
+    out = []
+    for sel in (None, sigma):
+        with jax.disable_jit():
+            ys = jax.vmap(lambda t: middle(t, sel))(ts)
+        out.append(np.asarray(_tail_losses(net, plan.stop, params, cfg, moved, ys, targets, alpha)))
+    return out[0], out[1]
 
 
-def _real_minus_gather(net, params, x, targets, cfg, v, sigma, ts, plan, label_smoothing) -> np.ndarray:
-    """max over ±t of |S(t) − G(t)| for each t."""
+def _real_minus_gather(net, params, x, targets, cfg, path, sigma, ts, plan, label_smoothing) -> np.ndarray:
+    """max over ±t of |S(t) − G(t)| for each t (2·len(ts) rows in one pass)."""
     ts = np.asarray(ts, np.float64)
-    real, gath = split_losses(net, params, x, targets, cfg, v, np.concatenate([ts, -ts]), sigma,
+    real, gath = split_losses(net, params, x, targets, cfg, path, np.concatenate([ts, -ts]), sigma,
                               plan=plan, label_smoothing=label_smoothing)
     return np.maximum(np.abs(real - gath)[: ts.size], np.abs(real - gath)[ts.size:])
 
 
-def germ(net, params, x, targets, cfg, grads: Optional[dict], stage: str, *, key, names: Optional[Sequence[str]] = None,
-         ts: Optional[np.ndarray] = None, hs: Optional[np.ndarray] = None,
-         label_smoothing: float = 0.0, bisect_steps: int = BISECT_STEPS,
-         label: Optional[str] = None) -> GermReport:
-    """Walk a random direction in one stage's parameters: S vs G, δ measured and predicted, FD convergence.
+def _refine(lo: float, hi: float, parted_at) -> tuple[float, float]:
+    """BISECT_ROUNDS rounds of BISECT_POINTS log-spaced points inside (lo, hi), keeping the step
+    where S and G part; `parted_at(ts)` -> bool per t."""
+    for _ in range(BISECT_ROUNDS):
+        inner = lo * (hi / lo) ** (np.arange(1, BISECT_POINTS + 1) / (BISECT_POINTS + 1))
+        parted = np.nonzero(parted_at(inner))[0]
+        if parted.size:
+            hi = float(inner[parted[0]])
+            lo = float(inner[parted[0] - 1]) if parted[0] > 0 else lo
+        else:
+            lo = float(inner[-1])
+    return lo, hi
 
-    `grads` are the rendered nodes at θ (net.backward); FD compares against ⟨grads, v⟩ (with
-    grads=None the finite differences are skipped). The grid gives the first |t| where S and G
-    part; bisection between it and the grid point below refines the radius. `label` names the
-    report (the stage name by default).
+
+def make_path(params, names: Sequence[str], key, *, curved: bool = False, curvature: float = 1.0) -> Path:
+    """A unit direction v in the named parameters; curved: w = curvature · (an independent unit
+    direction in the same parameters)."""
+    v = unit_direction(params, names, key)
+    if not curved:
+        return Path(v, None, tuple(names))
+    w = unit_direction(params, names, jax.random.fold_in(key, 10_000))
+    return Path(v, jax.tree.map(lambda a: curvature * a, w), tuple(names))
+
+
+def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key, curved: bool = False,
+         ts: Optional[np.ndarray] = None, hs: Optional[np.ndarray] = None, label_smoothing: float = 0.0,
+         label: Optional[str] = None) -> GermReport:
+    """Walk a random path through one germ's weights: S vs G, δ found and predicted, FD convergence.
+
+    `where` names the walk: a pre-activation ("bn3": conv3 and bn3 move, as `c8_germ_stage₃` says)
+    or a whole stage ("stage2", "stem"). A straight walk is θ + t·v, v a random unit direction; a
+    curved one θ + t·v + t²·w, |w| = 1/δ₀ with δ₀ the straight walk's predicted radius, so the path
+    bends as much as it moves at the germ's own scale. `grads` are the rendered nodes at θ
+    (net.backward); FD compares against ⟨grads, v⟩ (grads=None skips the finite differences).
     """
-    names = tuple(names) if names is not None else stage_parameters(net, stage, params, cfg)
+    stage, names = walk_parameters(net, where, params, cfg)
     ts = T_GRID if ts is None else np.asarray(ts, np.float64)
     hs = H_GRID if hs is None else np.asarray(hs, np.float64)
     if x.dtype != params[names[0]].dtype:
         raise ValueError(f"germ: x is {x.dtype} but the parameters are {params[names[0]].dtype}; "
                          f"cast both to one dtype")
-    v = unit_direction(params, names, key)
     sigma = selections(net, params, x, cfg)
+    path = make_path(params, names, key)
+    if curved:
+        straight_delta, _ = predicted_radius(net, params, x, cfg, path, sigma, kinks_everywhere=False)
+        path = make_path(params, names, key, curved=True, curvature=1.0 / straight_delta)
     plan = _plan(net, params, x, cfg, stage)
-    diff = _real_minus_gather(net, params, x, targets, cfg, v, sigma, ts, plan, label_smoothing)
+
+    def diff_at(tt):
+        return _real_minus_gather(net, params, x, targets, cfg, path, sigma, tt, plan, label_smoothing)
+
+    diff = diff_at(ts)
     parted = np.nonzero(diff != 0)[0]
     measured = float(ts[parted[0]]) if parted.size else np.inf
     if not parted.size:
@@ -491,32 +676,52 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], stage: str, *, key
     elif parted[0] == 0:
         bracket = (0.0, float(ts[0]))
     else:
-        lo, hi = float(ts[parted[0] - 1]), float(ts[parted[0]])
-        for _ in range(bisect_steps):
-            mid = float(np.sqrt(lo * hi))
-            if _real_minus_gather(net, params, x, targets, cfg, v, sigma, [mid], plan, label_smoothing)[0] != 0:
-                hi = mid
-            else:
-                lo = mid
-        bracket = (lo, hi)
+        bracket = _refine(float(ts[parted[0] - 1]), float(ts[parted[0]]), lambda tt: diff_at(tt) != 0)
     # without finite differences only the pools' own ReLUs matter: a cheaper program
-    predicted, kinks = predicted_radius(net, params, x, cfg, v, sigma, kinks_everywhere=grads is not None)
-    stage = label or stage
+    predicted, kinks = predicted_radius(net, params, x, cfg, path, sigma, kinks_everywhere=grads is not None)
+    label = label or f"{where} {path.kind}"
     if grads is None:
         empty = np.zeros(0)
-        return GermReport(stage, names, ts, diff, measured, bracket, predicted, kinks, empty, empty, np.nan,
-                          np.nan, (np.nan,) * 3, empty, empty)
-    exact = float(sum(jnp.vdot(grads[n], v[n]) for n in names))
-    s0, plus, minus = (path_losses(net, params, x, targets, cfg, v, tt, label_smoothing=label_smoothing)
+        return GermReport(label, where, path.kind, names, ts, diff, measured, bracket, predicted, kinks, empty,
+                          empty, np.nan, np.nan, (np.nan,) * 3, empty, empty, np.nan)
+    exact = float(sum(jnp.vdot(grads[n], path.v[n]) for n in names))
+    s0, plus, minus = (path_losses(net, params, x, targets, cfg, path, tt, label_smoothing=label_smoothing)
                        for tt in ([0.0], hs, -hs))
-    fd_errors = np.abs((plus - minus) / (2 * hs) - exact)
-    derivs = tuple(float(d) for d in _derivatives(net, params, v, x, targets, cfg,
+    w = _zero_w(path.w, path.v)
+    derivs = tuple(float(d) for d in _derivatives(net, params, path.v, w, x, targets, cfg,
                                                    jnp.asarray(label_smoothing, x.dtype)))
-    return GermReport(stage, names, ts, diff, measured, bracket, predicted, kinks, hs, fd_errors, exact,
-                      float(s0[0]), derivs, (plus - s0[0]) / hs, (s0[0] - minus) / hs)
+    seed = int(jax.random.randint(jax.random.fold_in(key, 20_000), (), 0, 2 ** 31 - 1))
+    eps_l, _ = loss_roundoff(net, params, x, targets, cfg, path, seed=seed, label_smoothing=label_smoothing)
+    return GermReport(label, where, path.kind, names, ts, diff, measured, bracket, predicted, kinks, hs,
+                      (plus - minus) / (2 * hs), exact, float(s0[0]), derivs, (plus - s0[0]) / hs,
+                      (s0[0] - minus) / hs, eps_l)
 
 
-# ---- many stages, many directions --------------------------------------------------------------
+# ---- a point where the first kink is close -----------------------------------------------------
+
+def near_kink(net, params, x, cfg, where: str, *, key, radius: float) -> dict:
+    """params with one BN shift β moved so that a ReLU input of `where` (a pre-activation such as
+    "bn3") reaches 0 at |t| ≈ `radius` along the straight walk `germ(..., where, key=key)` takes.
+
+    The cell chosen is the one nearest its kink along that walk; its channel's β moves by the
+    cell's distance to radius·|dz/dt| (on its own side of 0), so no other cell of the channel
+    crosses. A control: with the first kink closer than round-off allows a step, the finite
+    differences must say "no evidence".
+    """
+    _, names = walk_parameters(net, where, params, cfg)
+    path = make_path(params, names, key)
+    z0, z1, _ = _read_taylor(net, params, x, cfg, path.v, _zero_w(None, path.v), True)
+    z, dz = np.asarray(z0[where]), np.asarray(z1[where])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(dz != 0, np.abs(z) / np.abs(dz), np.inf)
+    cell = np.unravel_index(np.argmin(ratio), z.shape)
+    target = np.sign(z[cell]) * radius * abs(dz[cell])
+    beta = np.asarray(params[f"{where}.bias"]).copy()
+    beta[cell[1]] += target - z[cell]
+    return dict(params, **{f"{where}.bias": jnp.asarray(beta, params[f"{where}.bias"].dtype)})
+
+
+# ---- many germs, many directions ----------------------------------------------------------------
 
 @dataclass
 class GermSurvey:
@@ -525,7 +730,7 @@ class GermSurvey:
     @property
     def germs_hold(self) -> bool:
         """Every walk: S = G bit for bit at the small |t| and apart somewhere on the grid."""
-        return all(r.bit_identical_below and r.parted for r in self.reports)
+        return all(r.holds for r in self.reports)
 
     @property
     def predictions_hold(self) -> bool:
@@ -540,53 +745,56 @@ class GermSurvey:
         return [r for r in self.reports if r.has_window]
 
     def radii_table(self) -> str:
-        head = (f"{'stage':<10} {'S = G below':>11} {'δ found':>9} {'predicted':>9} {'ratio':>6} "
-                f"{'first kink':>10}")
-        lines = [head]
+        head_ = (f"{'walk':<20} {'S = G below':>11} {'δ found':>9} {'predicted':>9} {'ratio':>6} "
+                 f"{'first kink':>10}")
+        lines = [head_]
         for r in self.reports:
-            lines.append(f"{r.stage:<10} {r.delta_bracket[0]:11.2e} {r.delta:9.2e} {r.delta_predicted:9.2e} "
-                         f"{r.prediction_ratio:6.2f} {r.kink_radius:10.1e}")
+            lines.append(f"{r.label:<20} {r.delta_bracket[0]:11.2e} {r.delta:9.2e} {r.delta_predicted:9.2e} "
+                         f"{r.prediction_ratio:6.3f} {r.kink_radius:10.1e}")
         return "\n".join(lines)
 
     def fd_table(self) -> str:
-        head = (f"{'stage':<10} {'⟨g, v⟩':>10} {_S3:>9} {'ε̂':>8} {'window from':>11} {'first kink':>10} "
-                f"{'steps':>5} {'slope':>6} {'err/trunc':>10}")
-        lines = [head]
+        head_ = (f"{'walk':<20} {'⟨g, v⟩':>10} {_S3:>9} {'ε_L':>8} {'evidence':>17} {'resolves':>9} "
+                 f"{'slope':>6}  verdict")
+        lines = [head_]
         for r in self.reports:
             if not r.has_fd:
                 continue
-            ratios = r.truncation_ratios
-            span = f"{ratios.min():.2f}–{ratios.max():.2f}" if ratios.size else "–"
+            ev = r.hs[r.evidence]
+            span = f"{ev.min():.0e}…{ev.max():.0e}" if ev.size else "none"
             slope = f"{r.fd_slope:6.2f}" if r.has_window else f"{'–':>6}"
-            lines.append(f"{r.stage:<10} {r.exact:10.3e} {r.derivatives[2]:9.2e} {r.roundoff:8.1e} "
-                         f"{r.window_crossover:11.1e} {r.smooth_radius:10.1e} {int(r.fd_window.sum()):5d} "
-                         f"{slope} {span:>10}")
+            lines.append(f"{r.label:<20} {r.exact:10.3e} {r.derivatives[2]:9.2e} {r.loss_roundoff:8.1e} "
+                         f"{span:>17} {r.resolution:9.1e} {slope}  {r.fd_verdict}")
         return "\n".join(lines)
 
     def summary(self) -> str:
         n = len(self.reports)
-        held = sum(r.bit_identical_below and r.parted for r in self.reports)
+        held = sum(r.holds for r in self.reports)
         pred = sum(r.prediction_consistent for r in self.reports)
-        first = sum(r.first_order for r in self.reports)
+        sharp = sum(r.sharp for r in self.reports)
         fd = [r for r in self.reports if r.has_fd]
         conv = sum(r.fd_converges for r in fd)
-        slopes = ", ".join(f"{r.stage} {r.fd_slope:.1f}" for r in self.windows) or "none"
         return (f"{held}/{n} walks: S = G bit for bit near 0, apart beyond δ\n"
-                f"{pred}/{n} predicted δ no later than the parting grid point and within "
-                f"{PREDICTION_SPAN:g}× of the bisected δ; {first}/{n} within {FIRST_ORDER_REL:.0%} of it\n"
-                f"{conv}/{len(fd)} finite differences converge as O(h²) + round-off; "
-                f"{len(self.windows)} with a truncation window (slopes: {slopes})")
+                f"{pred}/{n} predicted δ no later than where S and G part and within "
+                f"{GERM_PREDICTION_SPAN:g}× of it; {sharp}/{n} within {GERM_SHARP_REL:.0%}\n"
+                f"{conv}/{len(fd)} finite differences converge to the rendered node; "
+                f"{len(self.windows)} with an O(h²) window")
 
 
-def survey(net, params, x, targets, cfg, grads: Optional[dict], stages: Sequence[str], *, key,
-           directions: int = 1, **kwargs) -> GermSurvey:
-    """`germ` for each stage and `directions` random directions (keys folded from `key`)."""
+DIRECTION_KINDS = ("straight", "straight", "curved")   # per germ: directions cycle through these
+
+
+def survey(net, params, x, targets, cfg, grads: Optional[dict], germs: dict[str, str], *, key,
+           directions: int = 3, progress: bool = False, **kwargs) -> GermSurvey:
+    """`germ` for each {label: where} and `directions` paths (cycling straight, straight, curved;
+    keys folded from `key`)."""
+    from tqdm.auto import tqdm
+
     reports = []
-    for i, stage in enumerate(stages):
-        for d in range(directions):
-            r = germ(net, params, x, targets, cfg, grads, stage,
-                     key=jax.random.fold_in(jax.random.fold_in(key, i), d), **kwargs)
-            if directions > 1:
-                r.stage = f"{stage}/{d}"
-            reports.append(r)
+    jobs = [(i, label, where, d) for i, (label, where) in enumerate(germs.items()) for d in range(directions)]
+    for i, label, where, d in tqdm(jobs, desc="germ walks", disable=not progress):
+        curved = DIRECTION_KINDS[d % len(DIRECTION_KINDS)] == "curved"
+        reports.append(germ(net, params, x, targets, cfg, grads, where, curved=curved,
+                            key=jax.random.fold_in(jax.random.fold_in(key, i), d),
+                            label=f"{label} {'curved' if curved else 'straight'} {d}", **kwargs))
     return GermSurvey(reports)

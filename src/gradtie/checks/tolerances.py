@@ -40,3 +40,43 @@ F32_DRAWS = 3
 TRAIN_TRACK_FACTOR = F32_ENVELOPE_FACTOR
 # Nudged runs the envelope is the maximum over (a few, as for the float32 view).
 TRAIN_TRACK_DRAWS = F32_DRAWS
+
+# ---- germ finite differences (checks/germs.py) --------------------------------------------------
+# ε_L, the spread of one loss evaluation's round-off: the root mean square of
+# (S(θ+δ) + S(θ−δ))/2 − S(θ) over this many random nudges δ of the walk's own weights (over √(3/2),
+# the spread that combination adds up), each entry moved by a relative 2⁻⁴⁰: every rounding
+# downstream re-rolls (thousands of ulps), the first-order change cancels between ±δ and the second
+# order (~1e-23) sits far below round-off.
+GERM_ROUNDOFF_DRAWS = 24
+GERM_ROUNDOFF_NUDGE = 2.0 ** -40
+# A central difference carries (e(h) − e(−h))/2h, spread ε_L/(√2·h). Six spreads would do for a
+# Gaussian error (one step in 5e8; a sweep has ~40), but a float64 loss's error is a sum of a few
+# dominant roundings with heavier tails: over 24 cifar8 walks (photos, drawn weights) the largest
+# step reached 5.0 spreads. We allow 8.
+GERM_ROUNDOFF_SIGMAS = 8.0
+# A step is evidence when its allowance (truncation + round-off) pins ⟨g, v⟩ to 1 %: a node wrong
+# by 1 % or more (the planted ×2 and ×0 are 100 %) then lies outside it.
+GERM_EVIDENCE_REL = 1e-2
+# Steps are judged only inside half the smooth radius: the radius is the margins' second-order
+# model, and past an upstream kink a gap can close a little earlier than the model says.
+GERM_KINK_FRACTION = 0.5
+# The O(h²) window: judged steps where the predicted truncation |S'''|h²/6 beats the round-off
+# allowance tenfold (round-off is then under a tenth of the error) …
+GERM_WINDOW_MARGIN = 10.0
+# … at least this many (two thirds of a decade at third-decade steps) for a slope fit,
+GERM_MIN_WINDOW = 3
+# where |error| / (|S'''|h²/6) lies within 1 ± this (round-off adds ≤ 1/10, the h⁴ term a few %,
+# the rest headroom for round-off excursions) …
+GERM_TRUNCATION_REL = 0.25
+# … and the log-log slope is 2 within this (the same budget over ≥ two thirds of a decade).
+GERM_SLOPE_TOL = 0.25
+# A kink at t = 0 shows as a one-sided jump |right − left| that does not shrink with h: over these
+# two decades a smooth S gives |S''|h + round-off/h, which changes ≥ 5× across the range, a kink
+# the same jump at every step: max/min within this factor.
+GERM_KINK_STEPS = (1e-8, 1e-6)
+GERM_KINK_FLATNESS = 2.0
+# δ found may come later than the margins predict (a ReLU crossing upstream bends the gaps), never
+# earlier: within a decade of it (one step of the decade grid) …
+GERM_PREDICTION_SPAN = 10.0
+# … and "sharp" when within 5 % of it (the bracket resolves 2.3 %).
+GERM_SHARP_REL = 0.05
