@@ -8,6 +8,7 @@ Shown in: Whole-net tie, Data-parallel tie.
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Optional
 
 import jax
@@ -86,17 +87,22 @@ def backward(saved: BNSaved, weight: jax.Array, dy: jax.Array) -> jax.Array:
     dx = s·(t − mean(t) − x̂·mean(x̂·t)), t = γ·dy, means over the channel's M cells — the same as
     (s/M)(M·t − Σt − x̂·Σ(x̂·t)). Under `axis_name` the two means are one packed all-reduce and x̂
     uses the global statistics. Lean: `bnBatchBack`, `bnBackB`.
+
+    γ is per channel, so mean(t) = γ·mean(dy) and mean(x̂·t) = γ·mean(x̂·dy): the two reductions
+    are the ones the β and γ nodes take (Σdy, Σx̂·dy), and the compiler computes them once for all
+    three; x̂ is recomputed from the saved input inside the same pass.
     """
     _check("batchnorm.backward", dy, weight, None)
     _validate.same_shape("batchnorm.backward", ("x", "dy"), saved.x, dy)
     xhat, s = normalized(saved)
-    t = _bcast(weight, False) * dy
     axes = _axes(saved.per_example)
-    means = jnp.stack([jnp.mean(t, axis=axes), jnp.mean(xhat * t, axis=axes)])
+    cells = math.prod(dy.shape[a] for a in axes)  # M
+    means = jnp.stack([jnp.sum(dy, axis=axes), jnp.sum(dy * xhat, axis=axes)]) / cells
     if saved.axis_name is not None and not saved.per_example:
         means = lax.pmean(means, saved.axis_name)
-    mean_t, mean_xt = (_bcast(m, saved.per_example) for m in means)
-    return s * (t - mean_t - xhat * mean_xt)
+    gamma = _bcast(weight, False)
+    mean_t, mean_xt = (gamma * _bcast(m, saved.per_example) for m in means)
+    return s * (gamma * dy - mean_t - xhat * mean_xt)
 
 
 # dy[N,C,H,W]·x̂ summed over (n,h,w) -> dγ[C]

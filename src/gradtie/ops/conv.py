@@ -48,6 +48,66 @@ def _correlate(lhs, rhs, *, strides, pads, lhs_dilation=(1, 1), rhs_dilation=(1,
         precision=lax.Precision.HIGHEST, preferred_element_type=_acc_dtype(lhs, rhs))
 
 
+# ---- two formulations of one contraction -------------------------------------------------------
+#
+# Every conv site is one contraction. It runs either as XLA's convolution or as patches · weights
+# (the k·k shifted views of the padded input stacked, then one matrix product). On the CPU backend
+# XLA's convolution is pathologically slow where the output grid is tiny against the contraction
+# (ResNet-34's layer4 at 64 px: 2×2 outputs with 512·9 terms each, 3×3 kernels reading mostly
+# padding; ~70× slower than the product, benchmarks/), so there the product is used. Both compute
+# the same sums; which one runs depends on the shapes only, so a bf16 kind and its f32 peer always
+# take the same one.
+
+# the product wins on the CPU once an output's contraction is this many times the output grid
+# (measured per ResNet-34 site, benchmarks/conv_sites.py); a 1×1 kernel is a product outright
+PATCHES_RATIO = 32
+
+
+def use_patches(out_cells: int, contraction: int, kernel_size: int) -> bool:
+    """Whether a contraction of `contraction` terms per output, over `out_cells` output cells per
+    image, runs as patches · weights (CPU backend only; elsewhere always XLA's convolution)."""
+    if _FORMULATION is not None:
+        return _FORMULATION == "patches"
+    return jax.default_backend() == "cpu" and (kernel_size == 1 or contraction >= PATCHES_RATIO * out_cells)
+
+
+_FORMULATION: Optional[str] = None  # tests pin "patches" or "conv" to check both formulations
+
+
+def _patches(a: jax.Array, k: int, stride: int, pads, dilation: int = 1) -> jax.Array:
+    """a [N,C,H,W] dilated by `dilation` (zeros between cells), padded by `pads` ((lo,hi) per side,
+    negative crops) -> [N,C,k,k,H',W']: P[n,c,kh,kw,i,j] = apad[n,c,s·i+kh,s·j+kw]."""
+    zero = jnp.zeros((), a.dtype)
+    (lo_h, hi_h), (lo_w, hi_w) = pads
+    apad = lax.pad(a, zero, ((0, 0, 0), (0, 0, 0), (lo_h, hi_h, dilation - 1), (lo_w, hi_w, dilation - 1)))
+    ho = (apad.shape[2] - k) // stride + 1
+    wo = (apad.shape[3] - k) // stride + 1
+    rows = [jnp.stack([apad[:, :, kh:kh + stride * (ho - 1) + 1:stride, kw:kw + stride * (wo - 1) + 1:stride]
+                       for kw in range(k)], axis=2) for kh in range(k)]
+    return jnp.stack(rows, axis=2)
+
+
+def _unpatches(cols: jax.Array, size: tuple[int, int], stride: int, pad: int) -> jax.Array:
+    """The transpose of `_patches` at padding `pad`: cols [N,C,k,k,H',W'] -> [N,C,H,W], the plane of
+    tap (kh,kw) spread to the stride and added at offset (kh − p, kw − p), taps in row-major order."""
+    k = cols.shape[2]
+    (h, w), (ho, wo) = size, cols.shape[4:]
+    zero = jnp.zeros((), cols.dtype)
+    out = None
+    for kh in range(k):
+        for kw in range(k):
+            lo_h, lo_w = kh - pad, kw - pad
+            config = ((0, 0, 0), (0, 0, 0), (lo_h, h - lo_h - (stride * (ho - 1) + 1), stride - 1),
+                      (lo_w, w - lo_w - (stride * (wo - 1) + 1), stride - 1))
+            part = lax.pad(cols[:, :, kh, kw], zero, config)
+            out = part if out is None else out + part
+    return out
+
+
+def _contract(spec: str, a, b):
+    return jnp.einsum(spec, a, b, precision=lax.Precision.HIGHEST, preferred_element_type=_acc_dtype(a, b))
+
+
 def _round_result(out: jax.Array, rnd: Rounding, dtype) -> jax.Array:
     # the kind's single rounding of the float32 accumulator, back in the carrier dtype. A bf16-typed
     # rounding makes this a convert pair, which a backend allowing excess precision may delete (see
@@ -85,7 +145,12 @@ def forward(x: jax.Array, weight: jax.Array, bias: Optional[jax.Array] = None, *
     _check("conv.forward", x, weight, bias, stride)
     p = padding(weight.shape[2])
     rnd_ = rnd or identity
-    y = _correlate(rnd_(x), rnd_(weight), strides=(stride, stride), pads=((p, p), (p, p)))
+    k = weight.shape[2]
+    xr, wr = rnd_(x), rnd_(weight)
+    if use_patches(out_size(x.shape[2], k, stride) * out_size(x.shape[3], k, stride), x.shape[1] * k * k, k):
+        y = _contract("ncabij,ocab->noij", _patches(xr, k, stride, ((p, p), (p, p))), wr)
+    else:
+        y = _correlate(xr, wr, strides=(stride, stride), pads=((p, p), (p, p)))
     y = _round_result(y, rnd_, x.dtype)
     if bias is not None:
         y = y + bias[None, :, None, None]
@@ -120,11 +185,21 @@ def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], 
                          f"weight {tuple(weight.shape)} at stride {stride}, got {tuple(dy.shape)}")
     p = padding(k)
     rnd_ = rnd or identity
-    dyup = upsample(rnd_(dy), stride)
-    flipped = jnp.swapaxes(rnd_(weight)[:, :, ::-1, ::-1], 0, 1)  # [C,O,k,k]
-    # low pad k−1−p; high pad fills the grid back to H when (H + 2p − k) is not a multiple of s
-    pads = ((k - 1 - p, h + p - dyup.shape[2]), (k - 1 - p, w + p - dyup.shape[3]))
-    dx = _correlate(dyup, flipped, strides=(1, 1), pads=pads)
+    dyr, wr = rnd_(dy), rnd_(weight)
+    flipped = wr[:, :, ::-1, ::-1]  # [O,C,k,k]: read with O as the input feature (the transpose)
+    # the upsampled grid is s·(H'−1)+1 long; low pad k−1−p, high pad fills it back to H (it is
+    # larger when (H + 2p − k) is not a multiple of s). The upsampling is the convolution's own
+    # input dilation: the zeros are never multiplied.
+    up_h, up_w = stride * (dy.shape[2] - 1) + 1, stride * (dy.shape[3] - 1) + 1
+    pads = ((k - 1 - p, h + p - up_h), (k - 1 - p, w + p - up_w))
+    if use_patches(h * w, weight.shape[0] * k * k, k):
+        # the transpose of the patches: every tap's products in one matrix product, each tap's
+        # plane then added back onto the input grid at its offset
+        cols = _contract("ocab,noij->ncabij", wr, dyr)  # [N,C,k,k,H',W']
+        dx = _unpatches(cols, (h, w), stride, p)
+    else:
+        dx = _correlate(dyr, flipped, strides=(1, 1), pads=pads, lhs_dilation=(stride, stride),
+                        dims=("NCHW", "IOHW", "NCHW"))
     return _round_result(dx, rnd_, dy.dtype)
 
 
@@ -146,10 +221,18 @@ def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 
                          f"{kernel_size}, stride {stride}")
     p = padding(kernel_size)
     rnd_ = rnd or identity
-    # batch axis as the contraction ("feature") axis, channels as the "batch" axis
-    dw = _correlate(rnd_(x), rnd_(dy), strides=(1, 1), pads=((p, p), (p, p)),
-                    rhs_dilation=(stride, stride), dims=("CNHW", "IOHW", "CNHW"))
-    dw = dw[:, :, :kernel_size, :kernel_size]  # [O,C,k,k]; extra rows exist when s ∤ (H+2p−k)
+    xr, dyr = rnd_(x), rnd_(dy)
+    ho, wo = dy.shape[2], dy.shape[3]
+    if use_patches(ho * wo, c * kernel_size ** 2, kernel_size):  # the forward's rule at this site
+        # the forward's own patches (the compiler shares them with the forward under one jit)
+        dw = _contract("noij,ncabij->ocab", dyr, _patches(xr, kernel_size, stride, ((p, p), (p, p))))
+    else:
+        # batch axis as the contraction ("feature") axis, channels as the "batch" axis; the high pad
+        # stops the window sweep at exactly k positions
+        hi_h = kernel_size + stride * (ho - 1) - h - p
+        hi_w = kernel_size + stride * (wo - 1) - w - p
+        dw = _correlate(xr, dyr, strides=(1, 1), pads=((p, hi_h), (p, hi_w)),
+                        rhs_dilation=(stride, stride), dims=("CNHW", "IOHW", "CNHW"))  # [O,C,k,k]
     return _round_result(dw, rnd_, x.dtype)
 
 

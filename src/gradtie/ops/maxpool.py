@@ -8,10 +8,12 @@ overlapping 3×3/s2 windows accumulate. `select` gives that selection σ; `scatt
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from . import _validate
 
@@ -51,12 +53,86 @@ def windows(x: jax.Array, spec: PoolSpec) -> jax.Array:
 
     Window (i,j) covers rows s·i−p … s·i−p+k−1 and the same columns.
     """
+    return jnp.stack(_cells(x, spec), axis=-1)
+
+
+def _cells(x: jax.Array, spec: PoolSpec) -> list[jax.Array]:
+    """The k·k cells of every window, in row-major window order: k·k arrays [N,C,H',W'].
+
+    Read through a blocked view where one exists (contiguous slices, which the CPU compiler fuses
+    into one pass), else through strided slices of the −∞-padded input.
+    """
     k, s, p = spec.size, spec.stride, spec.pad
-    ho, wo = out_size(x.shape[2], spec), out_size(x.shape[3], spec)
+    n, c, h, w = x.shape
+    ho, wo = out_size(h, spec), out_size(w, spec)
+    if _blocked(spec, h, w):  # non-overlapping: x viewed as [N,C,H',k,W',k]
+        x6 = x.reshape(n, c, ho, k, wo, k)
+        return [x6[:, :, :, kh, :, kw] for kh in range(k) for kw in range(k)]
+    if _overlapping_3s2(spec):  # 3×3/s2 pad 1: the padded input viewed as [N,C,H'+1,2,W'+1,2]
+        xpad = jnp.pad(x, ((0, 0), (0, 0), (p, p + h % 2), (p, p + w % 2)), constant_values=-jnp.inf)
+        x6 = xpad.reshape(n, c, ho + 1, 2, wo + 1, 2)
+        # window i reads padded rows 2i, 2i+1, 2i+2: block i parity 0, block i parity 1, block i+1 parity 0
+        rows = [(slice(0, ho), 0), (slice(0, ho), 1), (slice(1, ho + 1), 0)]
+        cols = [(slice(0, wo), 0), (slice(0, wo), 1), (slice(1, wo + 1), 0)]
+        return [x6[:, :, bi, pi, bj, pj] for bi, pi in rows for bj, pj in cols]
     xpad = jnp.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=-jnp.inf) if p else x
-    cells = [xpad[:, :, kh:kh + s * (ho - 1) + 1:s, kw:kw + s * (wo - 1) + 1:s]
-             for kh in range(k) for kw in range(k)]
-    return jnp.stack(cells, axis=-1)
+    return [xpad[:, :, kh:kh + s * (ho - 1) + 1:s, kw:kw + s * (wo - 1) + 1:s]
+            for kh in range(k) for kw in range(k)]
+
+
+def _blocked(spec: PoolSpec, h: int, w: int) -> bool:
+    return spec.pad == 0 and spec.size == spec.stride and h % spec.size == 0 and w % spec.size == 0
+
+
+def _overlapping_3s2(spec: PoolSpec) -> bool:
+    return (spec.size, spec.stride, spec.pad) == (3, 2, 1)
+
+
+def _place(hits: list[jax.Array], input_shape: tuple[int, ...], spec: PoolSpec) -> jax.Array:
+    """The transpose of `_cells`: k·k arrays [N,C,H',W'] (one per window cell, row-major) back onto
+    the input grid [N,C,H,W]; where windows overlap, their contributions add in row-major window
+    order. Built from reshapes, shifts and adds (no scatter: the CPU compiler fuses it)."""
+    k, s, p = spec.size, spec.stride, spec.pad
+    n, c, h, w = input_shape
+    ho, wo = hits[0].shape[2], hits[0].shape[3]
+    if _blocked(spec, h, w):
+        rows = [jnp.stack(hits[kh * k:(kh + 1) * k], axis=-1) for kh in range(k)]  # [N,C,H',W',k]
+        return jnp.stack(rows, axis=3).reshape(n, c, h, w)                       # [N,C,H',k,W',k]
+    zero = jnp.zeros((), hits[0].dtype)
+    if _overlapping_3s2(spec):
+        # input row 2b is cell 1 of window b; row 2b+1 is cell 2 of window b and cell 0 of window b+1
+        parity = {0: [(1, 0)], 1: [(2, 0), (0, 1)]}  # (cell, window offset) in window order
+
+        def shifted(a, dh, dw):  # a[:, :, i+dh, j+dw], zero past the edge
+            return lax.pad(a, zero, ((0, 0, 0), (0, 0, 0), (-dh, dh, 0), (-dw, dw, 0)))
+
+        quads = {}
+        for pr, row_terms in parity.items():
+            for pc, col_terms in parity.items():
+                terms = [shifted(hits[kh * k + kw], dh, dw) for kh, dh in row_terms for kw, dw in col_terms]
+                quads[pr, pc] = functools.reduce(jnp.add, terms)
+        rows = [jnp.stack([quads[pr, 0], quads[pr, 1]], axis=-1) for pr in (0, 1)]
+        dx = jnp.stack(rows, axis=3).reshape(n, c, 2 * ho, 2 * wo)
+        return dx[:, :, :h, :w]
+    dx = None
+    for i, hit in enumerate(hits):  # each cell's cotangents, spread to the stride and shifted into place
+        kh, kw = divmod(i, k)
+        lo_h, lo_w = kh - p, kw - p
+        config = ((0, 0, 0), (0, 0, 0), (lo_h, h - lo_h - (s * (ho - 1) + 1), s - 1),
+                  (lo_w, w - lo_w - (s * (wo - 1) + 1), s - 1))
+        part = lax.pad(hit, zero, config)
+        dx = part if dx is None else dx + part
+    return dx
+
+
+def _first_max_index(cells: list[jax.Array]) -> jax.Array:
+    """Per window the row-major index of its first maximal cell, in one pass over the cells: a cell
+    takes over only when strictly greater than every cell before it."""
+    top, index = cells[0], jnp.zeros(cells[0].shape, jnp.int32)
+    for i, cell in enumerate(cells[1:], start=1):
+        index = jnp.where(cell > top, i, index)
+        top = jnp.maximum(top, cell)
+    return index
 
 
 def forward(x: jax.Array, spec: PoolSpec = POOL2) -> tuple[jax.Array, PoolSaved]:
@@ -81,15 +157,9 @@ def scatter(sigma: jax.Array, dy: jax.Array, input_shape: tuple[int, ...],
             spec: PoolSpec = POOL2) -> jax.Array:
     """selScatter: the transpose of `gather` at σ. Each pooled cotangent lands on the one cell it read."""
     _validate.same_shape("maxpool.scatter", ("sigma", "dy"), sigma, dy)
-    k, s, p = spec.size, spec.stride, spec.pad
-    n, c, h, w = input_shape
-    ho, wo = dy.shape[2], dy.shape[3]
-    dxpad = jnp.zeros((n, c, h + 2 * p, w + 2 * p), dy.dtype)
-    for kh in range(k):
-        for kw in range(k):
-            hit = jnp.where(sigma == kh * k + kw, dy, jnp.zeros_like(dy))
-            dxpad = dxpad.at[:, :, kh:kh + s * (ho - 1) + 1:s, kw:kw + s * (wo - 1) + 1:s].add(hit)
-    return dxpad[:, :, p:p + h, p:p + w]
+    zero = jnp.zeros_like(dy)
+    hits = [jnp.where(sigma == cell, dy, zero) for cell in range(spec.size ** 2)]
+    return _place(hits, tuple(input_shape), spec)
 
 
 def backward(saved: PoolSaved, dy: jax.Array) -> jax.Array:
@@ -102,4 +172,9 @@ def backward(saved: PoolSaved, dy: jax.Array) -> jax.Array:
     if tuple(dy.shape) != expected:
         raise ValueError(f"maxpool.backward: dy must have shape {expected} for the {spec.name} pool "
                          f"of x {tuple(x.shape)}, got {tuple(dy.shape)}")
-    return scatter(select(x, spec), dy, x.shape, spec)
+    # the selection is recomputed from the saved input inside the backward's own pass: the masks
+    # fuse with the placement (and with the ReLU mask and BatchNorm backward that read dx)
+    sigma = _first_max_index(_cells(x, spec))
+    zero = jnp.zeros_like(dy)
+    hits = [jnp.where(sigma == cell, dy, zero) for cell in range(spec.size ** 2)]
+    return _place(hits, tuple(x.shape), spec)
