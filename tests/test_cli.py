@@ -66,6 +66,7 @@ def test_train_run_contract_and_an_exact_resume(tmp_path, capsys):
     assert len(rows) == 3 and lines[-1] == f"test accuracy: {rows[-1]['test_accuracy']:.4f}"
     run = json.loads((tmp_path / "a" / "run.json").read_text())
     assert run["net"] == "cifar8" and run["config"]["head_width"] == 16 and run["epochs"] == 3
+    assert run["flip"] is False                      # digits: a mirrored digit is no digit
     # stopped after epoch 2, resumed with nothing but the folder: the same run, bit for bit
     code, out, _ = train_main(capsys, *TINY_TRAIN, "--epochs", "3", "--stop-after", "2", "--out", str(tmp_path / "b"))
     assert code == 0 and len((tmp_path / "b" / "metrics.jsonl").read_text().splitlines()) == 2

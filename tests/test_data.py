@@ -310,6 +310,11 @@ def test_batches_shuffle_and_cover_each_example_once():
         list(data.batches(x, y[:3], 2, key=0))
 
 
+def test_flips_keep_the_class_except_for_digits():
+    assert not data.flips_keep_class("digits")
+    assert all(data.flips_keep_class(d) for d in ("photos", "synthetic", "cifar10:/data/cifar-10-batches-py"))
+
+
 def test_load_named_datasets():
     d = data.load("synthetic", size=8, n_train=12, n_test=4, num_classes=3)
     assert d.split.x_train.shape == (12, 3, 8, 8) and len(d.split.y_test) == 4 and d.num_classes == 3

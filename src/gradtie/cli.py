@@ -56,7 +56,7 @@ def _bench(args: argparse.Namespace) -> int:
 TRAIN_DEFAULTS = {"net": "cifar8", "data": "digits", "optimizer": "nesterov", "epochs": None, "batch": 128,
                   "lr": None, "warmup_epochs": 0, "label_smoothing": None, "image_size": 32,
                   "head_width": 512, "n_train": None, "n_test": None, "bf16": False, "grads": "rendered",
-                  "seed": 0, "flip": True, "precise_batches": 16}
+                  "seed": 0, "flip": None, "precise_batches": 16}
 EXIT_NOT_FINITE = 4
 EXIT_INTERRUPTED = 130
 
@@ -183,7 +183,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="bf16 conv sites (default off)")
     tr.add_argument("--flip", action=argparse.BooleanOptionalAction, default=None,
-                    help="random left-right flips, the cifar8 recipe's augmentation (default on)")
+                    help="random left-right flips, the cifar8 recipe's augmentation (default: on, "
+                         "except for digits, where a mirrored digit is no digit)")
     tr.add_argument("--precise-batches", type=int, default=None,
                     help="training batches the BN statistics are recomputed over before each evaluation "
                          "(default 16)")

@@ -508,6 +508,12 @@ def batches(x, y, batch: int, *, key: Seed, drop_last: bool = True) -> Iterator[
 DATASETS = ("digits", "photos", "synthetic", "cifar10:PATH")
 
 
+def flips_keep_class(spec: str) -> bool:
+    """Whether a left–right mirror keeps an image's class: yes for crops of photos, CIFAR-10 and
+    noise; no for digits (a mirrored 2, 3, 4, 5, 7 or 9 is no digit). The train default follows it."""
+    return spec != "digits"
+
+
 def load(spec: str, *, size: int = 32, n_train: Optional[int] = None, n_test: Optional[int] = None,
          num_classes: int = 10, seed: int = 0, dtype=np.float32) -> Dataset:
     """A named dataset with a train/test split: "digits", "photos" (K = 7, the source photo),

@@ -613,7 +613,7 @@ def _batch_stream(split: data_.Split, *, batch: int, key: jax.Array, epoch: int,
 def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str = "sgd",
         lr: Optional[float] = None, epochs: Optional[int] = None, batch: int = 128,
         schedule: str = "cosine", warmup_epochs: int = 0, grads: str = "rendered",
-        label_smoothing: Optional[float] = None, flip: bool = True, mix: Optional[str] = None,
+        label_smoothing: Optional[float] = None, flip: Optional[bool] = None, mix: Optional[str] = None,
         seed: int = 0, dtype: str = "float32", precise_batches: int = PRECISE_BATCHES,
         out=None, resume: bool = False, extend_epochs: int = 0, stop_after: Optional[int] = None,
         progress: bool = True, eval_batch: int = 256,
@@ -638,12 +638,14 @@ def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str 
     any other configuration is a ValueError naming the field; a different `epochs` too, unless
     `extend_epochs` > 0 adds that many epochs as a new cosine cycle after the recorded total.
     stop_after=E stops once E epochs of the run are done (the schedule still spans `epochs`).
+    flip: random left–right flips; default: where they keep the class (`data.flips_keep_class`).
     A NaN or Inf loss or gradient raises NonFiniteLoss naming the step; the last checkpoint stays.
     log: called with one line per epoch (the CLI prints them).
     """
     op = "train.fit"
     split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
     data_name = dataset.name if isinstance(dataset, data_.Dataset) else "split"
+    flip = data_.flips_keep_class(data_name) if flip is None else bool(flip)
     if epochs is not None:
         epochs = data_._positive_int(op, "epochs", epochs)
     batch = data_._positive_int(op, "batch", batch)
@@ -942,7 +944,7 @@ def _relative_distance(a: Params, b: Params, skip=frozenset()) -> float:
 
 def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps: int = 100,
                  optimizer: str = "nesterov", lr: Optional[float] = None, batch: int = 64,
-                 epochs: int = 8, flip: bool = True, seed: int = 0, dtype: str = "float32",
+                 epochs: int = 8, flip: Optional[bool] = None, seed: int = 0, dtype: str = "float32",
                  draws: Optional[int] = None, factor: Optional[float] = None,
                  label_smoothing: Optional[float] = None, controls: Sequence = (),
                  progress: bool = True) -> Tracking:
@@ -972,6 +974,8 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
             raise ValueError(f"{op}: each control needs its own name (a `gradtie.checks.controls` "
                              f"control), got {type(c).__name__}")
     split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
+    if flip is None:
+        flip = data_.flips_keep_class(dataset.name if isinstance(dataset, data_.Dataset) else "split")
     spe = len(split.y_train) // batch
     if spe == 0:
         raise ValueError(f"{op}: {len(split.y_train)} training examples make no full batch of {batch}")
