@@ -57,8 +57,9 @@ BISECT_ROUNDS = 2
 H_GRID = np.logspace(-13, -1, 37)
 # the eight cifar8 germs, one per pre-activation c8Zₖ (the output of bnₖ)
 C8_GERMS = {f"c8Z{k}": f"bn{k}" for k in range(1, 9)}
-# The germ programs are compile-bound on CPU: LLVM optimisation off. It changes no IEEE result that
-# is compared (S and G share every compiled program; the finite differences and ε_L share theirs).
+# The germ programs run once or a few times per walk and are compile-bound on CPU: LLVM optimisation
+# off. It changes no IEEE result that is compared (S and G share every compiled program; the finite
+# differences and ε_L share theirs).
 QUICK = {"xla_backend_optimization_level": 0}
 _S3 = "S'''"   # a column header
 
@@ -357,7 +358,8 @@ def _loss_fn(net, params, v, w, x, targets, cfg, t, alpha, selections):
     return reference.smoothed_cross_entropy(logits, targets, alpha)
 
 
-_loss_at = jax.jit(_loss_fn, static_argnums=(0, 6), compiler_options=QUICK)
+# evaluated ~130 times per walk: compiled with full optimisation (it pays for itself)
+_loss_at = jax.jit(_loss_fn, static_argnums=(0, 6))
 
 
 def path_losses(net, params, x, targets, cfg, path: Path, ts, *, selections=None,

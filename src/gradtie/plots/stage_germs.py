@@ -1,4 +1,5 @@
-"""The Stage germs chapter's figures: each function takes a report and returns a Figure."""
+"""The Stage germs chapter's figures: each function takes reports (`checks.germs.GermReport`) and
+returns a Figure."""
 
 from __future__ import annotations
 
@@ -9,83 +10,128 @@ from ._style import OK_COLOR, CONTROL_COLOR, FIGSIZE
 
 
 GERM_ZERO_FLOOR = 1e-19   # where exact zeros of |S − G| are drawn, below every nonzero difference
+PATH_STYLES = {"straight": "-", "curved": "--"}
+
+
+def _germ_colors(reports) -> dict[str, tuple]:
+    germs = list(dict.fromkeys(r.germ for r in reports))
+    cmap = plt.get_cmap("viridis")
+    return {g: cmap(i / max(1, len(germs) - 1) * 0.9) for i, g in enumerate(germs)}
 
 
 def germ_parting(reports, title: str = "S and G are bit-identical below δ and part beyond it") -> plt.Figure:
-    """|S(t) − G(t)| (max over ±t) against |t|, one line per `checks.germs.GermReport`; exact zeros
-    on the bottom row, the bisected δ as a dotted line. Reports with "tie" in the stage are the
-    control, in red."""
-    fig, ax = plt.subplots(figsize=(FIGSIZE[0] + 1.0, 4.2))
-    cmap = plt.get_cmap("viridis")
-    for i, r in enumerate(reports):
-        color = CONTROL_COLOR if "tie" in r.stage else cmap(i / max(1, len(reports) - 1) * 0.9)
+    """|S(t) − G(t)| (max over ±t) against |t|, one line per walk: colour by germ, dashed for a
+    curved path; exact zeros on the bottom row."""
+    fig, ax = plt.subplots(figsize=(FIGSIZE[0] + 1.0, 4.4))
+    colors = _germ_colors(reports)
+    seen = set()
+    for r in reports:
         d = np.where(r.real_minus_gather == 0, GERM_ZERO_FLOOR, r.real_minus_gather)
-        ax.plot(r.ts, d, "o-", color=color, ms=4, lw=1, label=f"{r.stage} (δ = {r.delta:.1e})")
-        if not r.parts_at_smallest and r.parted:
-            ax.axvline(r.delta, color=color, ls=":", lw=1)
+        label = r.germ if r.germ not in seen else None
+        seen.add(r.germ)
+        ax.plot(r.ts, d, marker="o", ls=PATH_STYLES[r.path], color=colors[r.germ], ms=3, lw=1, label=label)
+    ax.plot([], [], "k--", lw=1, label="curved path")
     ax.axhline(GERM_ZERO_FLOOR, color="0.7", lw=0.6)
     ax.text(reports[0].ts[0], GERM_ZERO_FLOOR * 3, "S = G bit for bit", fontsize=8, color="0.4")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("|t| along a unit direction in the stage's parameters")
+    ax.set_xlabel("|t| along the path θ + t·v (+ t²·w)")
     ax.set_ylabel("max over ±t of |S(t) − G(t)| (nats)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
     fig.tight_layout()
     return fig
 
 
-def germ_radii(reports) -> plt.Figure:
-    """δ predicted from the window margins against δ found (bisection bracket as the error bar);
-    the shaded band runs from agreement to a decade later than predicted."""
-    fig, ax = plt.subplots(figsize=(5.5, 4.6))
-    pred = np.array([r.delta_predicted for r in reports])
-    found = np.array([r.delta for r in reports])
-    lo = np.array([r.delta_bracket[0] for r in reports])
-    hi = np.array([r.delta_bracket[1] for r in reports])
+def germ_radii(reports, extra=(), extra_label: str = "") -> plt.Figure:
+    """δ predicted from the window margins against δ found (bracket as the error bar), one point
+    per walk (squares: curved paths); `extra` walks (e.g. at twin ties) as open circles. The shaded
+    band runs from agreement to a decade later than predicted."""
+    fig, ax = plt.subplots(figsize=(5.6, 4.6))
+    everything = list(reports) + list(extra)
+    pred = np.array([r.delta_predicted for r in everything])
+    lo = np.array([r.delta_bracket[0] for r in everything])
+    hi = np.array([r.delta_bracket[1] for r in everything])
     span = np.array([min(pred.min(), lo.min()) / 3, max(pred.max(), hi.max()) * 3])
-    ax.fill_between(span, span, span * 10, color="0.9", label="up to a decade later than predicted")
+    ax.fill_between(span, span, span * 10, color="0.92", label="up to a decade later than predicted")
     ax.plot(span, span, "k--", lw=1, label="predicted = found")
-    ax.errorbar(pred, found, yerr=[found - lo, hi - found], fmt="o", color=OK_COLOR, ms=5, capsize=3)
-    for r, p, f in zip(reports, pred, found):
-        ax.annotate(r.stage, (p, f), xytext=(4, -10), textcoords="offset points", fontsize=8)
+    colors = _germ_colors(reports)
+    for r in reports:
+        ax.errorbar([r.delta_predicted], [r.delta], yerr=[[r.delta - r.delta_bracket[0]], [r.delta_bracket[1] - r.delta]],
+                    fmt="s" if r.path == "curved" else "o", color=colors[r.germ], ms=5, capsize=2)
+    for r in extra:
+        ax.plot([r.delta_predicted], [r.delta], "o", mfc="none", mec=OK_COLOR, ms=8)
+    ax.plot([], [], "ko", ms=5, label="straight path")
+    ax.plot([], [], "ks", ms=5, label="curved path")
+    if extra:
+        ax.plot([], [], "o", mfc="none", mec=OK_COLOR, ms=8, label=extra_label)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlim(*span)
     ax.set_ylim(*span)
-    ax.set_xlabel("δ predicted: min over windows of gap / |d gap/dt|")
-    ax.set_ylabel("δ found: S and G part (bisection)")
+    ax.set_xlabel("δ predicted: first gap to close (second order in t)")
+    ax.set_ylabel("δ found: S and G part (bracketed)")
     ax.set_title("The window margins predict where S and G part", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left")
+    ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()
     return fig
 
 
-def germ_fd(reports) -> plt.Figure:
-    """Central-difference error against h, one panel per report: the O(h²) truncation line
-    |S'''|·h²/6 (S''' by autodiff, not fitted), the round-off envelope ε̂/h, the smooth radius
-    (dotted) and the truncation window (filled markers)."""
-    cols = 2 if len(reports) <= 4 else 3
+def _fd_panel(ax, r, *, color=OK_COLOR, label="|FD − ⟨g, v⟩|", lines: bool = True):
+    h = r.hs
+    e = np.where(r.fd_errors > 0, r.fd_errors, np.nan)
+    ax.loglog(h, e, "o", color="0.6", ms=3, mfc="none")
+    ax.loglog(h[r.evidence], e[r.evidence], "o", color=color, ms=4, label=label)
+    if lines:
+        ax.loglog(h, r.allowance(h), "k-", lw=1, label="allowance: 1.25·|S'''|h²/6 + round-off")
+        ax.loglog(h, r.roundoff_term(h), "k:", lw=1, label="round-off: 8·ε_L/(√2·h)")
+        ax.axvline(r.smooth_radius, color=CONTROL_COLOR, ls="--", lw=1, label="first kink")
+
+
+def germ_fd(reports, title: str = "Central differences stay inside the allowance and pin the node "
+                                  "between round-off and the first kink") -> plt.Figure:
+    """Central-difference error against h, one panel per walk: the allowance (predicted truncation
+    plus the round-off measured apart), the round-off term alone, the first kink; evidence steps
+    (allowance ≤ 1 % of the node) filled."""
+    cols = 4 if len(reports) > 6 else 2
     rows_ = int(np.ceil(len(reports) / cols))
-    fig, axes = plt.subplots(rows_, cols, figsize=(3.6 * cols, 2.9 * rows_ + 0.6), squeeze=False)
+    fig, axes = plt.subplots(rows_, cols, figsize=(3.0 * cols, 2.5 * rows_ + 0.7), squeeze=False, sharey=True)
     for ax, r in zip(axes.ravel(), reports):
-        h = r.hs
-        w = r.fd_window
-        ax.loglog(h, r.fd_errors, "o", color="0.55", ms=3, mfc="none", label="|FD − ⟨g, v⟩|")
-        ax.loglog(h[w], r.fd_errors[w], "o", color=OK_COLOR, ms=4, label="truncation window")
-        ax.loglog(h, r.truncation(h), "k-", lw=1, label="|S'''|·h²/6  (slope 2)")
-        ax.loglog(h, r.roundoff / h, "k:", lw=1, label="ε̂/h (round-off)")
-        ax.axvline(r.smooth_radius, color=CONTROL_COLOR, ls="--", lw=1, label="first kink (1st order)")
-        ax.set_ylim(max(1e-16, float(np.min(r.fd_errors[r.fd_errors > 0])) / 10), 1.0)
-        slope = f"slope {r.fd_slope:.2f}" if r.has_window else "no window"
-        ax.set_title(f"{r.stage}: {slope}", fontsize=9)
-        ax.set_xlabel("step h", fontsize=8)
+        _fd_panel(ax, r)
+        ax.set_ylim(1e-14, 1e2)
+        ax.set_title(f"{r.label}: {r.fd_verdict}", fontsize=8)
+        ax.tick_params(labelsize=7)
     for ax in axes.ravel()[len(reports):]:
         ax.axis("off")
-    axes[0, 0].set_ylabel("|central difference − rendered node|")
-    axes[0, 0].legend(fontsize=6, loc="upper left")
-    fig.suptitle("Central differences: O(h²) where it rises above round-off before the first kink; "
-                 "round-off agreement where it cannot", fontsize=10)
+    for ax in axes[-1]:
+        ax.set_xlabel("step h", fontsize=8)
+    axes[0, 0].set_ylabel("|central difference − node|", fontsize=8)
+    axes[0, 0].legend(fontsize=6, loc="upper right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def germ_fd_controls(walk, wrong: dict, near) -> plt.Figure:
+    """Left: one walk's central differences judged against the rendered node and against planted
+    wrong nodes ({"×2": report, …}, red): the wrong ones leave the allowance wherever a step is
+    evidence. Right: a walk whose first kink sits inside round-off: no step is evidence."""
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(FIGSIZE[0] + 3.0, 4.0), sharey=True)
+    _fd_panel(ax0, walk, label="rendered node: evidence steps")
+    for i, (name, r) in enumerate(wrong.items()):
+        ax0.loglog(r.hs[r.judged], r.fd_errors[r.judged], "x^v"[i % 3], color=CONTROL_COLOR, ms=4,
+                   label=f"node {name}: outside at {int(r.violations.sum())} steps")
+    ax0.set_title(f"{walk.label}: wrong nodes fail", fontsize=9)
+    _fd_panel(ax1, near, label="evidence steps (none)")
+    ax1.axvline(near.roundoff_edge, color="0.4", ls="-.", lw=1, label="round-off edge")
+    ax1.set_title(f"{near.label}: {near.fd_verdict}", fontsize=9)
+    for ax in (ax0, ax1):
+        ax.set_xlabel("step h")
+        ax.set_ylim(1e-14, 1e2)
+        ax.legend(fontsize=6, loc="lower left")
+    ax0.set_ylabel("|central difference − node|")
+    fig.suptitle("The finite-difference verdict can fail, and says \"no evidence\" when it has none",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -95,8 +141,8 @@ def germ_control(smooth, tie) -> plt.Figure:
     |right slope − left slope| against h: it falls with h (then rises as round-off) where S is
     smooth, and stays put at a kink."""
     fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(FIGSIZE[0] + 2.0, 3.8))
-    for r, color, label in ((smooth, OK_COLOR, f"smooth point ({smooth.stage})"),
-                            (tie, CONTROL_COLOR, f"non-twin tie ({tie.stage})")):
+    for r, color, label in ((smooth, OK_COLOR, f"smooth point ({smooth.label})"),
+                            (tie, CONTROL_COLOR, f"non-twin tie ({tie.label})")):
         d = np.where(r.real_minus_gather == 0, GERM_ZERO_FLOOR, r.real_minus_gather)
         ax0.loglog(r.ts, d, "o-", color=color, ms=4, lw=1, label=label)
         j = np.where(r.jumps == 0, GERM_ZERO_FLOOR, r.jumps)
