@@ -11,7 +11,7 @@ import optax
 import pytest
 
 from gradtie import data, train
-from gradtie.ops import batchnorm, dense, head
+from gradtie.ops import batchnorm, dense, head, maxpool
 
 OPTAX_TOL = 1e-12     # float64: the two sides differ only in the order of a few roundings
 TIE_TOL = 1e-10       # float64 relative error, rendered step vs autodiff step (SPEC §6)
@@ -486,11 +486,40 @@ def test_side_by_side_autodiff_within_the_envelope_and_the_control_out_f64():
     assert tr.steps.tolist() == list(range(1, 9)) and tr.envelope.shape == (8,)
     assert np.all(tr.envelope > 0) and tr.worst_ratio("autodiff") <= tr.factor
     assert tr.steps_over("swap_gamma_beta") == 8
-    assert "within the bound at 8/8 steps" in tr.summary()
+    assert "within the bound at 8/8 smooth steps" in tr.summary() and np.all(tr.kinks == 0)
     # the free runs take the same first step from the same weights
     assert tr.loss["rendered"][0] == pytest.approx(tr.loss["autodiff"][0], rel=1e-12)
     # the verdict itself can fail: the control's distances in the autodiff row are out
     assert not tr._replace(distance={"autodiff": tr.distance["swap_gamma_beta"]}).ok
+
+
+def test_steps_at_a_kink_are_not_judged_and_the_rest_are():
+    t = train.Tracking(np.arange(1, 4), {}, {}, np.zeros(3), {"autodiff": np.array([1e-9, 5e-6, 1e-9])},
+                       np.full(3, 1e-8), np.array([0, 1, 0]), 10.0, 3, "float32")
+    assert t.ok and t.steps_over("autodiff") == 0 and t.smooth.tolist() == [True, False, True]
+    assert not t._replace(kinks=np.zeros(3, int)).ok          # the same jump at a smooth step is red
+    assert not t._replace(kinks=np.ones(3, int)).ok           # nothing smooth: no verdict to give
+
+
+def pooled_net(mix):
+    """A stand-in whose one pool window reads cells (a·x₀, b·x₁): twins when `mix` multiplies both
+    cells by the same weight a, non-twins when each cell has its own weight."""
+    def forward(params, x, cfg):
+        a, b = params["a"], params["a"] if mix == "twin" else params["b"]
+        r = jnp.stack([a * x[:, 0], b * x[:, 1], jnp.zeros_like(x[:, 0]), jnp.zeros_like(x[:, 0])], -1)
+        return None, {"r": r.reshape(x.shape[0], 1, 2, 2)}
+    return SimpleNamespace(forward=forward, POOLS={"pool": maxpool.POOL2},
+                           pool_inputs=lambda saved: {"pool": saved["r"]},
+                           preactivations=lambda saved: {})
+
+
+@pytest.mark.parametrize("mix, count", [("twin", 0), ("own", 1)])
+def test_kinks_count_ties_a_weight_nudge_breaks(mix, count):
+    net = pooled_net(mix)
+    params = {"a": jnp.asarray(1.5), "b": jnp.asarray(1.5)}
+    nudged = {"a": jnp.nextafter(params["a"], jnp.inf), "b": jnp.nextafter(params["b"], -jnp.inf)}
+    x = jnp.asarray([[2.0, 2.0], [1.0, 3.0]])               # example 0 tied, example 1 strict
+    assert int(train._kink_fn(net, mix)(params, nudged, x)) == count
 
 
 def test_nudge_ulp_moves_each_nonzero_entry_one_ulp():

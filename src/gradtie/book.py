@@ -42,6 +42,8 @@ CHAPTERS: list[Chapter] = [
             profiles={"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 32, "image_size": 224, "replicas": 4}}),
     Chapter("data_parallel", "Data-parallel tie",
             {"cpu": {"net": "resnet34", "batch": 2}, "gpu": {"net": "resnet34", "batch": 4}}),
+    Chapter("training", "Training with the rendered step",
+            {"cpu": {"batch": 64, "epochs": 8}, "gpu": {"net": "resnet34", "batch": 64, "epochs": 8}}),
 ]
 PROFILES = ("ci", "cpu", "gpu")
 
@@ -76,6 +78,12 @@ def _float(lo: float, hi: float):
     return check
 
 
+def _folder_or_empty(name, v):
+    if not isinstance(v, str) or (v and not Path(v).expanduser().is_dir()):
+        raise ValueError(f"parameter {name}={v!r}: expected '' (skip) or an existing folder")
+    return v
+
+
 def _bool(name, v):
     if not isinstance(v, bool):
         raise ValueError(f"parameter {name}={v!r}: expected True or False")
@@ -101,6 +109,7 @@ PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
     "conv_bias": _bool,
     "resnet_batch": _int(1, 4096),     # ResNet-34 examples where a chapter runs both nets
     "fd_nodes": _int(0, 100_000),      # nodes checked by finite differences (0: every node)
+    "cifar10_path": _folder_or_empty,  # CIFAR-10 files (python or binary version); '' skips them
 }
 
 

@@ -5,4 +5,4 @@ One message per figure, said in its title; labelled axes with units; convergence
 O(h²) reference slope; controls in red; fixed size.
 """
 
-from . import bf16_erasure, data_parallel, head_fold, pools, stage_germs, whole_net_tie  # noqa: F401
+from . import bf16_erasure, data_parallel, head_fold, pools, stage_germs, training, whole_net_tie  # noqa: F401

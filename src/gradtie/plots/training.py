@@ -1,0 +1,98 @@
+"""The Training appendix's figures: functions take `train` results and return a Figure.
+
+The rendered run and the tie in blue, autodiff in orange, the must-fail control and the lagging
+running statistics in red. Shown in: Training with the rendered step.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import MaxNLocator
+import numpy as np
+
+from ..train import RUNNING_MOMENTUM, Tracking
+from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
+
+AUTODIFF_COLOR = "tab:orange"
+OPTIMIZER_COLORS = {"sgd": "tab:green", "nesterov": OK_COLOR, "heavy-ball": "tab:purple", "adamw": "tab:brown"}
+
+
+def side_by_side(tr: Tracking) -> plt.Figure:
+    """Left: the free rendered and autodiff runs' batch loss, step by step. Right: at each step the
+    autodiff step's distance from the rendered step (both from the rendered run's state) under the
+    bound, the control's far above it, the free runs' drift for comparison, and dotted lines at the
+    steps taken where no gradient exists."""
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(FIGSIZE[0] + 7.0, FIGSIZE[1]),
+                                   gridspec_kw={"width_ratios": (1.0, 1.25)})
+    ax0.plot(tr.steps, tr.loss["rendered"], color=OK_COLOR, lw=1.6, label="rendered step")
+    ax0.plot(tr.steps, tr.loss["autodiff"], color=AUTODIFF_COLOR, lw=1.0, ls="--", label="autodiff step")
+    ax0.set_xlabel("step")
+    ax0.set_ylabel("batch loss (nats)")
+    ax0.set_title("Two free runs: the same training curve", fontsize=10)
+    ax0.legend(fontsize=8)
+
+    floor = 1e-12   # an exact 0 drawn at the bottom of the log axis
+    ax1.semilogy(tr.steps, np.maximum(tr.distance["autodiff"], floor), ".", color=AUTODIFF_COLOR, ms=4,
+                 label="autodiff step vs rendered step")
+    ax1.semilogy(tr.steps, tr.bound, color="k", ls="--", lw=1,
+                 label=f"bound: {tr.factor:g} × one-ulp envelope ({tr.draws} draws)")
+    for name in tr.controls:
+        ax1.semilogy(tr.steps, tr.distance[name], "x", color=CONTROL_COLOR, ms=4, label=f"control: {name}")
+    ax1.semilogy(tr.steps, np.maximum(tr.drift, floor), color="0.6", lw=1, label="free runs apart (drift)")
+    for k, t in enumerate(tr.steps[~tr.smooth]):
+        ax1.axvline(t, color="0.3", ls=":", lw=1,
+                    label="non-twin tie or zero pre-activation: no gradient, not judged" if k == 0 else None)
+    ax1.set_xlabel("step")
+    ax1.set_ylabel("‖θ − θ_rendered‖₂ / ‖θ_rendered‖₂")
+    ax1.set_title("Each step: autodiff within round-off of the rendered step", fontsize=10)
+    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(f"Rendered vs autodiff over the first {len(tr.steps)} steps ({tr.dtype})", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def bn_statistics_gap(history: Sequence[Mapping]) -> plt.Figure:
+    """Test accuracy per epoch with recomputed (precise) BN statistics and with the running ones,
+    and the share 0.99^s of the running statistics that still dates from before the weights moved."""
+    epochs = np.array([h["epoch"] for h in history])
+    steps = np.array([h["step"] for h in history])
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    ax.plot(epochs, [h["test_accuracy"] for h in history], "o-", color=OK_COLOR,
+            label="recomputed statistics (precise BN)")
+    ax.plot(epochs, [h["test_accuracy_running"] for h in history], "s-", color=CONTROL_COLOR,
+            label=f"running statistics (momentum {RUNNING_MOMENTUM:g})")
+    ax.plot(epochs, [h["train_accuracy"] for h in history], ":", color="0.5", label="train accuracy (batches)")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_xticks(epochs)
+    ax2 = ax.twinx()
+    ax2.plot(epochs, (1 - RUNNING_MOMENTUM) ** steps, color=CONTROL_COLOR, ls="--", lw=0.8, alpha=0.6)
+    ax2.set_ylabel(f"share of old statistics left, {1 - RUNNING_MOMENTUM:g}^step (dashed)", fontsize=8)
+    ax2.set_ylim(0, 1.02)
+    ax.set_title("The running statistics lag the weights; recomputed ones read the model", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def optimizers(histories: Mapping[str, Sequence[Mapping]]) -> plt.Figure:
+    """Mean training loss and test accuracy (recomputed statistics) per epoch, one line per optimizer."""
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(FIGSIZE[0] + 3.0, FIGSIZE[1]))
+    for name, history in histories.items():
+        epochs = [h["epoch"] for h in history]
+        color = OPTIMIZER_COLORS.get(name)
+        ax0.semilogy(epochs, [h["loss"] for h in history], "o-", color=color, label=name)
+        ax1.plot(epochs, [h["test_accuracy"] for h in history], "o-", color=color, label=name)
+    ax0.set_xlabel("epoch")
+    ax0.set_ylabel("mean training loss (nats)")
+    ax1.set_xlabel("epoch")
+    ax1.set_ylabel("test accuracy (recomputed BN statistics)")
+    ax1.legend(fontsize=8)
+    for ax in (ax0, ax1):
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    fig.suptitle("The four update rules on the rendered gradient, at upstream's learning rates", fontsize=11)
+    fig.tight_layout()
+    return fig
