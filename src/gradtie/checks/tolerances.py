@@ -91,3 +91,32 @@ GERM_KINK_FLATNESS = 2.0
 GERM_PREDICTION_SPAN = 10.0
 # … and "sharp" when within 5 % of it (the bracket resolves 2.3 %).
 GERM_SHARP_REL = 0.05
+
+# ---- bf16 gradient verdict (checks/bf16/gradient.py) ---------------------------------------------
+# Each node of the bf16 chain is held to its op's float64 reference, at the cotangent the chain
+# hands it, within this many times the point's envelope: the largest error of the same reference
+# evaluated in float32. The chain is one more float32 evaluation and may land beyond the few draws;
+# a node scaled by 1.01 must still fall outside (measured in the bf16 chapter and its tests).
+BF16_GRADIENT_FACTOR = 2.0
+# The envelope's float32 evaluations: at the recorded arrays and at 2 copies nudged by 2⁻²⁴·ξ per
+# entry (float32's own round-off).
+BF16_GRADIENT_DRAWS = 3
+BF16_GRADIENT_NUDGE = 2.0 ** -24
+# A conv weight node is a bf16 kind's result: two float32 sums of the same products may round an
+# entry one bf16 ulp apart (2⁻⁷ of it at most), so the envelope never goes below one entry off by that.
+BF16_ONE_ULP = 2.0 ** -7
+# How far the bf16 gradient sits from the f32 one (described, not judged): the f32 chain's spread when
+# every weight and pixel moves by a relative 2⁻⁸ (bf16's unit roundoff), the largest over 2 draws.
+BF16_F32_DISTANCE_NUDGE = 2.0 ** -8
+BF16_F32_DISTANCE_DRAWS = 2
+
+# ---- forward independence (the project's forward against `gradtie.reference_numpy`) ----------------
+# An op (conv, BN, pool scatter) against the NumPy formula or direct loop: each float64 evaluation is
+# within its proven first-order bound γ_n·Σ|a||b| (BN: the rounding count of `batchnorm_roundoff`)
+# of the exact value, so two evaluations differ by at most twice it. Max pools round nothing: 0.
+FORWARD_OP_EVALUATIONS = 2.0
+# Net logits against the NumPy net: each side's round-off has standard deviation at most the
+# propagated envelope (which takes each op's worst-case bound as its sd), so their difference has at
+# most √2 of it; the limit is this many of those sds (a 5-sd excursion over a few dozen logits has
+# Gaussian odds below 1e-5).
+FORWARD_NET_SIGMAS = 5.0
