@@ -1,6 +1,8 @@
 """bf16 erasure on the nets: the whole rendered chains at rnd = identity are the f32 chains bit for
-bit; every conv site of a net is rnd(f32 node at rounded operands) and under SPEC §7's bound; the
-replica sum; the compiler facts on CPU; `gradtie check --bf16`. Each claim with a control that fails.
+bit; every conv site of a net is rnd(f32 node at rounded operands) and under SPEC §7's bound; every
+node of the bf16 gradient against its op's reference within the point's envelope, and a node zeroed,
+sign-flipped or scaled by 1.01 failing; the replica sum; the compiler facts on CPU; `gradtie check
+--bf16`. Each claim with a control that fails. Drawn weights (γ ≠ 1, β ≠ 0) throughout.
 """
 
 import json
@@ -21,7 +23,7 @@ K = 10
 
 
 def point(net, cfg, n, size):
-    params = net.init(jax.random.key(0), cfg)
+    params = net.init(jax.random.key(0), cfg, weights="drawn")
     x = jnp.asarray(data.photos(n, size, seed=0), jnp.float32)
     t = targets_matrix(jax.random.randint(jax.random.key(1), (n,), 0, K), K, jnp.float32)
     return params, x, t
@@ -156,6 +158,65 @@ def test_control_bf16_accumulation_breaks_the_bound():
     assert row.ratio > 1.0
     assert bf16.case_row(bf16.KindCase("proper", "forward", c.a, c.b, None, 1, 3, c.out_shape),
                          conv.round_bf16).ratio <= 1.0
+
+
+# ---- the whole bf16 gradient ------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def c8_gradient(c8):
+    net, cfg, params, x, t = c8
+    return bf16.gradient_rows(net, params, x, t, cfg)
+
+
+@pytest.fixture(scope="module")
+def r34_gradient(r34):
+    net, cfg, params, x, t = r34
+    return bf16.gradient_rows(net, params, x, t, cfg)
+
+
+@pytest.mark.parametrize("which", ["c8_gradient", "r34_gradient"])
+def test_every_bf16_node_is_its_ops_derivative_within_the_envelope(which, request):
+    rows = request.getfixturevalue(which)
+    assert [r.name for r in rows][-1] == "input"
+    assert all(r.ok for r in rows), [(r.name, r.ratio) for r in rows if not r.ok]
+    # not vacuous: every limit is far below the node itself
+    assert all(r.limit < 1e-2 * r.scale for r in rows if not r.zero_in_reals)
+
+
+@pytest.mark.parametrize("which", ["c8_gradient", "r34_gradient"])
+@pytest.mark.parametrize("control", list(bf16.CONTROLS))
+def test_control_zeroed_flipped_or_scaled_node_fails(which, control, request):
+    rows = request.getfixturevalue(which)
+    planted = bf16.controls(rows)[control]
+    assert len(planted) == sum(not r.zero_in_reals for r in rows)
+    assert not any(r.ok for r in planted), [r.name for r in planted if r.ok]
+
+
+def test_a_scaled_row_is_the_row_of_the_scaled_node(c8):
+    """`GradientRow.scaled` follows from ‖g‖², ⟨g, r⟩, ‖r‖²: the same numbers as judging s·g directly."""
+    net, cfg, params, x, t = c8
+    calls = bf16.gradient.node_calls(net, params, x, t, cfg)
+    r = np.asarray(bf16.gradient.reference_nodes(calls, cfg, jnp.float64)["conv3.weight"], np.float64)
+    g = np.asarray(calls["conv3.weight"][-1], np.float64)
+    row = next(w for w in bf16.gradient_rows(net, params, x, t, cfg) if w.name == "conv3.weight")
+    for s_ in (0.0, -1.0, 1.01):
+        planted = row.scaled(s_)
+        assert planted.err == pytest.approx(np.linalg.norm(s_ * g - r), rel=1e-9)
+        assert planted.along == pytest.approx(np.vdot(s_ * g - r, r) / np.vdot(r, r), rel=1e-9, abs=1e-12)
+
+
+def test_the_f32_distance_cannot_judge_a_node(c8):
+    """Why the verdict is per op: the bf16 gradient's distance to the f32 one is of the order of the
+    node (a zeroed node would sit about as far), while per op it is far below it."""
+    net, cfg, params, x, t = c8
+    far = bf16.f32_distance(net, params, x, t, cfg)
+    assert np.median([r.rel for r in far if not r.zero_in_reals]) > 0.01
+
+
+def test_gradient_verdict_refuses_a_custom_rounding(c8):
+    net, cfg, params, x, t = c8
+    with pytest.raises(ValueError, match="named rounding"):
+        bf16.gradient_rows(net, params, x, t, cfg.__class__(bf16=True, bf16_rounding=conv.round_bf16))
 
 
 # ---- replica sums -----------------------------------------------------------------------------------
