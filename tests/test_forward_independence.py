@@ -171,8 +171,8 @@ class NetPoint:
     def __init__(self, net, cfg, numpy_forward, n, seed, **kw):
         self.params = as_f64(net.init(jax.random.key(seed), cfg, weights="drawn"))
         self.x = data.photos(n, 32, seed=seed, dtype=np.float64)
-        logits = jax.jit(lambda p, x: net.forward(p, x, cfg)[0], compiler_options=QUICK)(self.params, jnp.asarray(self.x))
-        self.logits = np.asarray(logits)
+        forward = jax.jit(lambda p, x: net.forward(p, x, cfg)[0], compiler_options=QUICK)
+        self.logits = np.asarray(forward(self.params, jnp.asarray(self.x)))
         self.forward = lambda **more: numpy_forward(self.params, self.x, **kw, **more)
         self.reference = self.forward()
         self.limit = tol.FORWARD_NET_SIGMAS * np.sqrt(2.0) * self.reference.envelope
@@ -249,8 +249,8 @@ def test_numpy_forward_imports_nothing_from_gradtie():
     assert foreign_imports(text) == []
 
 
-@pytest.mark.parametrize("line", ["from gradtie.ops import conv", "from .ops import conv", "import jax.numpy as jnp",
-                                  "from . import nets"])
+@pytest.mark.parametrize("line", ["from gradtie.ops import conv", "from .ops import conv",
+                                  "import jax.numpy as jnp", "from . import nets"])
 def test_import_scan_catches_a_planted_import(line):
     assert foreign_imports(f"import numpy as np\n{line}\n")
 

@@ -20,15 +20,17 @@ give that bound per output element for one evaluation from exact inputs.
 
 Through a whole net, worst-case bounds compound by about √n per layer (|W| where W has signs), which
 says nothing after 36 layers. So the nets carry a first-order *envelope* instead: each op's local
-bound is taken as the standard deviation of its round-off, errors of different cells as independent,
-and variances are propagated through the signed linearisation (conv by W², BN by its Jacobian, ReLU
-and max pool as 1-Lipschitz maps). `Forward.envelope` is that standard deviation at each logit; it
-overestimates the real round-off (a local bound is about √n above a typical error), and it widens
-where the point is ill-conditioned (a BN channel with small variance, few cells).
+round-off gets the standard deviation σ_n·Σ|a||b| of the probabilistic model (`sigma_n`: √n
+roundings instead of γ_n's n), errors of different cells are independent, and variances are
+propagated through the signed linearisation (conv by W², BN by its exact Jacobian, ReLU by its mask,
+max pool by the window's largest variance). `Forward.envelope` is that standard deviation at each
+logit. It overestimates the real round-off (each local Σ|a||b| ignores cancellation), and it widens
+where the point is ill-conditioned (a BN channel with small variance over few cells, as in
+ResNet-34's layer4 at 32 px).
 
 Planted mistakes (`PLANTED`) swap one primitive for a wrong one — unbiased variance, ε off by ten,
 a flipped kernel, a window one cell off, 'SAME' padding, (H,W,C) flattening — so a test can show
-that the tie sees each of them. Shown in: Whole-net tie (forward independence).
+that the tie sees each of them. Tied to the project's forward in tests/test_forward_independence.py.
 """
 
 from __future__ import annotations
@@ -49,6 +51,13 @@ def gamma_n(n: int) -> float:
     if n * EPS64 >= 1:
         raise ValueError(f"gamma_n: n = {n} is too large for a first-order bound")
     return n * EPS64 / (1 - n * EPS64)
+
+
+def sigma_n(n: int) -> float:
+    """√n·ε: the standard deviation, relative to Σ|a||b|, of an n-term float64 sum's round-off when
+    the roundings are independent and mean-zero (Higham & Mary, SIAM J. Sci. Comput. 41(5), 2019:
+    the error is below λ√n·u·Σ|a||b| but with probability falling like exp(−λ²/2)); ε = 2u."""
+    return float(np.sqrt(n)) * EPS64
 
 
 # ---- input checks ----------------------------------------------------------------------------------
@@ -201,11 +210,13 @@ def conv2d(x, weight, bias=None, *, stride: int = 1) -> np.ndarray:
     return _conv(x, w, b, stride, (p, p), ho, wo)
 
 
-def conv2d_roundoff(x, weight, bias=None, *, stride: int = 1) -> np.ndarray:
-    """γ_n·(|W|⊛|x| + |b|), n = C·k·k (+1 with a bias): one float64 evaluation's bound per output."""
+def conv2d_roundoff(x, weight, bias=None, *, stride: int = 1,
+                    sum_bound: Callable[[int], float] = gamma_n) -> np.ndarray:
+    """γ_n·(|W|⊛|x| + |b|), n = C·k·k (+1 with a bias): one float64 evaluation's bound per output
+    (with sum_bound=sigma_n: the standard deviation of its round-off instead)."""
     x, w, b = _conv_operands("conv2d_roundoff", x, weight, bias)
     n = w.shape[1] * w.shape[2] * w.shape[3] + (b is not None)
-    return gamma_n(n) * conv2d(np.abs(x), np.abs(w), None if b is None else np.abs(b), stride=stride)
+    return sum_bound(n) * conv2d(np.abs(x), np.abs(w), None if b is None else np.abs(b), stride=stride)
 
 
 def _bn_operands(op: str, x, weight, bias):
@@ -234,12 +245,14 @@ def batchnorm(x, weight, bias, *, eps: float = BN_EPS, per_example: bool = False
     return g * ((x - mu) / np.sqrt(var + eps)) + b
 
 
-def batchnorm_roundoff(x, weight, bias, *, eps: float = BN_EPS, per_example: bool = False) -> np.ndarray:
+def batchnorm_roundoff(x, weight, bias, *, eps: float = BN_EPS, per_example: bool = False,
+                       sum_bound: Callable[[int], float] = gamma_n) -> np.ndarray:
     """First-order bound on |fl(y) − y| for one float64 evaluation of BN from exact x.
 
     Counting roundings (ε each): μ = Σx/M within γ_{M+1}·mean|x|; d = x − μ adds ε|d|;
     σ² = Σd²/M within mean(2|d||δd|) + γ_{M+3}·mean(d²); s = 1/√(σ²+ε) gains ½|δσ²|/(σ²+ε) + 3ε
     relative (add, square root, divide); x̂ = d·s adds ε|x̂|; y = γx̂ + β adds 2ε(|γx̂| + |β|).
+    With sum_bound=sigma_n the two sums count √M instead of M roundings (the nets' envelope).
     """
     x, g, b = _bn_operands("batchnorm_roundoff", x, weight, bias)
     axes, m = _bn_axes(x, per_example)
@@ -248,9 +261,9 @@ def batchnorm_roundoff(x, weight, bias, *, eps: float = BN_EPS, per_example: boo
     var = np.square(d).mean(axis=axes, keepdims=True)
     s = 1.0 / np.sqrt(var + eps)
     xhat = d * s
-    dmu = gamma_n(m + 1) * np.abs(x).mean(axis=axes, keepdims=True)
+    dmu = sum_bound(m + 1) * np.abs(x).mean(axis=axes, keepdims=True)
     dd = dmu + EPS64 * np.abs(d)
-    dvar = (2 * np.abs(d) * dd).mean(axis=axes, keepdims=True) + gamma_n(m + 3) * var
+    dvar = (2 * np.abs(d) * dd).mean(axis=axes, keepdims=True) + sum_bound(m + 3) * var
     ds = s * (0.5 * dvar / (var + eps) + 3 * EPS64)
     dxhat = s * dd + np.abs(d) * ds + EPS64 * np.abs(xhat)
     return np.abs(g) * dxhat + 2 * EPS64 * (np.abs(g * xhat) + np.abs(b))
@@ -313,7 +326,7 @@ def _conv_layer(ops: NumpyOps, sig: Signal, params, name: str, stride: int) -> S
     value = ops.conv2d(sig.value, w, b, stride=stride)
     if sig.var is None:
         return Signal(value, None)
-    local = conv2d_roundoff(sig.value, w, b, stride=stride)
+    local = conv2d_roundoff(sig.value, w, b, stride=stride, sum_bound=sigma_n)
     return Signal(value, conv2d(sig.var, np.square(w), None, stride=stride) + np.square(local))
 
 
@@ -333,12 +346,15 @@ def _bn_layer(ops: NumpyOps, sig: Signal, params, name: str, eps: float, per_exa
     s0, s1, s2 = (np.sum(a, axis=axes, keepdims=True) for a in (v, xhat * v, np.square(xhat) * v))
     spread = v * (1 - 2 * (1 + np.square(xhat)) / m) + (s0 + 2 * xhat * s1 + np.square(xhat) * s2) / m**2
     propagated = np.square(np.asarray(g)[None, :, None, None] * s) * np.maximum(spread, 0.0)
-    local = batchnorm_roundoff(sig.value, g, beta, eps=eps, per_example=per_example)
+    local = batchnorm_roundoff(sig.value, g, beta, eps=eps, per_example=per_example, sum_bound=sigma_n)
     return Signal(value, propagated + np.square(local))
 
 
 def _relu(sig: Signal) -> Signal:
-    return Signal(np.maximum(sig.value, 0.0), sig.var)   # 1-Lipschitz: the error passes at most whole
+    # first order, as the whole envelope: the error passes where the derivative is 1 (pre > 0, SPEC's
+    # mask) and stops where it is 0; a cell within round-off of the kink moves by at most its own error
+    value = np.maximum(sig.value, 0.0)
+    return Signal(value, None if sig.var is None else np.where(sig.value > 0, sig.var, 0.0))
 
 
 def _pool(ops: NumpyOps, sig: Signal, size: int, stride: int, pad: int) -> Signal:
@@ -355,7 +371,7 @@ def _dense(sig: Signal, params, name: str) -> Signal:
     value = sig.value @ w.T + b
     if sig.var is None:
         return Signal(value, None)
-    local = gamma_n(w.shape[1] + 1) * (np.abs(sig.value) @ np.abs(w).T + np.abs(b))
+    local = sigma_n(w.shape[1] + 1) * (np.abs(sig.value) @ np.abs(w).T + np.abs(b))
     return Signal(value, sig.var @ np.square(w).T + np.square(local))
 
 
@@ -436,7 +452,7 @@ def resnet34_forward(params: Mapping, x, *, eps: float = BN_EPS, ops: NumpyOps =
     h, w = sig.value.shape[2], sig.value.shape[3]
     g = sig.value.mean(axis=(2, 3))
     if sig.var is not None:
-        local = gamma_n(h * w + 1) * np.abs(sig.value).mean(axis=(2, 3))
+        local = sigma_n(h * w + 1) * np.abs(sig.value).mean(axis=(2, 3))
         sig = Signal(g, sig.var.sum(axis=(2, 3)) / (h * w) ** 2 + np.square(local))
     else:
         sig = Signal(g, None)
