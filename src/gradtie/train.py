@@ -1004,7 +1004,9 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
     Free runs: the rendered run and the autodiff run, each on its own. Checked steps: at every
     step, from the rendered run's state, the autodiff step, each must-fail control (a net-like
     object with a `name`, e.g. `gradtie.checks.controls.swap_gamma_beta(cifar8)`) and `draws`
-    rendered steps from one-ulp nudged weights (the envelope; bound = `factor` × envelope).
+    rendered steps from one-ulp nudged weights (the envelope; bound = `factor` × envelope). Steps
+    taken at a non-twin pool tie or a zero pre-activation (no gradient exists there) are counted in
+    `kinks` and left out of the verdict.
 
     Lean: the steps are the tied train steps (`cifar8Bbn_train_step_tiedB`, `r34_net_tiedB`): the
     suite says their nodes ARE the gradient in ℝ; this shows the float32 steps agreeing to round-off
