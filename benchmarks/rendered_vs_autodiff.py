@@ -1,46 +1,68 @@
-"""Rendered step vs autodiff step across sizes: a fresh process per configuration.
+"""Rendered step vs autodiff step across the CPU configurations: a fresh process per configuration.
 
-    .venv/bin/python benchmarks/rendered_vs_autodiff.py [--quick] [--out benchmarks/results/cpu.md]
+    .venv/bin/python benchmarks/rendered_vs_autodiff.py [--suite cpu|quick] [--out benchmarks/results/cpu.json]
+                                                        [--check]
 
-Writes a Markdown table (median ms/step, the ratio rendered/autodiff, compiled temporary memory)
-and prints it. The numbers are the machine's: record the backend and core count beside them.
+Writes the results as JSON (with the machine: CPU model, cores, JAX version, date, load average)
+and a Markdown twin beside it, and prints the table. Each configuration compiles both steps once,
+reads XLA's compiled memory, then times them interleaved (medians over the repeats). `--check`
+exits 1 unless every ratio rendered/autodiff is at most the issue's limit and every rendered
+temporary memory at most autodiff's. Look at the load average first (`uptime`): the numbers are
+the machine's, and a busy machine widens them.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import platform
+import sys
 from pathlib import Path
 
 from gradtie import bench
-
-FULL = [bench.BenchConfig("cifar8", b, 32, bf16) for b in (32, 128) for bf16 in (False, True)] + \
-       [bench.BenchConfig("resnet34", b, s, False, repeats=5) for b, s in ((8, 64), (32, 64))]
-QUICK = [bench.BenchConfig("cifar8", 32, 32), bench.BenchConfig("resnet34", 8, 64, repeats=3)]
+from gradtie.checks import tolerances
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--quick", action="store_true", help="two small configurations")
-    p.add_argument("--out", type=Path, default=None, help="write the Markdown table here")
-    args = p.parse_args()
-    results = bench.run(QUICK if args.quick else FULL)
-    lines = [f"backend {results[0].backend}, {os.cpu_count()} cores, {platform.processor() or platform.machine()}",
-             "", "| net | batch | px | convs | rendered ms | autodiff ms | ratio | temp MiB (r / a) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        c = r.config
+def markdown(doc: dict) -> str:
+    m = doc["machine"]
+    lines = [f"{m['cpu']}, {m['cores']} cores, jax {m['jax']} ({m['backend']}), {m['date']}, "
+             f"load average {', '.join(f'{v:.2f}' for v in m.get('load_average') or [])}", "",
+             "| configuration | rendered ms | autodiff ms | ratio | pairwise ratio | temp MiB (r / a) | load |",
+             "|---|---|---|---|---|---|---|"]
+    for r in doc["results"]:
         mem = (f"{r.rendered_temp_mib:.1f} / {r.autodiff_temp_mib:.1f}"
-               if r.rendered_temp_mib is not None and r.autodiff_temp_mib is not None else "n/a")
-        lines.append(f"| {c.net} | {c.batch} | {c.image_size} | {'bf16' if c.bf16 else 'f32'} | "
-                     f"{r.rendered_ms:.1f} | {r.autodiff_ms:.1f} | {r.ratio:.2f} | {mem} |")
-    text = "\n".join(lines)
+               if r.rendered_temp_mib is not None else "n/a")
+        lines.append(f"| {r.config.label()} | {r.rendered_ms:.1f} | {r.autodiff_ms:.1f} | {r.ratio:.3f} | "
+                     f"{r.pair_ratio:.3f} | {mem} | {r.load[0]:.1f} → {r.load[1]:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def verdict(results: list[bench.BenchResult]) -> list[str]:
+    """The configurations that break the limits (empty: all hold)."""
+    bad = []
+    for r in results:
+        if r.ratio > tolerances.SPEED_RATIO_LIMIT:
+            bad.append(f"{r.config.label()}: ratio {r.ratio:.3f} > {tolerances.SPEED_RATIO_LIMIT}")
+        if r.rendered_temp_mib is not None and r.rendered_temp_mib > r.autodiff_temp_mib:
+            bad.append(f"{r.config.label()}: temporary memory {r.rendered_temp_mib:.1f} MiB > "
+                       f"autodiff's {r.autodiff_temp_mib:.1f} MiB")
+    return bad
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--suite", choices=("cpu", "quick"), default="cpu")
+    p.add_argument("--out", type=Path, default=bench.RESULTS / "cpu.json", help="JSON results (a .md twin beside it)")
+    p.add_argument("--check", action="store_true", help="exit 1 unless every ratio and memory holds")
+    args = p.parse_args()
+    bench.run(bench.SUITES[args.suite], out=args.out, suite=args.suite)
+    doc = bench.read(args.out)
+    text = markdown(doc)
+    args.out.with_suffix(".md").write_text(text)
     print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+    bad = verdict(doc["results"])
+    for line in bad:
+        print("over the limit:", line)
+    return 1 if (args.check and bad) else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

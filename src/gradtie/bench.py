@@ -1,67 +1,144 @@
 """Speed and memory of the rendered step against the autodiff step, side by side in one process.
 
-`measure` times both gradient computations of one configuration in the same process, interleaved
-(so drift in the machine's load hits both), and reports medians, the ratio and the compiled
-temporary memory of each. `run` starts a fresh process per configuration, so no compilation cache
-or allocator state carries from one configuration to the next. Shown in: Performance.
+The autodiff step is the honest peer: `jax.value_and_grad` of the same forward and the same loss,
+jitted the same way (data parallel: the same mesh, the same synchronised BatchNorm, the same
+gradient all-reduce). `measure` compiles both once, reads XLA's compiled memory of each, then times
+them interleaved in one process (drift in the machine's load hits both) and reports medians, the
+ratio rendered / autodiff, images/s and, on a device with a known peak, the model FLOP utilisation.
+`run` starts a fresh process per configuration, so no compilation cache or allocator state carries
+from one configuration to the next.
+
+`abstract` validates a profile without running it: every computation of the benchmark's and each
+chapter's gpu profile is lowered and compiled at its own shapes from `jax.ShapeDtypeStruct`s (no
+data), and XLA's memory analysis says how much device memory it needs. Shown in: Performance.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 import json
+import math
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
-from typing import Iterable, Optional
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 
+ROOT = Path(__file__).resolve().parents[2]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+# ---- what is measured -------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class BenchConfig:
     net: str = "cifar8"
-    batch: int = 32
+    batch: int = 32             # per replica
     image_size: int = 32
     bf16: bool = False
-    replicas: int = 1
+    replicas: int = 1           # 0: every local device
     repeats: int = 10
+    num_classes: int = 10
+
+    def label(self) -> str:
+        return (f"{self.net} batch {self.batch} {self.image_size}px {'bf16' if self.bf16 else 'f32'}"
+                + (f" R={self.replicas}" if self.replicas > 1 else ""))
+
+
+# The configurations of the issue, on the CPU: both nets, both batch sizes, f32, one and two
+# (host) devices; ResNet-34 at 32 and 64 px.
+CPU_SUITE = ([BenchConfig("cifar8", b, 32) for b in (32, 128)]
+             + [BenchConfig("resnet34", b, s, repeats=7) for s in (32, 64) for b in (8, 32)]
+             + [BenchConfig("cifar8", 32, 32, replicas=2), BenchConfig("resnet34", 8, 32, replicas=2, repeats=7)])
+QUICK_SUITE = [BenchConfig("cifar8", 32, 32, repeats=5), BenchConfig("resnet34", 8, 32, repeats=3)]
+# The GPU run (README's GPU step): ImageNet shapes, f32 and bf16 conv sites; R = every local device.
+GPU_SUITE = [BenchConfig("resnet34", b, 224, bf16, replicas=0, repeats=10, num_classes=1000)
+             for b in (64, 256) for bf16 in (False, True)]
+SUITES = {"cpu": CPU_SUITE, "quick": QUICK_SUITE, "gpu": GPU_SUITE}
 
 
 @dataclass
 class BenchResult:
     config: BenchConfig
     backend: str
-    rendered_ms: float      # median ms per gradient step (forward + backward)
+    rendered_ms: float                    # median ms per gradient step (forward + backward + loss)
     autodiff_ms: float
-    rendered_temp_mib: Optional[float]   # XLA's compiled temporary buffers
+    rendered_temp_mib: Optional[float]    # XLA's compiled temporary buffers
     autodiff_temp_mib: Optional[float]
+    pair_ratio: Optional[float] = None    # median over the interleaved pairs of rendered / autodiff
+    rendered_total_mib: Optional[float] = None   # arguments + outputs + temporaries, compiled
+    autodiff_total_mib: Optional[float] = None
+    peak_mib: Optional[float] = None      # the device's peak bytes in use in this process (both steps)
+    model_gflop: Optional[float] = None   # per step: 3 × the forward's multiply-adds × 2
+    peak_tflops: Optional[float] = None   # the device's dense peak for the conv dtype, when known
+    device_kind: str = ""
+    load: tuple[float, float] = (math.nan, math.nan)  # 1-minute load average before and after
 
     @property
     def ratio(self) -> float:
         """rendered / autodiff: above 1 the rendered step is slower."""
         return self.rendered_ms / self.autodiff_ms
 
+    @property
+    def images_per_s(self) -> tuple[float, float]:
+        """(rendered, autodiff) images per second over the global batch R·N."""
+        n = self.config.batch * self.config.replicas
+        return n / (self.rendered_ms / 1e3), n / (self.autodiff_ms / 1e3)
+
+    @property
+    def mfu(self) -> tuple[Optional[float], Optional[float]]:
+        """Model FLOP utilisation of each step against the devices' dense peak (None when unknown)."""
+        if not self.model_gflop or not self.peak_tflops:
+            return None, None
+        peak = self.peak_tflops * 1e12 * self.config.replicas
+        return tuple(self.model_gflop * 1e9 / (ms / 1e3) / peak for ms in (self.rendered_ms, self.autodiff_ms))
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(ratio=self.ratio, images_per_s=list(self.images_per_s), mfu=list(self.mfu))
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "BenchResult":
+        d = {k: v for k, v in d.items() if k not in ("ratio", "images_per_s", "mfu")}
+        d["config"] = BenchConfig(**d["config"])
+        d["load"] = tuple(d.get("load", (math.nan, math.nan)))
+        return cls(**d)
+
     def row(self) -> str:
-        c = self.config
         mem = ""
         if self.rendered_temp_mib is not None and self.autodiff_temp_mib is not None:
             mem = f"  temp {self.rendered_temp_mib:8.1f} / {self.autodiff_temp_mib:8.1f} MiB"
-        return (f"{c.net:<9} batch {c.batch:>4} {c.image_size:>4}px {'bf16' if c.bf16 else 'f32 ':<4} "
-                f"R={c.replicas}  rendered {self.rendered_ms:9.2f} ms  autodiff {self.autodiff_ms:9.2f} ms  "
-                f"ratio {self.ratio:5.2f}{mem}")
+        ips = self.images_per_s
+        mfu = self.mfu
+        extra = f"  MFU {mfu[0]:5.1%} / {mfu[1]:5.1%}" if mfu[0] is not None else ""
+        return (f"{self.config.label():<34} rendered {self.rendered_ms:9.2f} ms  autodiff {self.autodiff_ms:9.2f} ms  "
+                f"ratio {self.ratio:5.3f}  {ips[0]:8.1f} / {ips[1]:8.1f} img/s{mem}{extra}")
 
+
+# ---- the two steps ----------------------------------------------------------------------------------
 
 def _net(name: str):
     from .checks.check import net_module
     return net_module(name)
 
 
-def _grad_fns(net, cfg):
-    """The rendered and the autodiff loss-and-gradient functions, both jitted."""
+def net_config(config: BenchConfig):
+    net = _net(config.net)
+    return net, net.Config(bf16=config.bf16, num_classes=config.num_classes)
+
+
+def grad_fns(net, cfg) -> tuple[Callable, Callable]:
+    """The rendered and the autodiff (loss, grads) functions of one device, both plain (unjitted)."""
     from . import reference
 
     def rendered(params, x, targets):
@@ -73,38 +150,131 @@ def _grad_fns(net, cfg):
             return reference.smoothed_cross_entropy(logits, targets)
         return jax.value_and_grad(loss)(params)
 
-    return jax.jit(rendered), jax.jit(autodiff)
-
-
-def _mesh_grad_fns(net, cfg, mesh):
-    """The data-parallel rendered step (`gradtie.parallel`) and its autodiff peer on the same mesh:
-    each replica differentiates its own loss (synchronised BatchNorm inside), then a mean all-reduce."""
-    from jax import lax
-    from jax.sharding import PartitionSpec as P
-
-    from . import parallel, reference
-    rcfg = parallel.replica_config(cfg, True)
-
-    def replica(params, x, targets):
-        def loss(p):
-            logits, _ = net.forward(p, x, rcfg)
-            return reference.smoothed_cross_entropy(logits, targets)
-        value, grads = jax.value_and_grad(loss)(params)
-        return lax.pmean(value, parallel.AXIS), lax.pmean(grads, parallel.AXIS)
-
-    autodiff = jax.jit(jax.shard_map(replica, mesh=mesh, in_specs=(P(), P(parallel.AXIS), P(parallel.AXIS)),
-                                     out_specs=(P(), P())))
-    def rendered(p, a, t):  # already compiled inside `parallel` (its input checks need concrete values)
-        return parallel.loss_and_grads(net, p, a, t, cfg, mesh=mesh)
     return rendered, autodiff
 
 
-def _temp_mib(f, *args) -> Optional[float]:
+def mesh_grad_fns(net, cfg, mesh) -> tuple[Callable, Callable]:
+    """The data-parallel steps on one mesh, built alike: each replica runs its N examples with
+    synchronised BatchNorm (`gradtie.parallel.replica_config`) and divides its loss by N; the loss
+    and the gradients are then mean-all-reduced. Rendered: `net.loss_and_grads` (the rendered chain);
+    autodiff: `jax.value_and_grad` of the same forward and loss."""
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    from . import parallel
+    rendered, autodiff = grad_fns(net, parallel.replica_config(cfg, True))
+
+    def shard(step):
+        def replica(params, x, targets):
+            loss, grads = step(params, x, targets)
+            return lax.pmean(loss, parallel.AXIS), lax.pmean(grads, parallel.AXIS)
+        return jax.shard_map(replica, mesh=mesh, in_specs=(P(), P(parallel.AXIS), P(parallel.AXIS)),
+                             out_specs=(P(), P()))
+
+    return shard(rendered), shard(autodiff)
+
+
+def step_fns(config: BenchConfig) -> tuple[Callable, Callable]:
+    """(rendered, autodiff) for a configuration, jitted the same way."""
+    net, cfg = net_config(config)
+    if config.replicas > 1:
+        from . import parallel
+        if len(jax.devices()) < config.replicas:
+            raise ValueError(f"bench: {config.replicas} replicas need as many devices, this process has "
+                             f"{len(jax.devices())} (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count="
+                             f"{config.replicas})")
+        rendered, autodiff = mesh_grad_fns(net, cfg, parallel.data_mesh(config.replicas))
+    else:
+        rendered, autodiff = grad_fns(net, cfg)
+    return jax.jit(rendered), jax.jit(autodiff)
+
+
+def inputs(config: BenchConfig, *, abstract: bool = False, dtype=jnp.float32):
+    """(params, x, one-hot targets) of the global batch R·N; `abstract`: ShapeDtypeStructs only."""
+    net, cfg = net_config(config)
+    n = config.batch * config.replicas
+    x_shape = (n, 3, config.image_size, config.image_size)
+    if abstract:
+        params = jax.eval_shape(lambda: net.init(jax.random.key(0), cfg))
+        params = {k: jax.ShapeDtypeStruct(v.shape, dtype) for k, v in params.items()}
+        return (params, jax.ShapeDtypeStruct(x_shape, dtype),
+                jax.ShapeDtypeStruct((n, cfg.num_classes), dtype))
+    key = jax.random.key(0)
+    params = net.init(key, cfg, weights="drawn")
+    x = jax.random.uniform(jax.random.fold_in(key, 1), x_shape, dtype)
+    labels = jax.random.randint(jax.random.fold_in(key, 2), (n,), 0, cfg.num_classes)
+    return params, x, jax.nn.one_hot(labels, cfg.num_classes, dtype=dtype)
+
+
+# ---- model FLOPs and the device's peak --------------------------------------------------------------
+
+def forward_flops(fn: Callable, *args) -> float:
+    """FLOPs of the convolutions and matrix products in fn's jaxpr (2 per multiply-add, every tap
+    of every window counted, the standard model count)."""
+    def count(jaxpr) -> float:
+        total = 0.0
+        for eqn in jaxpr.eqns:
+            out = eqn.outvars[0].aval
+            if eqn.primitive.name == "conv_general_dilated":
+                rhs = eqn.invars[1].aval.shape
+                spec = eqn.params["dimension_numbers"].rhs_spec   # (out feature, in feature, spatial…)
+                per_out = rhs[spec[1]] * math.prod(rhs[d] for d in spec[2:])
+                total += 2.0 * math.prod(out.shape) * per_out
+            elif eqn.primitive.name == "dot_general":
+                (lhs_contract, _), _ = eqn.params["dimension_numbers"]
+                lhs = eqn.invars[0].aval.shape
+                total += 2.0 * math.prod(out.shape) * math.prod(lhs[d] for d in lhs_contract)
+            for value in eqn.params.values():
+                for sub in value if isinstance(value, (tuple, list)) else [value]:
+                    if isinstance(sub, jax.extend.core.ClosedJaxpr):
+                        total += count(sub.jaxpr)
+                    elif isinstance(sub, jax.extend.core.Jaxpr):
+                        total += count(sub)
+        return total
+    return count(jax.make_jaxpr(fn)(*args).jaxpr)
+
+
+def model_gflop(config: BenchConfig) -> float:
+    """Model GFLOP of one training step of the global batch: 3 × the forward's (the backward's
+    input and weight products each match the forward's)."""
+    net, cfg = net_config(config)
+    params, x, _ = inputs(config, abstract=True)
+    return 3 * forward_flops(lambda p, a: net.forward(p, a, cfg)[0], params, x) / 1e9
+
+
+# Dense (no sparsity) peak TFLOP/s by device kind, for the conv sites' dtype. Sources: NVIDIA's
+# H100 Tensor Core GPU datasheet (SXM5: BF16 989.4, FP32 66.9; PCIe: 756, 51.2), the H200 datasheet
+# (the H100 SXM's compute: 989 / 67) and the A100 datasheet (BF16 312, FP32 19.5). The float32 steps
+# run at Precision.HIGHEST (true float32, no TF32), so FP32 is their peak.
+PEAK_TFLOPS = {  # checked in order: the first substring of the device kind that matches
+    "H100 PCIe": {"bfloat16": 756.0, "float32": 51.2},
+    "H200": {"bfloat16": 989.0, "float32": 67.0},
+    "H100": {"bfloat16": 989.0, "float32": 67.0},
+    "A100": {"bfloat16": 312.0, "float32": 19.5},
+}
+PEAK_SOURCE = "NVIDIA H100 / H200 / A100 datasheets, dense (no sparsity)"
+
+
+def peak_tflops(device_kind: str, bf16: bool) -> Optional[float]:
+    for kind, peaks in PEAK_TFLOPS.items():
+        if kind.lower() in device_kind.lower():
+            return peaks["bfloat16" if bf16 else "float32"]
+    return None
+
+
+# ---- timing -----------------------------------------------------------------------------------------
+
+def _compile(f: Callable, args) -> tuple[Callable, Optional[float], Optional[float]]:
+    """Compile once; (executable, temporary MiB, arguments + outputs + temporaries MiB)."""
+    compiled = f.lower(*args).compile()
     try:
-        stats = f.lower(*args).compile().memory_analysis()
-        return stats.temp_size_in_bytes / 2**20
-    except Exception:  # not every backend reports memory; a plain function has no `lower`
-        return None
+        m = compiled.memory_analysis()
+        temp = m.temp_size_in_bytes / 2**20
+        total = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                 - m.alias_size_in_bytes) / 2**20
+        return compiled, temp, total
+    except Exception:  # not every backend reports memory
+        return compiled, None, None
 
 
 def _time(f, args) -> float:
@@ -113,59 +283,351 @@ def _time(f, args) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def _peak_mib() -> Optional[float]:
+    stats = jax.devices()[0].memory_stats() or {}
+    peak = stats.get("peak_bytes_in_use")
+    return None if peak is None else peak / 2**20
+
+
+def _load() -> float:
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return math.nan
+
+
 def measure(config: BenchConfig) -> BenchResult:
     """Median ms per step of the rendered and the autodiff gradient, interleaved, in this process."""
-    net = _net(config.net)
-    kwargs = {"num_classes": 10} if config.net == "resnet34" else {}
-    cfg = net.Config(bf16=config.bf16, **kwargs)
-    key = jax.random.key(0)
-    params = net.init(key, cfg)
-    n = config.batch * config.replicas
-    x = jax.random.uniform(jax.random.fold_in(key, 1), (n, 3, config.image_size, config.image_size))
-    labels = jax.random.randint(jax.random.fold_in(key, 2), (n,), 0, cfg.num_classes)
-    targets = jax.nn.one_hot(labels, cfg.num_classes, dtype=jnp.float32)
-    if config.replicas > 1:
-        from . import parallel
-        rendered, autodiff = _mesh_grad_fns(net, cfg, parallel.data_mesh(config.replicas))
-    else:
-        rendered, autodiff = _grad_fns(net, cfg)
-    args = (params, x, targets)
-    mem = (_temp_mib(rendered, *args), _temp_mib(autodiff, *args))
-    for f in (rendered, autodiff):   # compile and warm up
+    if config.replicas == 0:
+        config = dataclasses.replace(config, replicas=jax.local_device_count())
+    before = _load()
+    rendered, autodiff = step_fns(config)
+    args = inputs(config)
+    rendered, r_temp, r_total = _compile(rendered, args)
+    autodiff, a_temp, a_total = _compile(autodiff, args)
+    for f in (rendered, autodiff):   # warm up
         _time(f, args)
     times_r, times_a = [], []
     for _ in range(config.repeats):
         times_r.append(_time(rendered, args))
         times_a.append(_time(autodiff, args))
-    return BenchResult(config, jax.default_backend(), statistics.median(times_r),
-                       statistics.median(times_a), *mem)
+    device = jax.devices()[0]
+    kind = getattr(device, "device_kind", "")
+    return BenchResult(config, jax.default_backend(), statistics.median(times_r), statistics.median(times_a),
+                       r_temp, a_temp, pair_ratio=statistics.median(r / a for r, a in zip(times_r, times_a)),
+                       rendered_total_mib=r_total, autodiff_total_mib=a_total, peak_mib=_peak_mib(),
+                       model_gflop=model_gflop(config), peak_tflops=peak_tflops(kind, config.bf16),
+                       device_kind=kind, load=(before, _load()))
 
 
-def measure_in_fresh_process(config: BenchConfig, *, env: Optional[dict] = None) -> BenchResult:
-    """`measure` in a new Python process (nothing cached from other configurations).
-
-    With replicas on a CPU-only machine the process gets that many host devices (harmless where
-    real accelerators provide them).
-    """
+def _env_for(config: BenchConfig, env: Optional[dict] = None) -> dict:
     env = dict(os.environ if env is None else env)
     flags = env.get("XLA_FLAGS", "")
     if config.replicas > 1 and "xla_force_host_platform_device_count" not in flags:
+        # harmless where real accelerators provide the devices
         env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={config.replicas}".strip()
+    return env
+
+
+def measure_in_fresh_process(config: BenchConfig, *, env: Optional[dict] = None) -> BenchResult:
+    """`measure` in a new Python process (nothing cached from other configurations); with replicas
+    on a CPU-only machine the process gets that many host devices."""
     out = subprocess.run([sys.executable, "-m", "gradtie.bench", json.dumps(asdict(config))],
-                         capture_output=True, text=True, env=env, check=False)
+                         capture_output=True, text=True, env=_env_for(config, env), check=False)
     if out.returncode != 0:
         raise RuntimeError(f"benchmark {config} failed:\n{out.stderr[-2000:]}")
-    d = json.loads(out.stdout.strip().splitlines()[-1])
-    return BenchResult(BenchConfig(**d.pop("config")), **d)
+    return BenchResult.from_dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def run(configs: Iterable[BenchConfig], *, progress: bool = True) -> list[BenchResult]:
-    """One fresh process per configuration; results in order."""
+def run(configs: Iterable[BenchConfig], *, progress: bool = True, fresh: bool = True,
+        out: Optional[Path] = None, suite: str = "custom") -> list[BenchResult]:
+    """One fresh process per configuration (or all in this one), results in order. With `out`, the
+    JSON is rewritten after every configuration, so a run cut short keeps what it measured."""
     from tqdm.auto import tqdm
     configs = list(configs)
-    return [measure_in_fresh_process(c) for c in tqdm(configs, desc="benchmarks", disable=not progress)]
+    one = measure_in_fresh_process if fresh else measure
+    results = []
+    info = machine()
+    for c in tqdm(configs, desc="benchmarks", disable=not progress):
+        results.append(one(c))
+        if not fresh:
+            jax.clear_caches()
+        if out is not None:
+            info["load_average_after"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+            write(out, results, suite=suite, machine_info=info)
+    return results
+
+
+# ---- results on disk --------------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _jaxlib_version() -> str:
+    try:
+        import jaxlib
+        return jaxlib.__version__
+    except (ImportError, AttributeError):
+        return ""
+
+
+def machine() -> dict[str, Any]:
+    """The machine the numbers belong to: CPU model, cores, JAX version, backend, devices, the date
+    and the load average when it was asked."""
+    devices = jax.devices()
+    return {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+            "jax": jax.__version__, "jaxlib": _jaxlib_version(),
+            "backend": jax.default_backend(), "devices": len(devices),
+            "device_kind": getattr(devices[0], "device_kind", ""),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "load_average": list(os.getloadavg()) if hasattr(os, "getloadavg") else None}
+
+
+def write(path: Path, results: Sequence[BenchResult], *, suite: str, note: str = "",
+          machine_info: Optional[dict] = None) -> Path:
+    """JSON: the machine, the suite, how it was measured, and one row per configuration."""
+    doc = {"suite": suite, "machine": machine_info or machine(),
+           "method": ("rendered and autodiff steps compiled once each, then timed interleaved in one "
+                      "process per configuration; medians over the repeats (ms per step of the global "
+                      "batch); memory from XLA's compiled memory analysis"),
+           "peak_flops_source": PEAK_SOURCE, "note": note,
+           "results": [r.as_dict() for r in results]}
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
+    return path
+
+
+def read(path: Path) -> Optional[dict[str, Any]]:
+    """A results file as written by `write`, its rows as BenchResults; None when it does not exist."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    doc["results"] = [BenchResult.from_dict(d) for d in doc["results"]]
+    return doc
+
+
+# ---- abstract evaluation: compile at a profile's shapes, no data ------------------------------------
+
+@dataclass(frozen=True)
+class Workload:
+    """One computation a chapter or the benchmark compiles: a net's rendered or autodiff step (or the
+    head fold alone) at a dtype, global batch and image size; `replicas` > 1: on a mesh."""
+    owner: str          # "benchmark" or a chapter name
+    label: str
+    net: str
+    side: str           # "rendered", "autodiff" or "head"
+    batch: int          # per replica
+    image_size: int = 32
+    num_classes: int = 10
+    dtype: str = "float32"
+    bf16: bool = False
+    replicas: int = 1
+    head_width: int = 512
+
+
+@dataclass
+class AbstractRow:
+    workload: Workload
+    temp_gib: float
+    total_gib: float    # arguments + outputs + temporaries − aliased
+    compile_s: float
+
+
+GIB = 2**30
+
+
+def _workloads_for(owner: str, label: str, net: str, batch: int, image_size: int, num_classes: int,
+                   dtype: str, **kw) -> list[Workload]:
+    return [Workload(owner, label, net, side, batch, image_size, num_classes, dtype, **kw)
+            for side in ("rendered", "autodiff")]
+
+
+def chapter_workloads(name: str, p: dict[str, Any]) -> list[Workload]:
+    """The computations chapter `name` compiles at parameters `p` (its parameters cell with the
+    profile's overrides): each net's rendered step and the autodiff oracle at the chapter's dtype,
+    batch, image size and classes."""
+    g = p.get
+    if name == "pools":
+        return (_workloads_for(name, "cifar8 census", "cifar8", g("batch", 4), 32, 10, "float64")
+                + _workloads_for(name, "resnet34 census", "resnet34", g("batch", 4), g("image_size", 64), 10, "float64"))
+    if name == "head_fold":
+        return [Workload(name, "head fold", "resnet34", "head", 6, 32, g("num_classes", 10), "float64")]
+    if name == "stage_germs":
+        return (_workloads_for(name, "cifar8 germs", "cifar8", g("batch", 2), 32, 10, "float64")
+                + ([] if "resnet_batch" not in p else
+                   _workloads_for(name, "resnet34 stem germ", "resnet34", g("resnet_batch"), g("image_size", 64), 10, "float64")))
+    if name == "whole_net_tie":
+        return (_workloads_for(name, "cifar8 tie", "cifar8", g("batch", 4), 32, 10, "float64")
+                + _workloads_for(name, "resnet34 tie", "resnet34", g("resnet_batch", 2), g("image_size", 64),
+                                 g("num_classes", 10), "float64"))
+    if name == "bf16_erasure":
+        out = []
+        for bf16 in (False, True):
+            kind = "bf16" if bf16 else "f32"
+            out += _workloads_for(name, f"cifar8 {kind}", "cifar8", g("batch", 4), 32, 10, "float32", bf16=bf16)
+            out += _workloads_for(name, f"resnet34 {kind}", "resnet34", g("batch", 4), g("image_size", 32), 10,
+                                  "float32", bf16=bf16)
+        return out
+    if name == "data_parallel":
+        net, r = g("net", "cifar8"), g("replicas", 8)
+        return (_workloads_for(name, f"{net} R={r}", net, g("batch", 4), g("image_size", 32), 10, "float64",
+                               replicas=r, head_width=g("head_width", 64))
+                + _workloads_for(name, f"{net} one device, batch R·N", net, g("batch", 4) * r, g("image_size", 32),
+                                 10, "float64", head_width=g("head_width", 64)))
+    if name == "training":
+        net = g("net", "cifar8")
+        return _workloads_for(name, f"{net} train step", net, g("batch", 32), 32, 10, "float32")
+    if name == "performance":
+        return []   # reads committed results; computes nothing heavy
+    raise ValueError(f"chapter {name!r}: no workload description (add it to gradtie.bench.chapter_workloads)")
+
+
+def benchmark_workloads(configs: Sequence[BenchConfig]) -> list[Workload]:
+    return [w for c in configs
+            for w in _workloads_for("benchmark", c.label(), c.net, c.batch, c.image_size, c.num_classes,
+                                    "float32", bf16=c.bf16, replicas=c.replicas)]
+
+
+def _parameters_cell(name: str) -> dict[str, Any]:
+    """The defaults in a chapter's cell tagged `parameters` (its jupytext source)."""
+    import ast
+    from . import book
+    text = (book.NOTEBOOKS / f"{name}.py").read_text()
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            if inside:
+                break
+            inside = "parameters" in line
+            continue
+        if inside:
+            lines.append(line)
+    out = {}
+    for node in ast.parse("\n".join(lines)).body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            out[node.targets[0].id] = ast.literal_eval(node.value)
+    return out
+
+
+def profile_workloads(profile: str, chapters: Optional[Sequence[str]] = None) -> list[Workload]:
+    """Every chapter's computations at `profile`, then the benchmark's (gpu: its GPU suite)."""
+    from . import book
+    out = []
+    for chapter in book.CHAPTERS:
+        if chapters is not None and chapter.name not in chapters:
+            continue
+        p = {**_parameters_cell(chapter.name), **book.chapter_parameters(chapter, profile)}
+        out += chapter_workloads(chapter.name, p)
+    if chapters is None or "benchmark" in chapters:
+        out += benchmark_workloads(GPU_SUITE if profile == "gpu" else CPU_SUITE)
+    return out
+
+
+def _abstract_fn(w: Workload):
+    """(function, abstract arguments) of a workload."""
+    from . import reference
+    from .ops import dense, gap, head
+    dtype = jnp.dtype(w.dtype)
+    if w.side == "head":
+        def fold(g, weight, bias, targets):
+            pooled, _ = gap.forward(g)
+            logits, _ = dense.forward(pooled, weight, bias)
+            return head.cotangent(logits, targets, 0.1), reference.head_cotangent(logits, targets, 0.1)
+        s = jax.ShapeDtypeStruct
+        return fold, (s((w.batch, 512, 7, 7), dtype), s((w.num_classes, 512), dtype), s((w.num_classes,), dtype),
+                      s((w.batch, w.num_classes), dtype))
+    config = BenchConfig(w.net, w.batch, w.image_size, w.bf16, w.replicas, num_classes=w.num_classes)
+    net = _net(w.net)
+    kw = {"head_width": w.head_width} if w.net == "cifar8" else {}
+    cfg = net.Config(bf16=w.bf16, num_classes=w.num_classes, **kw)
+    if w.replicas > 1:
+        from . import parallel
+        pair = mesh_grad_fns(net, cfg, parallel.data_mesh(w.replicas))
+    else:
+        pair = grad_fns(net, cfg)
+    fn = pair[0] if w.side == "rendered" else pair[1]
+    params = jax.eval_shape(lambda: net.init(jax.random.key(0), cfg))
+    params = {k: jax.ShapeDtypeStruct(v.shape, dtype) for k, v in params.items()}
+    n = config.batch * config.replicas
+    return fn, (params, jax.ShapeDtypeStruct((n, 3, w.image_size, w.image_size), dtype),
+                jax.ShapeDtypeStruct((n, w.num_classes), dtype))
+
+
+def abstract_one(w: Workload) -> AbstractRow:
+    """Lower and compile one workload from shapes alone; XLA's memory analysis of the executable."""
+    fn, args = _abstract_fn(w)
+    t0 = time.perf_counter()
+    from .ops import conv
+    with conv.formulation("conv"):   # XLA's convolution at every site: what an accelerator runs
+        compiled = jax.jit(fn).lower(*args).compile()
+    m = compiled.memory_analysis()
+    total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
+    return AbstractRow(w, m.temp_size_in_bytes / GIB, total / GIB, time.perf_counter() - t0)
+
+
+def abstract(workloads: Sequence[Workload], *, progress: bool = True) -> list[AbstractRow]:
+    """Compile every workload at its shapes (float64 workloads turn on x64 for the whole run)."""
+    from tqdm.auto import tqdm
+    if any(w.dtype == "float64" for w in workloads):
+        jax.config.update("jax_enable_x64", True)
+    need = max([w.replicas for w in workloads] + [1])
+    if len(jax.devices()) < need:
+        raise ValueError(f"bench --abstract: the workloads need {need} devices, this process has "
+                         f"{len(jax.devices())} (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count={need})")
+    return [abstract_one(w) for w in tqdm(list(workloads), desc="abstract compile", disable=not progress)]
+
+
+def abstract_in_fresh_process(profile: str, chapters: Optional[Sequence[str]] = None) -> list[AbstractRow]:
+    """`abstract(profile_workloads(...))` in a new process with enough host devices for the meshes."""
+    workloads = profile_workloads(profile, chapters)
+    need = max([w.replicas for w in workloads] + [1])
+    env = _env_for(BenchConfig(replicas=need))
+    arg = json.dumps({"abstract": profile, "chapters": None if chapters is None else list(chapters)})
+    out = subprocess.run([sys.executable, "-m", "gradtie.bench", arg], capture_output=True, text=True,
+                         env=env, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"abstract evaluation failed:\n{out.stderr[-3000:]}")
+    rows = json.loads(out.stdout.strip().splitlines()[-1])
+    return [AbstractRow(Workload(**r.pop("workload")), **r) for r in rows]
+
+
+def fit_table(rows: Sequence[AbstractRow], limit_gib: Optional[float] = None) -> tuple[str, bool]:
+    """A table per owner: the largest computation's footprint against the limit; all fit?"""
+    if limit_gib is None:
+        from .checks.tolerances import GPU_FIT_GIB
+        limit_gib = GPU_FIT_GIB
+    lines = [f"{'owner':<14} {'computation':<34} {'side':<8} {'dtype':<8} {'temp GiB':>9} {'total GiB':>10}"]
+    ok = True
+    for r in rows:
+        w = r.workload
+        lines.append(f"{w.owner:<14} {w.label:<34} {w.side:<8} {w.dtype if not w.bf16 else 'bf16':<8} "
+                     f"{r.temp_gib:9.2f} {r.total_gib:10.2f}")
+    owners = dict.fromkeys(r.workload.owner for r in rows)
+    for owner in owners:
+        worst = max(r.total_gib for r in rows if r.workload.owner == owner)
+        fits = worst <= limit_gib
+        ok &= fits
+        lines.append(f"{owner:<14} largest {worst:8.2f} GiB of {limit_gib:.0f}: {'fits' if fits else 'DOES NOT FIT'}")
+    return "\n".join(lines), ok
+
+
+def _main(arg: str) -> None:
+    spec = json.loads(arg)
+    if "abstract" in spec:
+        rows = abstract(profile_workloads(spec["abstract"], spec.get("chapters")), progress=False)
+        print(json.dumps([asdict(r) for r in rows]))
+        return
+    print(json.dumps(measure(BenchConfig(**spec)).as_dict(), default=float))
 
 
 if __name__ == "__main__":
-    result = measure(BenchConfig(**json.loads(sys.argv[1])))
-    print(json.dumps(asdict(result)))
+    _main(sys.argv[1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Optional, Sequence
 
 
@@ -33,19 +34,35 @@ def _check(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace) -> int:
     import json
-    from dataclasses import asdict
 
     from . import bench
-    sizes = args.image_size or [32]
-    configs = [bench.BenchConfig(net=args.net, batch=b, image_size=s, bf16=args.bf16,
-                                 replicas=args.replicas, repeats=args.repeats)
-               for b in args.batch for s in sizes]
-    results = bench.run(configs, progress=not args.json)
-    if args.json:
-        print(json.dumps([dict(asdict(r), ratio=r.ratio) for r in results], indent=1))
+    if args.abstract:
+        rows = bench.abstract_in_fresh_process(args.profile, args.chapters)
+        table, ok = bench.fit_table(rows)
+        if args.json:
+            print(json.dumps([{"owner": r.workload.owner, "label": r.workload.label, "side": r.workload.side,
+                               "temp_gib": r.temp_gib, "total_gib": r.total_gib} for r in rows], indent=1))
+        else:
+            print(f"profile {args.profile}: every computation lowered and compiled from shapes alone "
+                  f"(no data), XLA's convolutions at every conv site; memory from XLA's analysis")
+            print(table)
+        return 0 if ok else 1
+    if args.suite:
+        configs = [c if args.repeats is None else bench.BenchConfig(**{**c.__dict__, "repeats": args.repeats})
+                   for c in bench.SUITES[args.suite]]
     else:
-        print(f"backend {results[0].backend}; median of {args.repeats} steps each, "
-              f"rendered and autodiff interleaved, a fresh process per configuration")
+        sizes = args.image_size or [32]
+        configs = [bench.BenchConfig(net=args.net, batch=b, image_size=s, bf16=args.bf16,
+                                     replicas=args.replicas, repeats=args.repeats or 10,
+                                     num_classes=args.num_classes)
+                   for b in args.batch for s in sizes]
+    results = bench.run(configs, progress=not args.json, fresh=not args.in_process, out=args.out,
+                        suite=args.suite or "custom")
+    if args.json:
+        print(json.dumps([r.as_dict() for r in results], indent=1, default=float))
+    else:
+        print(f"backend {results[0].backend}; medians over the repeats, rendered and autodiff "
+              f"interleaved, {'one process' if args.in_process else 'a fresh process per configuration'}")
         for r in results:
             print(r.row())
     return 0
@@ -128,15 +145,34 @@ def parser() -> argparse.ArgumentParser:
 
     be = sub.add_parser(
         "bench", help="rendered step vs autodiff step, side by side: median ms/step and the ratio",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Times the rendered and the autodiff gradient step of a net, interleaved in one "
                     "process per configuration (a fresh process each), and reports medians, the "
-                    "ratio rendered/autodiff and XLA's compiled temporary memory.")
+                    "ratio rendered/autodiff, images/s, XLA's compiled memory and, on a GPU of known "
+                    "peak, the model FLOP utilisation. --abstract instead compiles every computation "
+                    "of a profile from shapes alone and reports the device memory each needs.",
+        epilog="examples:\n  gradtie bench --net cifar8 --batch 32 128\n"
+               "  gradtie bench --suite cpu --out benchmarks/results/cpu.json\n"
+               "  gradtie bench --suite gpu --in-process --out benchmarks/results/gpu.json\n"
+               "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB")
     be.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
     be.add_argument("--batch", type=int, nargs="+", default=[32], help="per-replica batch size(s)")
     be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32")
+    be.add_argument("--num-classes", type=int, default=10, help="classes K (1000 for ImageNet)")
     be.add_argument("--bf16", action="store_true", help="bf16 conv sites")
     be.add_argument("--replicas", type=int, default=1, help="data-parallel replicas (devices)")
-    be.add_argument("--repeats", type=int, default=10, help="timed steps per side (median)")
+    be.add_argument("--repeats", type=int, default=None, help="timed steps per side (median; default 10)")
+    be.add_argument("--suite", choices=sorted(("cpu", "quick", "gpu")), default=None,
+                    help="a fixed set of configurations instead of --net/--batch: cpu (the committed CPU "
+                         "results), quick, gpu (ResNet-34 at 224 px, batch 64/256, f32/bf16)")
+    be.add_argument("--out", type=Path, default=None, help="write the results as JSON here, with the machine")
+    be.add_argument("--in-process", action="store_true",
+                    help="measure every configuration in this process (faster start-up; the GPU run)")
+    be.add_argument("--abstract", action="store_true",
+                    help="compile the profile's computations from shapes alone and report their memory")
+    be.add_argument("--profile", choices=("ci", "cpu", "gpu"), default="gpu", help="with --abstract")
+    be.add_argument("--chapters", nargs="+", default=None,
+                    help="with --abstract: only these chapters ('benchmark' for the benchmark)")
     be.add_argument("--json", action="store_true")
     be.set_defaults(func=_bench)
 

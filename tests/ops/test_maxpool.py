@@ -267,6 +267,21 @@ def test_last_max_control_goes_red_on_tied_inputs(d):
     assert rel_err(run(x, dy, spec, wrong=True)["last"], pool_loop(x, dy, spec)[1]) > 0.1
 
 
+@pytest.mark.parametrize("spec", [maxpool.PoolSpec("3x3/s1 pad 1", 3, 1, 1), maxpool.PoolSpec("3x3/s2", 3, 2, 0)],
+                         ids=["3x3s1p1", "3x3s2p0"])
+def test_other_windows_take_the_strided_path_and_match_the_loop(spec):
+    """Pools the nets do not use run through the generic strided cells and padded placement; the
+    nets' two pools have their own reshape paths. Tied post-ReLU-like inputs, overlapping windows."""
+    rng = np.random.default_rng(7)
+    x = np.maximum(rng.integers(-2, 3, (2, 3, 8, 6)), 0).astype(float)
+    dy = rng.standard_normal((2, 3, maxpool.out_size(8, spec), maxpool.out_size(6, spec)))
+    r = run(x, dy, spec)
+    y_loop, dx_loop, sigma_loop = pool_loop(x, dy, spec)
+    assert np.array_equal(r["y"], y_loop) and np.array_equal(r["sigma"], sigma_loop)
+    assert rel_err(r["dx"], dx_loop) <= TOL_F64
+    assert rel_err(r["dx"], r["vjp"]) > 0.1  # control: autodiff splits tied windows' cotangents
+
+
 # ---- claim 3: overlapping 3×3/s2 windows accumulate -----------------------------------------
 
 def test_3x3s2_overlaps_accumulate():

@@ -10,6 +10,7 @@ convs asymmetrically and so reads a window one cell off).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -58,8 +59,8 @@ def _correlate(lhs, rhs, *, strides, pads, lhs_dilation=(1, 1), rhs_dilation=(1,
 # the same sums; which one runs depends on the shapes only, so a bf16 kind and its f32 peer always
 # take the same one.
 
-# the product wins on the CPU once an output's contraction is this many times the output grid
-# (measured per ResNet-34 site, benchmarks/conv_sites.py); a 1×1 kernel is a product outright
+# On the CPU the product wins once an output's contraction is this many times the grid it covers
+# (measured per site of both nets, benchmarks/conv_sites.py); a 1×1 kernel is a product outright.
 PATCHES_RATIO = 32
 
 
@@ -71,41 +72,71 @@ def use_patches(out_cells: int, contraction: int, kernel_size: int) -> bool:
     return jax.default_backend() == "cpu" and (kernel_size == 1 or contraction >= PATCHES_RATIO * out_cells)
 
 
-_FORMULATION: Optional[str] = None  # tests pin "patches" or "conv" to check both formulations
+_FORMULATION: Optional[str] = None
+FORMULATIONS = ("conv", "patches")
 
 
-def _patches(a: jax.Array, k: int, stride: int, pads, dilation: int = 1) -> jax.Array:
-    """a [N,C,H,W] dilated by `dilation` (zeros between cells), padded by `pads` ((lo,hi) per side,
-    negative crops) -> [N,C,k,k,H',W']: P[n,c,kh,kw,i,j] = apad[n,c,s·i+kh,s·j+kw]."""
-    zero = jnp.zeros((), a.dtype)
-    (lo_h, hi_h), (lo_w, hi_w) = pads
-    apad = lax.pad(a, zero, ((0, 0, 0), (0, 0, 0), (lo_h, hi_h, dilation - 1), (lo_w, hi_w, dilation - 1)))
-    ho = (apad.shape[2] - k) // stride + 1
-    wo = (apad.shape[3] - k) // stride + 1
-    rows = [jnp.stack([apad[:, :, kh:kh + stride * (ho - 1) + 1:stride, kw:kw + stride * (wo - 1) + 1:stride]
+@contextlib.contextmanager
+def formulation(name: Optional[str]):
+    """Pin every conv site traced inside the block to one formulation ("conv": XLA's convolution,
+    what an accelerator runs; "patches": the product), or None for the shape rule. It acts at trace
+    time: a function jitted and traced before the block keeps the formulation it was traced with."""
+    global _FORMULATION
+    if name is not None and name not in FORMULATIONS:
+        raise ValueError(f"conv.formulation: expected one of {', '.join(map(repr, FORMULATIONS))} or None, got {name!r}")
+    old, _FORMULATION = _FORMULATION, name
+    try:
+        yield
+    finally:
+        _FORMULATION = old
+
+
+def _patches(x: jax.Array, k: int, stride: int) -> jax.Array:
+    """x [N,C,H,W] -> the patches [N,C,k,k,H',W']: P[n,c,kh,kw,i,j] = xpad[n,c,s·i+kh,s·j+kw], the
+    window of output (i,j) (zero padding p = (k−1)//2)."""
+    p = padding(k)
+    ho, wo = out_size(x.shape[2], k, stride), out_size(x.shape[3], k, stride)
+    xpad = jnp.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))
+    rows = [jnp.stack([xpad[:, :, kh:kh + stride * (ho - 1) + 1:stride, kw:kw + stride * (wo - 1) + 1:stride]
                        for kw in range(k)], axis=2) for kh in range(k)]
     return jnp.stack(rows, axis=2)
 
 
-def _unpatches(cols: jax.Array, size: tuple[int, int], stride: int, pad: int) -> jax.Array:
-    """The transpose of `_patches` at padding `pad`: cols [N,C,k,k,H',W'] -> [N,C,H,W], the plane of
-    tap (kh,kw) spread to the stride and added at offset (kh − p, kw − p), taps in row-major order."""
-    k = cols.shape[2]
-    (h, w), (ho, wo) = size, cols.shape[4:]
+def _rows(a: jax.Array) -> jax.Array:
+    """[N,O,H,W] -> [N·H·W, O]: one row per cell."""
+    n, o, h, w = a.shape
+    return a.transpose(0, 2, 3, 1).reshape(n * h * w, o)
+
+
+def _unpatches(cols: jax.Array, shape: tuple[int, ...], k: int, stride: int) -> jax.Array:
+    """The adjoint of `_patches`, from the transposed layout: cols [N·H'·W', C·k·k] (a row per
+    output cell) -> [N,C,H,W]. Each tap's plane is spread to the stride and added at its offset
+    (kh − p, kw − p), taps in row-major order."""
+    n, c, h, w = shape
+    p = padding(k)
+    ho, wo = out_size(h, k, stride), out_size(w, k, stride)
+    taps = cols.reshape(n, ho, wo, c, k, k).transpose(0, 3, 4, 5, 1, 2)  # [N,C,k,k,H',W']
     zero = jnp.zeros((), cols.dtype)
     out = None
     for kh in range(k):
         for kw in range(k):
-            lo_h, lo_w = kh - pad, kw - pad
+            lo_h, lo_w = kh - p, kw - p
             config = ((0, 0, 0), (0, 0, 0), (lo_h, h - lo_h - (stride * (ho - 1) + 1), stride - 1),
                       (lo_w, w - lo_w - (stride * (wo - 1) + 1), stride - 1))
-            part = lax.pad(cols[:, :, kh, kw], zero, config)
+            part = lax.pad(taps[:, :, kh, kw], zero, config)
             out = part if out is None else out + part
     return out
 
 
-def _contract(spec: str, a, b):
+def _contract(spec: str, a: jax.Array, b: jax.Array) -> jax.Array:
     return jnp.einsum(spec, a, b, precision=lax.Precision.HIGHEST, preferred_element_type=_acc_dtype(a, b))
+
+
+def _matmul(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
+    """A 2-D product contracting a's axis contract[0] with b's axis contract[1], float32
+    accumulation for bf16 operands."""
+    return lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
+                           precision=lax.Precision.HIGHEST, preferred_element_type=_acc_dtype(a, b))
 
 
 def _round_result(out: jax.Array, rnd: Rounding, dtype) -> jax.Array:
@@ -148,7 +179,7 @@ def forward(x: jax.Array, weight: jax.Array, bias: Optional[jax.Array] = None, *
     k = weight.shape[2]
     xr, wr = rnd_(x), rnd_(weight)
     if use_patches(out_size(x.shape[2], k, stride) * out_size(x.shape[3], k, stride), x.shape[1] * k * k, k):
-        y = _contract("ncabij,ocab->noij", _patches(xr, k, stride, ((p, p), (p, p))), wr)
+        y = _contract("ncabij,ocab->noij", _patches(xr, k, stride), wr)
     else:
         y = _correlate(xr, wr, strides=(stride, stride), pads=((p, p), (p, p)))
     y = _round_result(y, rnd_, x.dtype)
@@ -186,18 +217,18 @@ def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], 
     p = padding(k)
     rnd_ = rnd or identity
     dyr, wr = rnd_(dy), rnd_(weight)
-    flipped = wr[:, :, ::-1, ::-1]  # [O,C,k,k]: read with O as the input feature (the transpose)
-    # the upsampled grid is s·(H'−1)+1 long; low pad k−1−p, high pad fills it back to H (it is
-    # larger when (H + 2p − k) is not a multiple of s). The upsampling is the convolution's own
-    # input dilation: the zeros are never multiplied.
-    up_h, up_w = stride * (dy.shape[2] - 1) + 1, stride * (dy.shape[3] - 1) + 1
-    pads = ((k - 1 - p, h + p - up_h), (k - 1 - p, w + p - up_w))
     if use_patches(h * w, weight.shape[0] * k * k, k):
-        # the transpose of the patches: every tap's products in one matrix product, each tap's
-        # plane then added back onto the input grid at its offset
-        cols = _contract("ocab,noij->ncabij", wr, dyr)  # [N,C,k,k,H',W']
-        dx = _unpatches(cols, (h, w), stride, p)
+        # the transpose of the patches: every tap's products in one matrix product with W read in
+        # place, then each tap's plane added back onto the input grid at its offset
+        cols = _matmul(_rows(dyr), wr.reshape(wr.shape[0], -1), (1, 0))  # [N·H'·W', C·k·k]
+        dx = _unpatches(cols, tuple(input_shape), k, stride)
     else:
+        flipped = wr[:, :, ::-1, ::-1]  # [O,C,k,k], read with O as the input feature: flip(W)ᵀ
+        # the upsampled grid is s·(H'−1)+1 long; low pad k−1−p, high pad fills it back to H (it is
+        # larger when (H + 2p − k) is not a multiple of s). The upsampling is the convolution's own
+        # input dilation: the zeros are never multiplied.
+        up_h, up_w = stride * (dy.shape[2] - 1) + 1, stride * (dy.shape[3] - 1) + 1
+        pads = ((k - 1 - p, h + p - up_h), (k - 1 - p, w + p - up_w))
         dx = _correlate(dyr, flipped, strides=(1, 1), pads=pads, lhs_dilation=(stride, stride),
                         dims=("NCHW", "IOHW", "NCHW"))
     return _round_result(dx, rnd_, dy.dtype)
@@ -225,7 +256,7 @@ def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 
     ho, wo = dy.shape[2], dy.shape[3]
     if use_patches(ho * wo, c * kernel_size ** 2, kernel_size):  # the forward's rule at this site
         # the forward's own patches (the compiler shares them with the forward under one jit)
-        dw = _contract("noij,ncabij->ocab", dyr, _patches(xr, kernel_size, stride, ((p, p), (p, p))))
+        dw = _contract("noij,ncabij->ocab", dyr, _patches(xr, kernel_size, stride))
     else:
         # batch axis as the contraction ("feature") axis, channels as the "batch" axis; the high pad
         # stops the window sweep at exactly k positions

@@ -1,0 +1,125 @@
+"""conv's two formulations of one contraction — XLA's convolution and patches · weights — compute the
+same three nodes: each against jax.vjp of the forward traced in the same formulation, each against
+the other, and the bf16 kinds' erasure and rounding identity in both. The shape rule picks the
+product only where XLA's CPU convolution is slow. A control: patches read in the wrong tap order.
+
+Each formulation is pinned with `conv.formulation` around a fresh jit (it acts at trace time).
+"""
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradtie import reference
+from gradtie.ops import conv
+
+QUICK = {"xla_backend_optimization_level": 0}
+TOL_F64 = 1e-12
+# (N, C, O, size, k, stride): odd and even sizes, the three kernel sizes of the nets, a 1×1 grid
+CASES = [(2, 3, 4, 9, 3, 1), (2, 3, 5, 8, 3, 2), (2, 4, 3, 7, 1, 2), (1, 3, 4, 10, 7, 2), (2, 6, 5, 1, 3, 1)]
+IDS = [f"N{n}C{c}O{o}s{h}k{k}st{s}" for n, c, o, h, k, s in CASES]
+
+
+def rel_err(got, want):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    assert got.shape == want.shape, (got.shape, want.shape)
+    return float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
+
+
+def same_bits(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def operands(case, dtype, seed=0):
+    n, c, o, h, k, s = case
+    rng = np.random.default_rng(seed)
+    h2 = conv.out_size(h, k, s)
+    return tuple(jnp.asarray(rng.standard_normal(shape), dtype)
+                 for shape in ((n, c, h, h), (o, c, k, k), (n, o, h2, h2)))
+
+
+def nodes(x, w, dy, stride, rnd=None):
+    return (conv.forward(x, w, stride=stride, rnd=rnd)[0],
+            conv.backward(w, dy, input_shape=x.shape, stride=stride, rnd=rnd),
+            conv.grad_weight(x, dy, kernel_size=w.shape[2], stride=stride, rnd=rnd))
+
+
+def _evaluate(x, w, dy, x32, w32, dy32, stride):
+    """f64 nodes and jax.vjp's; f32 nodes, the kinds at identity and under bf16 rounding, and the
+    rounded reference rnd(f32 node at rounded operands)."""
+    dx_ref, dw_ref, _ = reference.conv_vjp(x, w, None, dy, stride=stride)
+    rnd = conv.round_bf16
+    rx, rw, rdy = rnd(x32), rnd(w32), rnd(dy32)
+    rounded = tuple(rnd(a) for a in nodes(rx, rw, rdy, stride))
+    return dict(f64=nodes(x, w, dy, stride), vjp=(dx_ref, dw_ref), f32=nodes(x32, w32, dy32, stride),
+                identity=nodes(x32, w32, dy32, stride, conv.identity),
+                kind=nodes(x32, w32, dy32, stride, rnd), rounded=rounded)
+
+
+def evaluate_in(formulation, case):
+    x, w, dy = operands(case, jnp.float64)
+    x32, w32, dy32 = (a.astype(jnp.float32) for a in (x, w, dy))
+    with conv.formulation(formulation):
+        fn = jax.jit(_evaluate, static_argnames="stride", compiler_options=QUICK)
+        return fn(x, w, dy, x32, w32, dy32, stride=case[5])
+
+
+@pytest.fixture(scope="module", params=list(zip(CASES, IDS)), ids=IDS)
+def both(request):
+    case, _ = request.param
+    return case, {f: evaluate_in(f, case) for f in conv.FORMULATIONS}
+
+
+@pytest.mark.parametrize("formulation", conv.FORMULATIONS)
+def test_backward_nodes_equal_vjp_f64(both, formulation):
+    _, out = both
+    r = out[formulation]
+    assert rel_err(r["f64"][1], r["vjp"][0]) <= TOL_F64
+    assert rel_err(r["f64"][2], r["vjp"][1]) <= TOL_F64
+
+
+def test_formulations_agree_f64(both):
+    _, out = both
+    for op, a, b in zip(("forward", "backward", "grad_weight"), out["conv"]["f64"], out["patches"]["f64"]):
+        assert rel_err(a, b) <= TOL_F64, op
+
+
+@pytest.mark.parametrize("formulation", conv.FORMULATIONS)
+def test_bf16_erasure_and_rounding_identity_in_both(both, formulation):
+    _, out = both
+    r = out[formulation]
+    for a, b in zip(r["identity"], r["f32"]):
+        assert same_bits(a, b)
+    for a, b in zip(r["kind"], r["rounded"]):
+        assert same_bits(a, b)
+
+
+def test_control_transposed_taps_go_red():
+    """Patches whose taps are read (kw, kh) instead of (kh, kw): the forward no longer agrees."""
+    case = (2, 3, 4, 6, 3, 1)
+    x, w, _ = operands(case, jnp.float64)
+    with conv.formulation("patches"):
+        right = jax.jit(lambda a, b: conv.forward(a, b)[0])(x, w)
+    wrong = jax.jit(lambda a, b: conv.forward(a, jnp.swapaxes(b, 2, 3))[0])
+    with conv.formulation("patches"):
+        assert rel_err(wrong(x, w), right) > 0.1
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rule is the CPU backend's")
+def test_rule_picks_the_product_only_where_xla_convolution_is_slow():
+    k = 3
+    # ResNet-34 layer4 at 64 px: 2×2 outputs, 512·9 terms each -> the product
+    assert conv.use_patches(2 * 2, 512 * k * k, k)
+    # cifar8's widest early layer: 32×32 outputs, 16·9 terms -> XLA's convolution
+    assert not conv.use_patches(32 * 32, 16 * k * k, k)
+    assert conv.use_patches(16 * 16, 64, 1)   # a 1×1 kernel is a product outright
+
+
+def test_formulation_rejects_unknown_names():
+    with pytest.raises(ValueError, match="conv.formulation: expected one of 'conv', 'patches'"):
+        with conv.formulation("winograd"):
+            pass
