@@ -14,24 +14,39 @@
 # %% [markdown]
 # # bf16 erasure
 #
-# Both nets can run their conv sites in bfloat16: the forward conv, the input backward and the
-# weight gradient, strided peers included (the stem, the block convs, the projections). Everything
-# else stays float32: BatchNorm, ReLU, pools, residual adds, GAP, the dense head and the loss. A
-# bf16 **kind** takes a rounding function `rnd`, rounds both operands with it, accumulates the
-# products in float32 and rounds the result once:
+# The Lean suite states its ResNet-34 and cifar8 train-step ties "on the renderers' bf16 switch": the
+# conv **weight-gradient** nodes are the bf16 kinds (`convWeightGradBBf16`, Foundation.Bf16GradNodes),
+# each node stated as `ConvWTiedBAt bf16` / `ConvStridedWTiedBAt bf16` (bf16 := false the f32 node,
+# bf16 := true the bf16 one), read over ℝ at the identity rounding: **`Bf16Erasure`**, at the
+# identity rounding the bf16 kind denotes what its f32 peer does. Under sharding, what the bf16
+# weight-gradient kinds do is **`DataParallel.SyncBf16`**. That is the suite's scope, and this chapter
+# shows it numerically: erasure at identity, and the weight-gradient nodes at the cotangents the
+# chain hands them.
+#
+# The book's nets go further, and **everything marked "beyond the suite" below is ours, not a
+# statement of the suite**: they can round every conv site — the forward conv and the input backward
+# as well as the weight gradient, strided peers included — and we bound the rounding error against
+# exact values, measure how far the bf16 gradient sits from the f32 one, and look at what a
+# compiler keeps. Everything else stays float32: BatchNorm, ReLU, pools, residual adds, GAP, the
+# dense head and the loss. A bf16 **kind** takes a rounding function `rnd`, rounds both operands
+# with it, accumulates the products in float32 and rounds the result once:
 #
 #     kind(a, b) = rnd(op(rnd(a), rnd(b)))        op: the f32 conv node (`cInB`, `convWeightGradB`, …)
 #
 # For the weight gradient the single rounding sits outside the batch sum: the batch is part of the
-# one float32 contraction. This chapter shows, on real photos:
+# one float32 contraction. This chapter shows, on real photos, at **drawn weights** (BatchNorm
+# γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases ~ N(0, 0.1²): `net.init(key, cfg, weights="drawn")`, a point
+# where a backward that mixes up γ, β or a bias cannot hide):
 #
-# - **erasure**: at `rnd = identity` the kind computes exactly what its f32 peer computes, bit for
-#   bit, for each of the six kinds and along both nets' whole rendered chains;
+# - **erasure** (`Bf16Erasure`): at `rnd = identity` the kind computes exactly what its f32 peer
+#   computes, bit for bit, for each of the six kinds and along both nets' whole rendered chains;
 # - **rounding**: with bf16 round-to-nearest-even the node is rnd(f32 node at rounded operands);
-# - **the bound**: each output's error against the exact value, relative to the magnitude sum
-#   Σ|a|·|b| of its products, stays under SPEC §7's bound at its contraction length n;
-# - what that means for the whole gradient, for an all-reduce over replicas, and for a compiler
-#   that is allowed to delete casts.
+# - **the bound** (beyond the suite): each output's error against the exact value, relative to the
+#   magnitude sum Σ|a|·|b| of its products, stays under SPEC §7's bound at its contraction length n;
+# - **the whole gradient** (`ConvWTiedBAt bf16`, and beyond the suite for the other sites): every
+#   node of the bf16 chain is its own op's derivative at the cotangent the chain hands it, with three
+#   controls that must fail;
+# - the replica sum (`SyncBf16`), and a compiler that is allowed to delete casts (beyond the suite).
 #
 # Exact values are float64, so the first cell turns it on; the bf16 chains themselves run in
 # float32.
@@ -45,7 +60,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots
-from gradtie.checks import bf16, check
+from gradtie.checks import bf16, check, tolerances
 from gradtie.checks.tie import targets_matrix
 from gradtie.nets import cifar8, resnet34, stages
 from gradtie.ops import conv
@@ -64,12 +79,16 @@ nets = {"cifar8": (cifar8, cifar8.Config(bf16=True), 32),
         "resnet34": (resnet34, resnet34.Config(num_classes=10, bf16=True), p.image_size)}
 points = {}
 for name, (net, cfg, size) in nets.items():
-    params = net.init(key, cfg)                                                      # float32
+    params = net.init(key, cfg, weights="drawn")                                     # float32
     x = check.make_batch(p.data, p.batch, size, p.seed).astype(jnp.float32)
     labels = jax.random.randint(jax.random.fold_in(key, 1), (p.batch,), 0, cfg.num_classes)
     points[name] = (net, cfg, params, x, targets_matrix(labels, cfg.num_classes, jnp.float32))
-    print(f"{name}: {p.data} {tuple(x.shape)}, {len(params)} parameter tensors, bf16 rounding "
-          f"{cfg.bf16_rounding!r} (bf16-typed operands, float32 accumulation)")
+    gammas = np.concatenate([np.asarray(v) for k, v in params.items() if v.ndim == 1 and k.endswith("weight")
+                             and not k.startswith("fc")])
+    print(f"{name}: {p.data} {tuple(x.shape)}, {len(params)} parameter tensors, drawn weights (γ in "
+          f"[{gammas.min():.2f}, {gammas.max():.2f}]), bf16 rounding {cfg.bf16_rounding!r} (bf16-typed "
+          f"operands, float32 accumulation)")
+    assert not np.any(gammas == 1)
 
 # %% [markdown]
 # ## Erasure: six kinds at rnd = identity
@@ -126,11 +145,13 @@ assert all(report.ok for report in erasure.values())
 # With real rounding the kind is not its f32 peer, but it is the f32 peer run on rounded operands
 # and rounded once. The nets' default rounding keeps the operands bf16-typed, so the conv itself
 # reads bf16 and accumulates into float32; the reference runs the f32 op on the same values held
-# in float32 (products of two bf16 values are exact in float32) and rounds the result once. On a
-# CPU the two run the same sums in the same order (XLA widens the rounded operands and runs the
-# very f32 convolution the reference runs: see the HLO below), so there we ask for equality of
-# bits; a GPU runs a bf16 convolution kernel and may sum in another order, and there the identity
-# holds to the bound of the next section.
+# in float32 (products of two bf16 values are exact in float32) and rounds the result once. Where
+# the two run the same sums in the same order — on a CPU, where XLA widens the rounded operands and
+# runs the very f32 convolution the reference runs (see the HLO below) — we ask for equality of
+# bits. Two kinds of site sum in their own order: those the op kit runs as a matrix product of
+# patches and weights (XLA's CPU convolution is pathologically slow on ResNet-34's tiny deep grids,
+# and a product of bf16-typed operands is not the f32 product), and every site on a GPU, which runs
+# bf16 kernels. There the identity holds to the bound of the next section.
 #
 # Every conv call of a net's rendered chain is read in one run (`bf16.conv_sites` wraps the op
 # kit's three conv entry points): each site's operands, strides and node, named by its parameter.
@@ -140,11 +161,11 @@ sites, site_rows, chains = {}, {}, {}
 for name, (net, cfg, params, x, t) in points.items():
     sites[name], chains[name] = bf16.conv_sites(net, params, x, t, cfg)
     site_rows[name] = bf16.site_rows(sites[name], stages.rounding(cfg))
-    equal = sum(r.equal for r in site_rows[name])
+    same = [r for r in site_rows[name] if r.equal_required]
     per_op = ", ".join(f"{sum(s.op == op for s in sites[name])} {bf16.OP_LABELS[op]}" for op in bf16.OPS)
-    print(f"{name}: {len(sites[name])} conv sites ({per_op}): {equal}/{len(sites[name])} equal "
-          f"rnd(f32 node at rounded operands)")
-    assert equal == len(sites[name]) or not bf16.same_computation()
+    print(f"{name}: {len(sites[name])} conv sites ({per_op}); where the kind and the reference run the "
+          f"same sums, {sum(r.equal for r in same)}/{len(same)} equal rnd(f32 node at rounded operands)")
+    assert all(r.equal for r in same)
 kinds_rounded = {c.label: bf16.case_row(c, conv.round_bf16).equal for c in cases}
 print(f"six kinds with round_bf16: {sum(kinds_rounded.values())}/6 equal")
 assert all(kinds_rounded.values()) or not bf16.same_computation()
@@ -164,7 +185,7 @@ for label, row in wrong.items():
 assert not any(row.equal for row in wrong.values())
 
 # %% [markdown]
-# ## The bound
+# ## The bound (beyond the suite)
 #
 # Take one output s = Σ_{i≤n} a_i·b_i. Rounding the operands gives â = a(1+α), b̂ = b(1+β) with
 # |α|, |β| ≤ u = 2⁻⁸ (bf16 keeps 8 significant bits), so |Σ âb̂ − Σ ab| ≤ (2u + u²)·M with the
@@ -219,18 +240,68 @@ plots.bf16_erasure.bf16_bound(site_rows, controls=[acc])
 plt.show()
 
 # %% [markdown]
-# ## The whole gradient against f32
+# ## The whole gradient: every node at the cotangent the chain hands it
 #
-# Each kind is tight, but a whole bf16 chain feeds its rounded activations and cotangents through
-# BatchNorm, ReLU masks and pools, and the nodes it ends with are not within a few u of the f32
-# chain's. How far they should be is a property of the point, not of the kinds: we measure the f32
-# chain's own spread when every weight and pixel moves by a relative 2⁻⁸ (bf16's resolution; two
-# random nudges), the **envelope**, as SPEC §6 does for float32 at 1e-7. At a randomly initialised
-# BatchNorm net with a small batch the envelope is large — some ReLU inputs and pool windows sit
-# closer to their kink than 2⁻⁸, and the gradient entries behind them jump — and we expect the
-# bf16 chain to move each node by about the envelope, never by much more.
+# The suite's statement about the bf16 gradient is a node tie: each weight-gradient node, at the
+# cotangent the rendered chain threads to it, is the derivative of its op (`ConvWTiedBAt bf16`; the
+# book's nets round the other conv sites too, beyond the suite, and so the cotangents themselves).
+# We hold every node to that: run the bf16 chain once, record each node's call — its input and the
+# cotangent it reads — and compare the node with the VJP of that one op's forward (the autodiff
+# oracle) at the same arrays, in float64, a bf16 rounding point rounding the value going forward
+# and the cotangent coming back, as a kind does to its operands and result. The input cotangent is
+# held the same way, to the VJP of the first conv.
 #
-# First the kinks: how many of cifar8's ReLU inputs change sign between the bf16 and the f32
+# How close must they be? As close as float32 can tell: the same reference evaluated in float32
+# (at the recorded arrays and at two copies nudged by float32's round-off) gives the point's
+# **envelope**, floored at one entry one bf16 ulp off for a kind's result (two float32 sums of the
+# same products may round it either way). Each node is judged twice, on the size of its error
+# ‖g − r‖ and on its component along the node, c = ⟨g − r, r⟩/‖r‖², each within twice its envelope.
+# Nodes that are 0 in ℝ (cifar8's conv biases behind BatchNorm) are round-off on both sides and
+# judged on size alone.
+
+# %% tags=["nbval-check-output"]
+gradient = {name: bf16.gradient_rows(net, params, x, t, cfg) for name, (net, cfg, params, x, t) in points.items()}
+for name, rows in gradient.items():
+    inside = sum(r.ok for r in rows)
+    worst = max(rows, key=lambda r: r.ratio)
+    print(f"{name}: {inside}/{len(rows)} nodes within {tolerances.BF16_GRADIENT_FACTOR:g}× the envelope; "
+          f"worst at {worst.ratio:.1f} of its limit")
+    assert inside == len(rows)
+
+# %%
+for name, rows in gradient.items():
+    live = [r for r in rows if not r.zero_in_reals]
+    print(f"{name}: limits from {min(r.limit / r.scale for r in live):.0e} to {max(r.limit / r.scale for r in live):.0e} "
+          f"of the node; along the node from {min(r.limit_along for r in live):.0e} to {max(r.limit_along for r in live):.0e}")
+
+# %% [markdown]
+# A limit that nothing can fail is no limit. The controls return one node wrong in each of three
+# ways, node by node for every node that is not 0 in ℝ: **zeroed** (c = −1), **sign-flipped**
+# (c = −2) and **scaled by 1.01** (c = 0.01, a 1 % bug). Each must fail at every node.
+
+# %% tags=["nbval-check-output"]
+planted = {name: bf16.controls(rows) for name, rows in gradient.items()}
+for name, by_control in planted.items():
+    for label, rows in by_control.items():
+        caught = sum(not r.ok for r in rows)
+        print(f"{name}: node {label:13}: {caught}/{len(rows)} nodes fail, the nearest at "
+              f"{min(r.ratio for r in rows):.0f}× its limit")
+        assert caught == len(rows) and min(r.ratio for r in rows) >= 3
+
+# %%
+plots.bf16_erasure.bf16_gradient(gradient, planted)
+plt.show()
+
+# %% [markdown]
+# Every blue point, a node of the bf16 chain, sits below its limit; every red one, the same node
+# planted wrong, above it — the 1 % bug at three times its limit or more (the nearest are printed
+# above), since the envelope along a node is far below 1 %.
+#
+# ## Beyond the suite: how far the bf16 gradient sits from the f32 one
+#
+# The per-op verdict is needed because the whole bf16 gradient is not close to the f32 gradient at
+# such a point, nor to itself: rounding to 8 bits flips ReLU masks, and BatchNorm over few cells
+# spreads each flip. How many of cifar8's ReLU inputs change sign between the bf16 and the f32
 # forward?
 
 # %% tags=["nbval-check-output"]
@@ -243,42 +314,47 @@ assert flipped > 0
 print(f"cifar8: {flipped:,} of {total:,} ReLU inputs change sign ({flipped / total:.2%})")
 
 # %% [markdown]
-# Each flipped mask moves a whole entry of a cotangent between 0 and its value, so node errors
-# measured by their largest entry are large. Against the envelope:
+# Each flipped mask moves a whole entry of a cotangent between 0 and its value. We measure each
+# node's distance to the f32 node by its largest entry, next to the f32 chain's own spread when
+# every weight and pixel moves by a relative 2⁻⁸ (bf16's unit roundoff; two random nudges). This is
+# a description, not a verdict: a node returned as all zeros sits at distance 1 of itself, and here
+# most of the correct nodes sit more than 1 % away.
 
 # %% tags=["nbval-check-output"]
-nodes = {}
+distance = {}
 for name, (net, cfg, params, x, t) in points.items():
     _, g16, dx16 = chains[name]
-    nodes[name] = bf16.node_errors(net, params, x, t, cfg, bf16_grads=(g16, dx16), key=jax.random.fold_in(key, 2))
-    within = sum(r.ok for r in nodes[name])
-    print(f"{name}: {within}/{len(nodes[name])} gradient nodes within {bf16.ENVELOPE_FACTOR:g}× the 2⁻⁸ envelope")
-    assert within == len(nodes[name])
+    distance[name] = bf16.f32_distance(net, params, x, t, cfg, bf16_grads=(g16, dx16), key=jax.random.fold_in(key, 2))
+    rel = np.median([r.rel for r in distance[name] if not r.zero_in_reals])
+    print(f"{name}: median |bf16 − f32| / max|f32| over the nodes {'above' if rel > 0.01 else 'below'} 1 %")
+    assert rel > 0.01
 
 # %%
-for name, rows in nodes.items():
+for name, rows in distance.items():
     ratios = np.array([r.ratio for r in rows])
     rel = np.array([r.rel for r in rows])
-    worst = max(rows, key=lambda r: r.ratio)
+    spread = np.median([r.envelope / r.scale for r in rows if r.scale > 0])
     print(f"{name}: |bf16 − f32| / max|f32| median {np.median(rel):.2f}, max {rel.max():.2f}; "
-          f"error/envelope median {np.median(ratios):.2f}, max {worst.ratio:.2f} ({worst.name})")
-print()
-print("\n".join(f"{r.name:28} rel {r.rel:8.2e}  envelope {r.envelope / r.scale:8.2e}  ratio {r.ratio:5.2f}"
-                for r in nodes["cifar8"]))
+          f"over the 2⁻⁸ spread median {np.median(ratios):.2f}, max {ratios.max():.2f}; the spread itself "
+          f"median {spread:.2f} of the node")
+    assert 0.1 <= np.median(ratios) <= 10
+    if name == "resnet34" and p.image_size == 32:
+        assert spread > 0.1
 
 # %% [markdown]
-# cifar8's nodes sit around the envelope, none far above it. ResNet-34 at 32 px is a more extreme
-# point: its layer 4 works on 1×1 maps, so each of those BatchNorms normalises over only N cells
-# per channel, and the f32 chain itself moves most nodes by more than their own size under a 2⁻⁸
-# nudge. At such a point no bf16 chain can be close to the f32 gradient, and this one moves it no
-# more than the nudge does. The cpu and gpu profiles use larger images.
+# The bf16 nodes sit about as far from the f32 nodes as a 2⁻⁸ nudge of the f32 chain moves them,
+# often a good fraction of the node itself (the medians above). ResNet-34 at 32 px is the extreme:
+# its layer 4 works on 1×1 maps, each of those BatchNorms normalises over only N cells per channel,
+# and the nudge alone moves its nodes by a large fraction of their size. At such a point no bf16 chain can be
+# close to the f32 gradient, and no verdict can be read off the distance; the node-by-node tie above
+# is what the bf16 chain can be held to. The cpu and gpu profiles use larger images.
 
 # %%
-plots.bf16_erasure.bf16_nodes(nodes, bf16.ENVELOPE_FACTOR)
+plots.bf16_erasure.bf16_f32_distance(distance)
 plt.show()
 
 # %% [markdown]
-# ## The replica sum
+# ## The replica sum (`SyncBf16`)
 #
 # Under data parallelism each of R replicas runs the weight-gradient kind on its own shard (its
 # loss divided by its own N, so its cotangent is R times its shard of the single-device one) and
@@ -311,7 +387,7 @@ plots.bf16_erasure.bf16_replica(replica_arrays, p.replicas)
 plt.show()
 
 # %% [markdown]
-# ## What a compiler does to a cast round-trip
+# ## What a compiler does to a cast round-trip (beyond the suite)
 #
 # A rounding written as a cast round-trip, `x.astype(bf16).astype(f32)`, is a pair of `convert`
 # ops, and a compiler allowed to keep excess precision may delete the pair: XLA's GPU backend does
@@ -358,10 +434,13 @@ for facts in (cast.text, typed.compiled):
 # ## Summary
 #
 # At `rnd = identity` every bf16 kind, and both nets' whole chains, are their f32 peers bit for
-# bit: the kinds add rounding and nothing else. With bf16 rounding every conv node of both nets is
-# rnd(f32 node at rounded operands), and its error against the exact value stays under SPEC §7's
-# bound relative to the magnitude sum of its products, with room to spare. The whole gradient moves
-# as much as a 2⁻⁸ nudge of the f32 chain moves it; the all-reduced bf16 weight gradient is the
-# mean of rounded replica nodes, off from the rounded sum by at most 2u·M and by nothing at
-# identity; and a bf16 rounding meant to survive a compiler is written as bf16-typed operands or as
-# integer arithmetic, never as a cast round-trip.
+# bit: the kinds add rounding and nothing else (`Bf16Erasure`). With bf16 rounding every conv node
+# of both nets is rnd(f32 node at rounded operands), and — beyond the suite — its error against the
+# exact value stays under SPEC §7's bound relative to the magnitude sum of its products, with room
+# to spare. Every node of the bf16 gradient is its op's derivative at the cotangent the chain hands
+# it, to within float32's envelope at the point (`ConvWTiedBAt bf16` for the weight-gradient nodes),
+# and a zeroed, sign-flipped or 1 % wrong node is caught; the whole bf16 gradient, beyond the suite,
+# sits as far from the f32 one as a 2⁻⁸ nudge moves it. The all-reduced bf16 weight gradient is the
+# mean of rounded replica nodes, off from the rounded sum by at most 2u·M and by nothing at identity
+# (`SyncBf16`); and a bf16 rounding meant to survive a compiler is written as bf16-typed operands or
+# as integer arithmetic, never as a cast round-trip.

@@ -99,6 +99,17 @@ def test_every_site_is_rounded_f32_node_and_under_the_bound(c8, c8_sites):
     assert min(r.max_rel for r in rows) > 2.0 ** -16    # bf16-sized errors: the bound is not vacuous
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the CPU backend's formulation rule")
+def test_bit_identity_is_required_where_kind_and_reference_run_the_same_sums():
+    """A tiny deep grid runs as patches · weights on CPU: a product of bf16-typed operands sums in its
+    own order, so there the identity is held to the bound only; the f32-carried rounding keeps it."""
+    deep = ("forward", (2, 512, 1, 1), (512, 512, 3, 3), (2, 512, 1, 1), 3)
+    shallow = ("forward", (2, 16, 32, 32), (16, 16, 3, 3), (2, 16, 32, 32), 3)
+    assert bf16.runs_as_product(*deep) and not bf16.runs_as_product(*shallow)
+    assert not bf16.same_computation(*deep, conv.bf16_operand)
+    assert bf16.same_computation(*deep, conv.round_bf16) and bf16.same_computation(*shallow, conv.bf16_operand)
+
+
 def test_site_bound_is_the_spec_formula():
     assert bf16.contraction_length("forward", (2, 64, 8, 8), (128, 64, 3, 3), 3) == 576
     assert bf16.contraction_length("backward", (2, 128, 4, 4), (128, 64, 3, 3), 3) == 1152

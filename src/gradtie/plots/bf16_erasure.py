@@ -43,33 +43,57 @@ def bf16_bound(rows_by_net: dict, controls: list = (), title: str = "Every bf16 
     return fig
 
 
-def bf16_nodes(rows_by_net: dict, factor: float, title: str = "bf16 moves each gradient node about as "
-                                                               "much as a 2⁻⁸ nudge of the f32 chain") -> plt.Figure:
+def bf16_f32_distance(rows_by_net: dict, title: str = "Beyond the suite: the bf16 gradient sits as far from "
+                                                       "the f32 one as a 2⁻⁸ nudge moves it") -> plt.Figure:
     """Per gradient node: |bf16 − f32| against the f32 chain's spread under a relative 2⁻⁸ nudge of
-    every weight and pixel (both relative to max|f32 node|), one colour per net; the limit
-    factor × envelope as a dashed line; nodes beyond it in red."""
+    every weight and pixel (both relative to max|f32 node|), one colour per net ({"cifar8":
+    [F32DistanceRow], …}). A description, not a verdict: at a small batch both are of the node's size."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     lo, hi = np.inf, 0.0
     for i, (net, rows) in enumerate(rows_by_net.items()):
         env = np.array([r.envelope / r.scale for r in rows if r.scale > 0])
         err = np.array([r.rel for r in rows if r.scale > 0])
-        ok = np.array([r.ok for r in rows if r.scale > 0])
-        ax.scatter(env[ok], err[ok], s=18, color=colors[i % len(colors)], alpha=0.8, label=f"{net} ({len(rows)} nodes)")
-        if (~ok).any():
-            ax.scatter(env[~ok], err[~ok], s=30, marker="x", color=CONTROL_COLOR, label=f"{net}: beyond the limit")
+        ax.scatter(env, err, s=18, color=colors[i % len(colors)], alpha=0.8, label=f"{net} ({len(rows)} nodes)")
         pos = np.concatenate([env[env > 0], err[err > 0]])
         if pos.size:
             lo, hi = min(lo, pos.min()), max(hi, pos.max())
     grid = np.array([lo / 2, hi * 2]) if np.isfinite(lo) else np.array([1e-8, 1.0])
-    ax.plot(grid, grid, color="0.5", lw=1, label="error = envelope")
-    ax.plot(grid, factor * grid, color="k", lw=1, ls="--", label=f"limit: {factor:g} × envelope")
+    ax.plot(grid, grid, color="0.5", lw=1, label="distance = nudge spread")
+    ax.axhline(1.0, color=CONTROL_COLOR, lw=1, ls=":", label="a zeroed node's distance")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("f32 envelope: max |f32 node(nudged) − f32 node| / max |f32 node|")
+    ax.set_xlabel("f32 spread: max |f32 node(nudged 2⁻⁸) − f32 node| / max |f32 node|")
     ax.set_ylabel("max |bf16 node − f32 node| / max |f32 node|")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+
+def bf16_gradient(rows_by_net: dict, controls_by_net: dict, title: str = "Every bf16 node is its op's "
+                                                                          "derivative; zeroed, flipped and ×1.01 nodes are not") -> plt.Figure:
+    """Per gradient node, its error over its limit (the larger of size and along-the-node), one
+    column per node: the chain's nodes (blue, ≤ 1) and each control (red markers, > 1), one panel per
+    net ({"cifar8": [GradientRow], …}, {"cifar8": {control: [GradientRow]}, …})."""
+    nets = list(rows_by_net)
+    fig, axes = plt.subplots(1, len(nets), figsize=(FIGSIZE[0] + 3.0, 4.2), squeeze=False, sharey=True)
+    markers = ["v", "x", "^", "s"]
+    for ax, net in zip(axes[0], nets):
+        rows = rows_by_net[net]
+        idx = {r.name: i for i, r in enumerate(rows)}
+        ratios = np.array([max(r.ratio, 1e-6) for r in rows])
+        ax.scatter(np.arange(len(rows)), ratios, s=10, color=OK_COLOR, label="the chain's node")
+        for m, (label, planted) in zip(markers, controls_by_net.get(net, {}).items()):
+            ax.scatter([idx[r.name] for r in planted], [r.ratio for r in planted], s=14, marker=m,
+                       color=CONTROL_COLOR, alpha=0.7, label=f"control: {label}")
+        ax.axhline(1.0, color="k", lw=1, ls="--", label="limit")
+        ax.set_yscale("log")
+        ax.set_xlabel(f"{net}: node (signature order, input last)")
+        ax.set_title(net, fontsize=9)
+    axes[0, 0].set_ylabel("error / limit")
+    axes[0, 0].legend(fontsize=7, loc="center left")
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
 

@@ -29,7 +29,7 @@ from .kinds import (OP_LABELS, OPS, QUICK, U_BF16, U_F32, ErasureReport, KindCas
 from .replicas import ReplicaRow, replica_difference, replica_rows, replica_sum
 from .report import Bf16Report, check, rounding_name
 from .sites import (Site, SiteRow, accumulation_bound, case_row, contraction_length, conv_sites, node_bound,
-                    same_computation, site_row, site_rows)
+                    runs_as_product, same_computation, site_row, site_rows)
 
 __all__ = [
     "Bf16Report", "CONTROLS", "ErasureReport", "F32DistanceRow", "GradientRow", "HloFacts", "KindCase",
@@ -38,6 +38,6 @@ __all__ = [
     "controls", "conv_sites", "convert_ops", "drop_bias_forward", "f32_distance", "forward_bf16_accumulation",
     "forward_result_only", "grad_weight_rounded_per_example", "gradient_rows", "hlo_cast_roundtrip",
     "hlo_nearest", "hlo_typed_kind", "kind_cases", "node_bound", "node_floors", "relu_flips",
-    "replica_difference", "replica_rows", "replica_sum", "rounded_node", "rounding_name", "same_bits",
+    "replica_difference", "replica_rows", "replica_sum", "rounded_node", "rounding_name", "runs_as_product", "same_bits",
     "same_computation", "same_padding_forward", "site_row", "site_rows",
 ]

@@ -110,12 +110,34 @@ class SiteRow:
         return f"{self.name} {OP_LABELS[self.op]}"
 
 
-def same_computation() -> bool:
+def runs_as_product(op: str, a_shape, b_shape, node_shape, kernel_size: int) -> bool:
+    """Whether the op kit runs this conv site as patches · weights (`conv.use_patches`, the kit's
+    rule: XLA's CPU convolution is pathological on tiny output grids) rather than XLA's convolution."""
+    use = getattr(conv, "use_patches", None)
+    if use is None:
+        return False
+    k = kernel_size
+    if op == "forward":          # a = x, node = y
+        return bool(use(node_shape[2] * node_shape[3], a_shape[1] * k * k, k))
+    if op == "backward":         # a = dy, b = W, node = dx
+        return bool(use(node_shape[2] * node_shape[3], b_shape[0] * k * k, k))
+    if op == "grad_weight":      # a = x, b = dy: the forward's rule at this site
+        return bool(use(b_shape[2] * b_shape[3], a_shape[1] * k * k, k))
+    raise ValueError(f"op {op!r}: expected one of {', '.join(OPS)}")
+
+
+def same_computation(op: Optional[str] = None, a_shape=None, b_shape=None, node_shape=None, kernel_size: int = 3,
+                     rnd=None) -> bool:
     """Whether a bf16 kind and its reference run the same sums in the same order, so that node =
-    rnd(f32 node at rounded operands) holds bit for bit: on CPU, where XLA widens the rounded bf16
-    operands and runs the very f32 convolution the reference runs. A GPU runs a bf16 convolution
-    kernel (and autotunes its algorithm per program), so there the identity holds to the bound only."""
-    return jax.default_backend() == "cpu"
+    rnd(f32 node at rounded operands) holds bit for bit. On CPU XLA widens rounded bf16 operands and
+    runs the very f32 convolution the reference runs; a matrix product of bf16-typed operands (a site
+    the kit runs as patches · weights) sums in its own order, as a GPU's bf16 kernels do, and there
+    the identity holds to the bound only. Without a site: whether the backend is the CPU's."""
+    if jax.default_backend() != "cpu":
+        return False
+    if op is None or rnd is not conv.bf16_operand:
+        return True
+    return not runs_as_product(op, a_shape, b_shape, node_shape, kernel_size)
 
 
 def site_row(name: str, op: str, a, b, node, *, stride: int, kernel_size: int, rnd, bias=None) -> SiteRow:
@@ -130,7 +152,8 @@ def site_row(name: str, op: str, a, b, node, *, stride: int, kernel_size: int, r
     n = contraction_length(op, a.shape, b.shape, kernel_size)
     return SiteRow(name, op, stride, n, bool(equal), float(rel.max(initial=0.0)),
                    float(np.median(rel)) if rel.size else 0.0, float(node_bound(n)),
-                   int(np.sum(err[~live] > 0)), same_computation())
+                   int(np.sum(err[~live] > 0)),
+                   same_computation(op, a.shape, b.shape, node.shape, kernel_size, rnd))
 
 
 def case_row(case: KindCase, rnd, node=None) -> SiteRow:
