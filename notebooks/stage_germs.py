@@ -210,8 +210,9 @@ ulps = np.array([r.loss_roundoff / np.spacing(r.loss) for r in fd8])
 worst_pin, best_pin = max(r.resolution for r in fd8), min(r.resolution for r in fd8)
 print(survey8.summary().splitlines()[2])
 print(f"{sum(r.path == 'curved' for r in survey8.windows)} of the {len(survey8.windows)} O(h²) windows on curved paths")
-print(f"ε_L from {ulps.min():.1f} to {ulps.max():.1f} ulps of S(0); each node pinned to between "
-      f"1e{np.floor(np.log10(best_pin)):.0f} and 1e{np.ceil(np.log10(worst_pin)):.0f} of itself")
+print(f"ε_L of every walk between half an ulp and 10 ulps of S(0): {0.5 <= ulps.min() and ulps.max() <= 10}; "
+      f"each node pinned to between 1e{np.floor(np.log10(best_pin)):.0f} and 1e{np.ceil(np.log10(worst_pin)):.0f} "
+      f"of itself")
 assert survey8.fd_converges
 assert 0.5 <= ulps.min() and ulps.max() <= 10
 assert 1e-12 < best_pin and worst_pin < 1e-6
@@ -255,8 +256,8 @@ near = germs.germ(cifar8, near_params, x8, targets, cfg8, germs.rendered_nodes(c
                   "bn8", key=jax.random.fold_in(jax.random.fold_in(key, 2), 7), label="c8Z8, kink close")
 
 # %% tags=["nbval-check-output"]
-print(f"the same point with one bn8 shift moved: smooth {near_census.ok}; first kink at "
-      f"{near.kink_radius / near.roundoff_edge:.2f} × the round-off edge")
+print(f"the same point with one bn8 shift moved: smooth {near_census.ok}; first kink at about "
+      f"1e{np.round(np.log10(near.kink_radius / near.roundoff_edge)):.0f} × the round-off edge")
 print(f"{int(near.judged.sum())} steps inside the kink, {int(near.evidence.sum())} of them evidence: "
       f"{near.fd_verdict}")
 assert near_census.ok and near.kink_radius < near.roundoff_edge

@@ -372,7 +372,8 @@ def path_losses(net, params, x, targets, cfg, path: Path, ts, *, selections=None
                                      selections)) for t in ts])
 
 
-@partial(jax.jit, static_argnums=(0, 6), compiler_options=QUICK)
+# run once per walk, but their nested forward-mode programs are slow without optimisation
+@partial(jax.jit, static_argnums=(0, 6))
 def _derivatives(net, params, v, w, x, targets, cfg, alpha):
     """S', S'', S''' at t = 0 along θ(t), by nested forward-mode autodiff of the real loss."""
     def s(t):
@@ -434,7 +435,7 @@ def selections(net, params, x, cfg) -> dict:
     return _selections(net, params, x, cfg)
 
 
-@partial(jax.jit, static_argnums=(0, 3, 6), compiler_options=QUICK)
+@partial(jax.jit, static_argnums=(0, 3, 6))
 def _read_taylor(net, params, x, cfg, v, w, everywhere: bool):
     """z(0), z'(0) and z''(0)/2 along θ(t) for every ReLU input (or those feeding pools)."""
     def read(t):
