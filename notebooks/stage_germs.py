@@ -191,7 +191,7 @@ plt.show()
 # ε_L is measured **apart from the errors judged**. Move the walk's own weights by a random δ, a
 # relative 2⁻⁴⁰ per entry (thousands of ulps): every rounding downstream re-rolls, as it does
 # between S(h) and S(−h), while (S(θ+δ) + S(θ−δ))/2 − S(θ) cancels the first-order change and keeps
-# a second order near 10⁻²³. Its spread over 24 draws is round-off alone, and it never looks at
+# only a second order, δᵀ∇²Lδ, far below round-off at that size. Its spread over 24 draws is round-off alone, and it never looks at
 # the node.
 #
 # A step is judged when it lies inside half the smooth radius (the first ReLU kink or pool change
