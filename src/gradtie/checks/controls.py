@@ -27,14 +27,13 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 
 from ..nets import stages
 from ..ops import conv, head, maxpool
 from . import census
-from .tie import NodeRow, TieReport, net_label, oracle_nodes, targets_matrix, tie
+from .tie import NodeRow, TieReport, net_label, reference_at, targets_matrix, tie
 
 Patch = tuple[Any, str, Callable]   # (module, attribute, replacement) while the backward is traced
 
@@ -55,6 +54,10 @@ class Control:
     patches: tuple[Patch, ...] = ()
     relabel: Optional[Callable[[dict], dict]] = None    # applied to the nodes the real chain returns
     needs_smoothing: bool = False                       # plants nothing at α = 0
+    # patches that need the parameters (a planted node reading γ and β): params -> patches
+    patch_factory: Optional[Callable[[dict], tuple[Patch, ...]]] = None
+    # the saved record as the planted backward reads it (a mask read from the wrong tensor)
+    saved_transform: Optional[Callable[[dict], dict]] = None
 
     @property
     def label(self) -> str:
@@ -72,12 +75,15 @@ class Control:
     def backward(self) -> Callable:
         """The real net's backward itself when nothing is planted in it (so its compiled code is
         shared), else the real backward traced under `patches`, its nodes relabelled."""
-        if not self.patches and self.relabel is None:
+        if not self.patches and self.relabel is None and self.patch_factory is None and self.saved_transform is None:
             return self.real_net.backward
         return self._planted_backward
 
     def _planted_backward(self, params, saved, dlogits, cfg):
-        with planted(self.patches):
+        patches = self.patches + (self.patch_factory(params) if self.patch_factory else ())
+        if self.saved_transform is not None:
+            saved = self.saved_transform(saved)
+        with planted(patches):
             grads, dx = self.real_net.backward(params, saved, dlogits, cfg)
         return (grads if self.relabel is None else self.relabel(grads)), dx
 
@@ -340,10 +346,10 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1,
         if c.name == "drop_batch_divisor" and x.shape[0] == 1:
             raise ValueError("drop_batch_divisor plants nothing at batch 1 (÷1 is the identity)")
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
-    reference = oracle_nodes(net, params, x, t, cfg, label_smoothing)
-    real = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, reference=reference)
+    point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing)
+    real = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point)
     results = [ControlResult(c.name, net_label(net), c.breaks,
-                             tie(c, params, x, t, cfg, label_smoothing=label_smoothing, reference=reference))
+                             tie(c, params, x, t, cfg, label_smoothing=label_smoothing, point=point))
                for c in controls]
     return ControlReport(net_label(net), real, results)
 

@@ -12,6 +12,7 @@ of `ops.head.cotangent`); its `forward` is the real one and its `backward` may b
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Optional
@@ -22,24 +23,40 @@ import numpy as np
 
 from .. import reference
 from ..ops import head, maxpool
-from . import fd
+from . import envelope as env_
 from . import tolerances as tol
 
 
 @dataclass(frozen=True)
 class NodeRow:
+    """One node's verdict: its error against the float64 reference, in units of its scale, held to
+    max(ENVELOPE_FACTOR × the point's envelope, the dtype's floor)."""
     name: str
     shape: tuple[int, ...]
     err: float          # max |rendered − oracle|
-    scale: float        # the denominator: max |oracle|, or the floor for zero-in-ℝ nodes
+    scale: float        # the denominator: max |oracle|, or the net's max|g| for zero-in-ℝ nodes
     rel: float          # err / scale
-    limit: float        # the tolerance rel is held to
+    limit: float        # the tolerance rel is held to: max(factor · envelope, floor)
     zero_in_reals: bool
     bad: int = 0        # entries off by more than limit·scale (for a β row: the channels wrong)
+    envelope: float = 0.0   # the point's round-off envelope of this node, / scale
+    floor: float = 0.0      # the dtype's floor (SPEC's figure)
+    cells: Optional[int] = None  # M: the cells its BatchNorm layer averages over (None: no BN)
 
     @property
     def ok(self) -> bool:
         return bool(self.rel <= self.limit)
+
+    @property
+    def by(self) -> str:
+        """What sets the limit: "envelope" (the point's round-off, widened past the floor) or "floor"."""
+        return "floor" if self.limit <= self.floor else "envelope"
+
+    @property
+    def ill_conditioned(self) -> bool:
+        """Round-off alone moves this node by ILL_CONDITIONED_REL of itself: no bug of that size can
+        be told apart from it here."""
+        return bool(self.limit >= tol.ILL_CONDITIONED_REL)
 
 
 def is_beta(name: str, shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -52,31 +69,41 @@ def is_beta(name: str, shapes: dict[str, tuple[int, ...]]) -> bool:
 class TieReport:
     net: str
     dtype: str
-    rows: list[NodeRow]
+    rows: list[NodeRow]             # "loss" first, the parameters in signature order, "input" last
     loss: float
     loss_oracle: float
     meta: dict[str, Any] = field(default_factory=dict)
 
     @property
     def nodes(self) -> list[NodeRow]:
-        return [r for r in self.rows if r.name != "input"]
+        return [r for r in self.rows if r.name not in ("input", "loss")]
 
     @property
     def failed(self) -> list[NodeRow]:
         return [r for r in self.rows if not r.ok]
 
     @property
+    def ill_conditioned(self) -> list[NodeRow]:
+        return [r for r in self.rows if r.ill_conditioned]
+
+    @property
     def ok(self) -> bool:
         return not self.failed
+
+    def row(self, name: str) -> NodeRow:
+        return next(r for r in self.rows if r.name == name)
 
     def worst(self) -> NodeRow:
         return max(self.rows, key=lambda r: r.rel / r.limit)
 
     def backward_order(self) -> list[NodeRow]:
-        """The rows in the order the rendered chain reaches them: the parameters in reverse signature
-        order (head first; within a conv→BN layer β, γ, then the conv), the input cotangent last."""
-        inp = [r for r in self.rows if r.name == "input"]
-        return list(reversed(self.nodes)) + inp
+        """The rows in the order the rendered chain reaches them: the loss (the head's forward), then
+        the parameters in reverse signature order (head first; within a conv→BN layer β, γ, then
+        the conv), the input cotangent last."""
+        by_name = {r.name: r for r in self.rows}
+        first = [by_name["loss"]] if "loss" in by_name else []
+        last = [by_name["input"]] if "input" in by_name else []
+        return first + list(reversed(self.nodes)) + last
 
     def first_failure(self) -> Optional[NodeRow]:
         """The first node, in backward order, that fails its tolerance (None when all tie)."""
@@ -91,34 +118,61 @@ class TieReport:
     def first_beta_failure(self) -> Optional[NodeRow]:
         return next((r for r in self.beta_rows() if not r.ok), None)
 
+    def widened(self) -> list[NodeRow]:
+        """Rows whose limit the point's envelope widened past the floor."""
+        return [r for r in self.rows if r.by == "envelope"]
+
+    def smallest_bn(self) -> Optional[tuple[str, int]]:
+        """(BN layer, M) with the fewest cells: where a batch statistic is most ill-conditioned."""
+        cells = self.meta.get("bn_cells") or {}
+        return min(cells.items(), key=lambda kv: kv[1]) if cells else None
+
     def summary(self) -> str:
         nodes = self.nodes
-        tied = sum(r.ok for r in nodes)
-        line = f"tied {tied}/{len(nodes)} nodes"
-        inp = [r for r in self.rows if r.name == "input"]
-        if inp:
-            line += f", input gradient {'tied' if inp[0].ok else 'FAILED'}"
+        ill = self.ill_conditioned
+        tied = sum(r.ok and not r.ill_conditioned for r in nodes)
+        line = f"tied {tied}/{len(nodes)} nodes ({self.dtype})"
+        if "input" in {r.name for r in self.rows}:
+            inp = self.row("input")
+            line += f", input gradient {'tied' if inp.ok else 'FAILED'}"
+            if self.meta.get("input_model") == "frozen":
+                line += " (pools frozen at σ = argmax)"
+        if "loss" in {r.name for r in self.rows} and not self.row("loss").ok:
+            line += ", LOSS MISMATCH"
         w = self.worst()
-        line += f"; worst rel err {w.rel:.1e} ({w.name}, limit {w.limit:.0e})"
+        line += f"; worst {w.rel / w.limit:.2g} of its limit ({w.name}, err {w.rel:.1e} ≤ {w.limit:.1e})"
+        widened = self.widened()
+        if widened:
+            wide = max(widened, key=lambda r: r.limit)
+            line += f"; {len(widened)} limits widened past the {self.rows[0].floor:.0e} floor by the point's round-off"
+            small = self.smallest_bn()
+            line += f" (widest {wide.limit:.1e} at {wide.name}"
+            line += f"; smallest BatchNorm reduction M = {small[1]} at {small[0]})" if small else ")"
+        if ill:
+            line += f"; {len(ill)} rows too ill-conditioned to judge (first: {ill[0].name})"
         if self.failed:
             line += f"; first to break in backward order: {self.first_failure().name}"
         return line
 
     def table(self) -> str:
-        head_ = f"{'node':<36} {'shape':<18} {'rel err':>9} {'limit':>7}  ok"
+        head_ = (f"{'node':<36} {'shape':<18} {'M':>7} {'envelope':>9} {'limit':>8} {'rel err':>9} "
+                 f"{'err/lim':>7}  ok")
         lines = [head_, "-" * len(head_)]
         for r in self.rows:
             tag = " (0 in ℝ)" if r.zero_in_reals else ""
-            lines.append(f"{r.name + tag:<36} {str(r.shape):<18} {r.rel:9.1e} {r.limit:7.0e}  "
-                         f"{'yes' if r.ok else 'NO'}")
+            verdict = "ILL" if r.ill_conditioned else ("yes" if r.ok else "NO")
+            lines.append(f"{r.name + tag:<36} {str(r.shape):<18} {r.cells if r.cells else '-':>7} "
+                         f"{r.envelope:9.1e} {r.limit:8.1e} {r.rel:9.1e} {r.rel / r.limit:7.2f}  {verdict}")
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
         return {"net": self.net, "dtype": self.dtype, "ok": self.ok, "summary": self.summary(),
                 "loss": self.loss, "loss_oracle": self.loss_oracle, **self.meta,
                 "nodes": [{"name": r.name, "shape": list(r.shape), "err": r.err, "scale": r.scale,
-                           "rel": r.rel, "limit": r.limit, "zero_in_reals": r.zero_in_reals,
-                           "bad": r.bad, "ok": r.ok} for r in self.rows]}
+                           "rel": r.rel, "limit": r.limit, "envelope": r.envelope, "floor": r.floor,
+                           "limit_by": r.by, "cells": r.cells, "zero_in_reals": r.zero_in_reals,
+                           "bad": r.bad, "ok": r.ok, "ill_conditioned": r.ill_conditioned}
+                          for r in self.rows]}
 
 
 def zero_in_reals(params: dict[str, jax.Array]) -> set[str]:
@@ -156,15 +210,28 @@ def head_cotangent(net):
     return getattr(net, "head_cotangent", head.cotangent)
 
 
-def oracle(net, params, x, targets, cfg, label_smoothing: float = 0.0):
-    """Loss, parameter gradients and input gradient by autodiff of the forward (never a backward)."""
+# ---- the two sides --------------------------------------------------------------------------------
+
+def oracle(net, params, x, targets, cfg, label_smoothing: float = 0.0, selections=None):
+    """Loss, parameter gradients and input gradient by autodiff of the forward (never a backward).
+
+    The parameter gradients are the real net's. The input gradient is the real net's too, unless
+    `selections` {pool: σ} is given: then it is the vector–Jacobian product of the model with those
+    pools frozen at σ (the gather model). At a twin tie the input gradient of the real net does not
+    exist (moving the image breaks the twins), and the frozen model's is what the rendered chain
+    computes at σ = argmax (`batchMapAux_maxPoolBackFlat_eq_selScatter`).
+    """
     net = real_net(net)
 
-    def loss(p, x_):
-        logits, _ = net.forward(p, x_, cfg)
+    def loss(p, x_, sel=None):
+        logits, _ = net.forward(p, x_, cfg, selections=sel)
         return reference.smoothed_cross_entropy(logits, targets, label_smoothing)
 
-    value, (g, dx) = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    if selections is None:
+        value, (g, dx) = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    else:
+        value, g = jax.value_and_grad(loss)(params, x)
+        dx = jax.grad(loss, argnums=1)(params, x, selections)
     return value, g, dx
 
 
@@ -199,9 +266,9 @@ def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0):
     return head.forward(logits, targets, label_smoothing), grads, dx
 
 
-def oracle_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0):
+def oracle_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, selections=None):
     """`oracle`, compiled: (loss, grads, dx) by autodiff of the real net's forward."""
-    return _oracle(real_net(net), params, x, targets, cfg, label_smoothing)
+    return _oracle(real_net(net), params, x, targets, cfg, label_smoothing, selections)
 
 
 @partial(jax.jit, static_argnums=0)
@@ -211,65 +278,77 @@ def _piece(net, saved):
             {k: maxpool.select(r, net.POOLS[k]) for k, r in net.pool_inputs(saved).items()})
 
 
+@partial(jax.jit, static_argnums=0)
+def _tied_windows(net, saved):
+    """σ = argmax of every pool, and per pool the windows whose positive maximum is attained twice."""
+    sel, ties = {}, {}
+    for k, r in net.pool_inputs(saved).items():
+        win = maxpool.windows(r, net.POOLS[k])
+        top = jnp.max(win, axis=-1, keepdims=True)
+        sel[k] = maxpool.select(r, net.POOLS[k])
+        ties[k] = jnp.sum((jnp.sum(win == top, axis=-1) > 1) & (top[..., 0] > 0))
+    return sel, ties
+
+
+def frozen_selections(net, params, x, cfg) -> tuple[Optional[dict], int]:
+    """(σ = argmax of every pool, windows tied at a positive maximum) when there are such ties, else
+    (None, 0): the input gradient is then tied to the model frozen at σ."""
+    net = real_net(net)
+    _, saved = _forward(net, params, x, cfg)
+    sel, ties = _tied_windows(net, saved)
+    count = sum(int(v) for v in ties.values())
+    return (sel, count) if count else (None, 0)
+
+
+def bn_cells(net, params, x, cfg) -> dict[str, int]:
+    """M per BatchNorm layer: the cells each channel's statistics average over (N·H·W; H·W per example)."""
+    net = real_net(net)
+    _, saved = jax.eval_shape(lambda p, a: net.forward(p, a, cfg), params, x)
+    per_ex = getattr(cfg, "bn", "batch") == "example"
+    return {name: (1 if per_ex else layer.c.shape[0]) * layer.c.shape[2] * layer.c.shape[3]
+            for name, layer in net.bn_layers(saved).items()}
+
+
+def bn_of(name: str, bn_names) -> Optional[str]:
+    """The BatchNorm layer a node belongs to: its own (γ, β) or the one its conv feeds."""
+    prefix = name.rsplit(".", 1)[0]
+    for cand in (prefix, re.sub(r"conv(\d*)$", r"bn\1", prefix), re.sub(r"downsample\.0$", "downsample.1", prefix)):
+        if cand in bn_names:
+            return cand
+    return None
+
+
 def host_rng(key) -> np.random.Generator:
     """A NumPy generator seeded from a JAX key (typed or legacy uint32), for draws made on the host."""
     data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
     return np.random.default_rng(np.asarray(data).ravel())
 
 
-def _same_piece(a, b) -> bool:
-    return all(np.array_equal(a[i][k], b[i][k]) for i in (0, 1) for k in a[i])
+# ---- the verdict -----------------------------------------------------------------------------------
 
+def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict] = None,
+            factor: float = tol.ENVELOPE_FACTOR, floor: float = tol.REL_F64, zero_nodes: set[str] = frozenset(),
+            dx: Optional[tuple] = None, loss: Optional[tuple] = None, loss_envelope: float = 0.0,
+            cells: Optional[dict] = None) -> list[NodeRow]:
+    """One row per node: max error relative to max|oracle|, held to max(factor · envelope, floor).
 
-def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
-                label_smoothing: float = 0.0):
-    """Each node is the derivative of the whole loss: `fd.FDRow`s, one per node in `names`.
-
-    Central differences of the real loss (the forward's logits through `gradtie.reference`'s loss)
-    along a random unit direction v in the node, against ⟨rendered node, v⟩, at O(h²) where the
-    loss is smooth. Real batches hold windows within 1e-6 of a tie, and a difference taken across
-    a kink measures nothing; so h starts at FD_STEP and shrinks (÷4, down to FD_MIN_STEP) until both
-    ends θ ± h·v lie in the smooth piece of θ: every ReLU input with the same sign, every pool
-    window with the same choice. The forward that gives the loss gives the piece, so the check
-    costs no extra evaluation. float64. Directions are drawn and parameters moved on the host.
+    A node that is 0 in ℝ, or whose oracle is exactly 0, is measured against the net's largest
+    gradient (tolerances.ZERO_NODE_SCALE), never against 1.0. `envelope`: node -> max |spread| (the
+    point's round-off, `checks.envelope`); without it every limit is the floor. `loss`: (rendered,
+    oracle) losses, judged the same way. `cells`: node -> M of its BatchNorm layer.
     """
-    fwd_net = real_net(net)
-    t = targets_matrix(targets, cfg.num_classes, x.dtype)
-
-    def evaluate(p):
-        logits, saved = _forward(fwd_net, p, x, cfg)
-        loss = float(reference.smoothed_cross_entropy(logits, t, label_smoothing))
-        return loss, jax.tree.map(np.asarray, _piece(fwd_net, saved))
-
-    names = list(params) if names is None else list(names)
-    host = {k: np.asarray(v) for k, v in params.items()}
-    _, here = evaluate(host)
-    gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in grads.values())
-    rng = host_rng(key)
-    rows = []
-    for name in names:
-        v = rng.standard_normal(host[name].shape)
-        v /= np.linalg.norm(v)
-        h = tol.FD_STEP
-        while True:
-            plus, piece_plus = evaluate(dict(host, **{name: host[name] + h * v}))
-            minus, piece_minus = evaluate(dict(host, **{name: host[name] - h * v}))
-            if (_same_piece(piece_plus, here) and _same_piece(piece_minus, here)) or h / 4 < tol.FD_MIN_STEP:
-                break
-            h /= 4
-        value = (plus - minus) / (2 * h)
-        dot = float(np.vdot(np.asarray(grads[name]), v))
-        scale = max(abs(value), abs(dot), tol.ZERO_NODE_FLOOR * gnorm)
-        rows.append(fd.FDRow(name, value, dot, abs(value - dot) / scale, tol.FD_REL))
-    return rows
-
-
-def compare(rendered_grads: dict, oracle_grads: dict, *, limit: float, zero_nodes: set[str],
-            dx: Optional[tuple] = None) -> list[NodeRow]:
-    """One row per node: max error relative to max|oracle|; a node that is 0 in ℝ is measured
-    against the net's largest gradient instead (tolerances.ZERO_NODE_SCALE)."""
+    envelope = envelope or {}
+    cells = cells or {}
     gmax = max(float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values())
+    net_scale = tol.ZERO_NODE_SCALE * gmax if gmax > 0 else 1.0
     rows = []
+    if loss is not None:
+        lr, lo = float(loss[0]), float(loss[1])
+        scale = abs(lo) if lo != 0 else 1.0
+        env = loss_envelope / scale
+        limit = max(factor * env, floor)
+        rows.append(NodeRow("loss", (), abs(lr - lo), scale, abs(lr - lo) / scale, limit, False,
+                            int(abs(lr - lo) > limit * scale), env, floor))
     pairs = [(k, rendered_grads[k], oracle_grads[k]) for k in oracle_grads]
     if dx is not None:
         pairs.append(("input", dx[0], dx[1]))
@@ -279,28 +358,88 @@ def compare(rendered_grads: dict, oracle_grads: dict, *, limit: float, zero_node
         err = float(np.max(diff))
         zero = name in zero_nodes
         scale = float(np.max(np.abs(b64)))
-        if zero:
-            scale = max(scale, tol.ZERO_NODE_SCALE * gmax)
-        scale = scale if scale > 0 else 1.0
+        if zero or scale == 0:
+            scale = max(scale, net_scale)
+        env = envelope.get(name, 0.0) / scale
+        limit = max(factor * env, floor)
         bad = int(np.sum(diff > limit * scale))
-        rows.append(NodeRow(name, tuple(a.shape), err, scale, err / scale, limit, zero, bad))
+        rows.append(NodeRow(name, tuple(np.shape(a)), err, scale, err / scale, limit, zero, bad, env, floor,
+                            cells.get(name)))
     return rows
 
 
-def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
-        limit: float = tol.REL_F64, reference: Optional[tuple] = None) -> TieReport:
-    """Tie every parameter node and the input cotangent of `net` to autodiff at (params, x).
+def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, point: Optional[Point] = None,
+        key: Optional[jax.Array] = None, factor: float = tol.ENVELOPE_FACTOR) -> TieReport:
+    """Tie every parameter node, the input cotangent and the loss of `net` to autodiff at (params, x).
 
-    Runs in the dtype of params and x (float64 needs `jax_enable_x64`). `reference`: the oracle's
-    (loss, grads, dx) at this very point, when several ties share it (`oracle_nodes`).
+    The rendered chain runs in the dtype of params and x (float64 or float32); the reference is the
+    float64 oracle at the same (exactly widened) point, so this needs `jax_enable_x64`. Each row is
+    held to max(factor × the point's envelope in that dtype, the dtype's floor) (`checks.envelope`).
+    Where a pool window ties at a positive maximum, the input cotangent is tied to the model frozen
+    at σ = argmax. `point`: `reference_at`'s reference and envelope, when several ties share them
+    (the controls of one point).
     """
+    dtype = np.dtype(x.dtype).name
+    if dtype not in tol.FLOORS:
+        raise ValueError(f"tie: x must be float64 or float32, got {dtype}")
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
-    loss_r, g_r, dx_r = rendered_nodes(net, params, x, t, cfg, label_smoothing)
-    if reference is None:
-        reference = oracle_nodes(net, params, x, t, cfg, label_smoothing)
-    loss_o, g_o, dx_o = reference
+    if point is None:
+        point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key)
+    elif point.dtype != dtype:
+        raise ValueError(f"tie: the shared point was measured for {point.dtype}, the chain runs in {dtype}")
+    return report(net_label(net), params, rendered_nodes(net, params, x, t, cfg, label_smoothing), point,
+                  factor=factor)
+
+
+def report(label: str, params, rendered_side: tuple, point: "Point", *, factor: float = tol.ENVELOPE_FACTOR,
+           meta: Optional[dict] = None) -> TieReport:
+    """The verdict of one rendered (loss, grads, dx) against the point's reference and envelope:
+    the one path every tie (single device, data parallel, a control) reports through."""
+    loss_r, g_r, dx_r = rendered_side
+    loss_o, g_o, dx_o = point.reference
     # compiled code hands dicts back key-sorted: the rows follow the signature order of params
     g_r, g_o = ({name: g[name] for name in params} for g in (g_r, g_o))
-    rows = compare(g_r, g_o, limit=limit, zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o))
-    return TieReport(net=net_label(net), dtype=str(x.dtype), rows=rows,
-                     loss=float(loss_r), loss_oracle=float(loss_o))
+    cells = {name: point.bn_cells[b] for name in params if (b := bn_of(name, point.bn_cells)) is not None}
+    rows = compare(g_r, g_o, envelope=point.envelope.nodes, factor=factor, floor=tol.FLOORS[point.dtype],
+                   zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
+                   loss_envelope=point.envelope.loss, cells=cells)
+    meta = {"input_model": point.input_model, "tied_windows": point.tied_windows,
+            "bn_cells": point.bn_cells, "envelope_evaluations": list(point.envelope.evaluations),
+            "factor": factor, **(meta or {})}
+    return TieReport(net=label, dtype=point.dtype, rows=rows, loss=float(loss_r),
+                     loss_oracle=float(loss_o), meta=meta)
+
+
+@dataclass(frozen=True)
+class Point:
+    """What every tie at one point shares: the float64 reference and the point's envelope."""
+    dtype: str                   # the dtype the envelope was measured for
+    reference: tuple             # the float64 oracle's (loss, grads, dx)
+    envelope: env_.Envelope
+    input_model: str             # "real", or "frozen" (pools frozen at σ = argmax: ties at a positive max)
+    tied_windows: int
+    bn_cells: dict[str, int]     # M per BatchNorm layer
+
+
+def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
+                 key: Optional[jax.Array] = None) -> Point:
+    """The float64 oracle at the exactly widened (params, x) and the point's envelope for the dtype
+    of x, with what the report states about them (the input model, the BatchNorm reduction sizes)."""
+    if not jax.config.jax_enable_x64:
+        raise ValueError("the tie's reference is float64: it needs jax_enable_x64 "
+                         "(jax.config.update('jax_enable_x64', True))")
+    dtype = np.dtype(x.dtype).name
+    key = jax.random.key(0) if key is None else key
+    p64 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
+    x64 = jnp.asarray(np.asarray(x, np.float64))
+    t64 = targets_matrix(targets, cfg.num_classes, jnp.float64)
+    real = real_net(net)
+    sel, ties = frozen_selections(real, p64, x64, cfg)
+    reference = oracle_nodes(real, p64, x64, t64, cfg, label_smoothing, sel)
+
+    def evaluate(p, x_, t_, s_):
+        return oracle_nodes(real, p, x_, t_, cfg, label_smoothing, s_)
+
+    envelope = env_.measure(evaluate, p64, x64, t64, reference, dtype=dtype, key=key, selections=sel)
+    return Point(dtype, reference, envelope, "frozen" if sel is not None else "real", ties,
+                 bn_cells(real, p64, x64, cfg))

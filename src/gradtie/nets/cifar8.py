@@ -199,13 +199,20 @@ def pool_inputs(saved) -> dict[str, jax.Array]:
     return {f"pool{k}": saved[f"stage{k}"].r2 for k in range(1, 5)}
 
 
-def batch_stats(saved) -> dict[str, jax.Array]:
-    """`bn{j}.running_mean` / `bn{j}.running_var`: this batch's mean and biased variance."""
+def bn_layers(saved) -> dict[str, ConvBNSaved]:
+    """"bn1" … "bn8": each BN layer's saved record (its input c and batch statistics)."""
     out = {}
     for k in range(1, 5):
         a, b = _layers(k)
-        out.update(batch_statistic_entries(f"bn{a}", saved[f"stage{k}"].layer1))
-        out.update(batch_statistic_entries(f"bn{b}", saved[f"stage{k}"].layer2))
+        out[f"bn{a}"], out[f"bn{b}"] = saved[f"stage{k}"].layer1, saved[f"stage{k}"].layer2
+    return out
+
+
+def batch_stats(saved) -> dict[str, jax.Array]:
+    """`bn{j}.running_mean` / `bn{j}.running_var`: this batch's mean and biased variance."""
+    out = {}
+    for name, layer in bn_layers(saved).items():
+        out.update(batch_statistic_entries(name, layer))
     return out
 
 

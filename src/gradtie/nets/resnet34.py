@@ -243,15 +243,22 @@ def pool_inputs(saved) -> dict[str, jax.Array]:
     return {"stem.pool": saved["stem"].r1}
 
 
-def batch_stats(saved) -> dict[str, jax.Array]:
-    """`<bn>.running_mean` / `<bn>.running_var` (torchvision names): this batch's mean and biased variance."""
-    out = batch_statistic_entries("bn1", saved["stem"].layer)
+def bn_layers(saved) -> dict[str, ConvBNSaved]:
+    """Every BN layer's saved record (its input c and batch statistics), torchvision names."""
+    out = {"bn1": saved["stem"].layer}
     for block in blocks():
         s = saved[block.name]
-        out.update(batch_statistic_entries(f"{block.name}.bn1", s.layer1))
-        out.update(batch_statistic_entries(f"{block.name}.bn2", s.layer2))
+        out[f"{block.name}.bn1"], out[f"{block.name}.bn2"] = s.layer1, s.layer2
         if s.proj is not None:
-            out.update(batch_statistic_entries(f"{block.name}.downsample.1", s.proj))
+            out[f"{block.name}.downsample.1"] = s.proj
+    return out
+
+
+def batch_stats(saved) -> dict[str, jax.Array]:
+    """`<bn>.running_mean` / `<bn>.running_var` (torchvision names): this batch's mean and biased variance."""
+    out = {}
+    for name, layer in bn_layers(saved).items():
+        out.update(batch_statistic_entries(name, layer))
     return out
 
 
