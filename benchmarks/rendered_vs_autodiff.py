@@ -35,18 +35,6 @@ def markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def verdict(results: list[bench.BenchResult]) -> list[str]:
-    """The configurations that break the limits (empty: all hold)."""
-    bad = []
-    for r in results:
-        if r.ratio > tolerances.SPEED_RATIO_LIMIT:
-            bad.append(f"{r.config.label()}: ratio {r.ratio:.3f} > {tolerances.SPEED_RATIO_LIMIT}")
-        if r.rendered_temp_mib is not None and r.rendered_temp_mib > r.autodiff_temp_mib:
-            bad.append(f"{r.config.label()}: temporary memory {r.rendered_temp_mib:.1f} MiB > "
-                       f"autodiff's {r.autodiff_temp_mib:.1f} MiB")
-    return bad
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--suite", choices=("cpu", "quick"), default="cpu")
@@ -58,7 +46,7 @@ def main() -> int:
     text = markdown(doc)
     args.out.with_suffix(".md").write_text(text)
     print(text)
-    bad = verdict(doc["results"])
+    bad = bench.verdict(doc["results"], tolerances.SPEED_RATIO_LIMIT)
     for line in bad:
         print("over the limit:", line)
     return 1 if (args.check and bad) else 0

@@ -38,6 +38,8 @@ def _bench(args: argparse.Namespace) -> int:
     from . import bench
     if args.abstract:
         rows = bench.abstract_in_fresh_process(args.profile, args.chapters)
+        if args.out:
+            bench.write_abstract(args.out, rows, profile=args.profile)
         table, ok = bench.fit_table(rows)
         if args.json:
             print(json.dumps([{"owner": r.workload.owner, "label": r.workload.label, "side": r.workload.side,
