@@ -1,11 +1,21 @@
-"""The smooth-point census (SPEC §5): dead / strict / twin tie / non-twin tie, zero pre-activations.
+"""The smooth-point census (SPEC §5): dead / strict / twin tie / non-twin tie, zero pre-activations,
+and the verdicts of the suite's three smooth-point hypotheses.
 
 Constructed windows first (the classifier on hand-made pre-activations and weight draws), then the
-nets on real images: flat images at the default init hold twin ties and no non-twin tie; photos
-are mostly dead and strict windows; the convs before pool1 reduced to their centre tap turn equal
-PIXELS into ties that are not twins, and the census must refuse the point. At a twin tie, routing
-to the other twin keeps the parameter gradient and moves the input gradient; at a non-twin tie the
-parameter gradient moves too, and the one-sided slopes of the loss differ.
+nets on real images at drawn weights (γ ≠ 1, β ≠ 0): flat images hold twin ties and no non-twin
+tie; photos are mostly dead and strict windows; the convs before pool1 reduced to their centre tap
+turn equal PIXELS into ties that are not twins, and the census must refuse the point. Each point
+gets one verdict per hypothesis, and every hypothesis is shown both holding and failing:
+
+| point | parameter gradients | ResNet-34 input (h_stem, h_pool) | cifar8 input (Cifar8BbnSmoothAt) |
+|---|---|---|---|
+| randn, pool-feeding β lifted (no dead window) | holds | holds | holds |
+| photos (dead windows) | holds | holds | fails |
+| flat images (twin ties) | holds | fails | fails |
+| planted non-twin tie | fails | fails | fails |
+
+At a twin tie, routing to the other twin keeps the parameter gradient and moves the input gradient;
+at a non-twin tie the parameter gradient moves too, and the one-sided slopes of the loss differ.
 """
 
 import jax
@@ -66,11 +76,12 @@ def test_classify_padded_3x3_windows():
 # ---- the nets on real images ------------------------------------------------------------------
 
 CFG = cifar8.Config()
+CFG34 = resnet34.Config(num_classes=10)
 
 
 @pytest.fixture(scope="module")
 def params():
-    return {k: v.astype(jnp.float64) for k, v in cifar8.init(jax.random.key(0), CFG).items()}
+    return {k: v.astype(jnp.float64) for k, v in cifar8.init(jax.random.key(0), CFG, weights="drawn").items()}
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +95,11 @@ def photos():
 
 
 @pytest.fixture(scope="module")
+def randn():
+    return jax.random.normal(jax.random.key(0), (2, 3, 32, 32), jnp.float64)
+
+
+@pytest.fixture(scope="module")
 def labels():
     return jnp.asarray([3, 7])
 
@@ -91,6 +107,11 @@ def labels():
 @pytest.fixture(scope="module")
 def flat_report(params, flat):
     return census.smoothness(cifar8, params, flat, CFG)
+
+
+@pytest.fixture(scope="module")
+def photo_report(params, photos):
+    return census.smoothness(cifar8, params, photos, CFG)
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +126,10 @@ def planted_report(planted, flat):
 
 def _total(report, cls):
     return sum(p.counts[cls] for p in report.pools)
+
+
+def _verdicts(report):
+    return {h.key: h.holds for h in report.hypotheses}
 
 
 def test_counts_cover_every_window(flat_report):
@@ -130,8 +155,8 @@ def test_twin_tied_cells_are_bit_equal_on_flat_images(params, flat, flat_report)
     assert ((win == win.max(-1, keepdims=True)).sum(-1)[twin] >= 2).all()
 
 
-def test_photos_are_mostly_dead_and_strict(params, photos):
-    report = census.smoothness(cifar8, params, photos, CFG)
+def test_photos_are_mostly_dead_and_strict(photo_report):
+    report = photo_report
     assert report.ok
     windows = sum(p.windows for p in report.pools)
     assert _total(report, "dead") + _total(report, "strict") >= 0.99 * windows
@@ -161,11 +186,15 @@ def test_centre_tap_kernels_make_non_twin_ties(params, planted, planted_report, 
     assert cells.max() > 0 and (cells == cells.max()).sum() >= 2
 
 
+def _zero_channel(params, bn, channel):
+    """γ = β = 0 in one BN channel: that channel reads exactly 0 before the ReLU."""
+    return dict(params, **{f"{bn}.weight": params[f"{bn}.weight"].at[channel].set(0.0),
+                           f"{bn}.bias": params[f"{bn}.bias"].at[channel].set(0.0)})
+
+
 def test_zero_pre_activations_are_violations(params, photos):
-    """γ = β = 0 in one BN channel makes that channel exactly 0 before the ReLU."""
-    p = dict(params, **{"bn2.weight": params["bn2.weight"].at[3].set(0.0)})
-    r = census.smoothness(cifar8, p, photos, CFG)
-    assert not r.ok and r.zeros == 2 * 32 * 32
+    r = census.smoothness(cifar8, _zero_channel(params, "bn2", 3), photos, CFG)
+    assert not r.ok and r.zeros == 2 * 32 * 32 and r.zero_counts["bn2"] == r.zeros
     zero = [v for v in r.violations if v.kind == "zero pre-activation"]
     assert zero and zero[0].layer == "bn2" and zero[0].channel == 3
     assert zero[0].describe().startswith("zero pre-activation at bn2, example 0, channel 3, cell (")
@@ -177,22 +206,159 @@ def test_report_as_dict_round_trips_counts(planted_report):
     assert d["ok"] is False and d["non_twin_ties"] == planted_report.non_twin_ties
     assert d["pools"][0]["counts"] == planted_report.pools[0].counts
     assert d["violations"][0]["layer"] == "pool1"
+    assert [h["key"] for h in d["hypotheses"]] == ["parameters", "cifar8_input"]
+    assert d["hypotheses"][0]["holds"] is False and d["hypotheses"][0]["violations"][0]["kind"] == "non-twin tie"
     assert "non-twin tie" in planted_report.table().splitlines()[0]
 
 
-def test_resnet34_stem_pool_census():
-    """64 px, batch 1: layer4 keeps 2×2 cells per BN channel. (At 32 px and batch 1 it normalises a
-    single cell, x̂ = 0, and its ReLUs read exactly β = 0: the census refuses that point.)"""
-    cfg = resnet34.Config(num_classes=10)
-    p = {k: v.astype(jnp.float64) for k, v in resnet34.init(jax.random.key(0), cfg).items()}
-    x = jnp.asarray(data.photos(1, 64, seed=0, dtype=np.float64))
-    r = census.smoothness(resnet34, p, x, cfg, draws=2)
+def test_smoothness_refuses_images_of_another_dtype(params, photos):
+    with pytest.raises(ValueError, match="float64 or float32"):
+        census.smoothness(cifar8, params, photos.astype(jnp.bfloat16), CFG)
+
+
+# ---- three hypotheses, three verdicts: cifar8 ---------------------------------------------------
+
+def test_every_hypothesis_holds_where_no_window_is_dead(params, randn):
+    """randn has no twins; lifting each pool-feeding β just above its lowest window maximum leaves no
+    dead window, and then even MaxPool2Smooth (unique maxima only) holds."""
+    before = census.smoothness(cifar8, params, randn, CFG)
+    assert _total(before, "dead") > 0 and _verdicts(before) == {"parameters": True, "cifar8_input": False}
+    lifted = census.lift_dead_windows(cifar8, params, randn, CFG)
+    moved = {k for k in params if not np.array_equal(lifted[k], params[k])}
+    assert moved and moved <= {f"bn{2 * k}.bias" for k in range(1, 5)}
+    assert all(np.all(np.asarray(lifted[k]) >= np.asarray(params[k])) for k in moved)
+    r = census.smoothness(cifar8, lifted, randn, CFG)
+    assert _total(r, "dead") == 0 and _total(r, "twin tie") == 0 and r.zeros == 0
+    assert _verdicts(r) == {"parameters": True, "cifar8_input": True}
+    assert all(h.violated == 0 and h.first is None and h.violations == [] for h in r.hypotheses)
+    assert r.summary().endswith("hypotheses: parameter gradients hold, cifar8 input gradient holds")
+
+
+def test_photos_hold_the_parameter_hypothesis_not_max_pool2_smooth(photo_report):
+    """Dead windows tie their zeros: allowed for the parameter gradients, not by MaxPool2Smooth."""
+    r = photo_report
+    assert _verdicts(r) == {"parameters": True, "cifar8_input": False}
+    c8 = r.hypothesis("cifar8_input")
+    pools, convs, fcs = c8.clauses
+    assert pools.name.startswith("MaxPool2Smooth") and pools.violated == _total(r, "dead") > 0
+    assert convs.holds and fcs.holds
+    assert c8.first.kind == "dead window" and c8.first.layer == "pool1"
+    assert c8.first.describe().startswith("dead window at pool1, example 0, channel ")
+    assert c8.summary().startswith(f"cifar8 input gradient: fails (MaxPool2Smooth (pools 1…4) ×{pools.violated})")
+
+
+def test_flat_images_break_max_pool2_smooth_by_twin_ties_too(flat_report):
+    r = flat_report
+    assert _verdicts(r) == {"parameters": True, "cifar8_input": False}
+    pools = r.hypothesis("cifar8 input gradient").clauses[0]
+    assert pools.violated == _total(r, "dead") + _total(r, "twin tie")
+    assert _total(r, "twin tie") > 100
+
+
+def test_a_non_twin_tie_breaks_every_hypothesis(planted_report):
+    r = planted_report
+    assert _verdicts(r) == {"parameters": False, "cifar8_input": False}
+    param = r.hypothesis("parameters")
+    assert param.clauses[0].violated == r.non_twin_ties and param.clauses[1].holds
+    assert param.first == r.violations[0]
+    assert r.hypothesis("cifar8_input").clauses[0].violated == sum(
+        _total(r, c) for c in ("dead", "twin tie", "non-twin tie"))
+
+
+def test_zeros_break_the_clause_of_their_layer(params, photos):
+    """A zero in a conv channel breaks c8Z₁…c8Z₈; a zero in a head unit breaks the head clause."""
+    r = census.smoothness(cifar8, _zero_channel(params, "bn5", 0), photos, CFG)
+    param, c8 = r.hypotheses
+    assert not param.holds and [c.holds for c in param.clauses] == [True, False]
+    assert [c.violated for c in c8.clauses[1:]] == [2 * 8 * 8, 0]
+    assert c8.clauses[1].listed[0].layer == "bn5"
+    head_zero = dict(params, **{"fc1.weight": params["fc1.weight"].at[7].set(0.0),
+                                "fc1.bias": params["fc1.bias"].at[7].set(0.0)})
+    r = census.smoothness(cifar8, head_zero, photos, CFG)
+    c8 = r.hypothesis("cifar8_input")
+    assert [c.violated for c in c8.clauses[1:]] == [0, 2]
+    assert c8.clauses[2].listed[0].describe() == "zero pre-activation at fc1, example 0, unit 7"
+
+
+def test_hypothesis_lookup_and_table(photo_report):
+    r = photo_report
+    assert r.hypothesis("cifar8 input gradient") is not None
+    with pytest.raises(ValueError, match="resnet34_input"):
+        r.hypothesis("resnet34_input")
+    table = r.table()
+    assert "MaxPool2Smooth (pools 1…4)" in table and "→ cifar8BbnInputGradB_correct" in table
+    assert "→ cifar8Bbn_net_lossGrad" in table
+
+
+def test_a_report_without_per_layer_zeros_never_loses_them():
+    """A report built by hand (zeros counted, not attributed) charges them to every zero clause."""
+    pools = [census.PoolCensus("pool1", "bn2", np.array([[[[STRICT, STRICT]]]]), 1e-3, np.inf)]
+    r = census.SmoothReport(pools, 5, 0.0)
+    assert not r.ok
+    assert [h.holds for h in r.hypotheses] == [False, False]
+    assert r.hypothesis("cifar8_input").clauses[1].violated == 5
+
+
+# ---- three hypotheses, three verdicts: ResNet-34 ------------------------------------------------
+
+@pytest.fixture(scope="module")
+def params34():
+    return {k: v.astype(jnp.float64) for k, v in resnet34.init(jax.random.key(0), CFG34, weights="drawn").items()}
+
+
+def _census34(params34, x):
+    return census.smoothness(resnet34, params34, x, CFG34, draws=2)
+
+
+@pytest.fixture(scope="module")
+def photo34(params34):
+    return _census34(params34, jnp.asarray(data.photos(2, 32, seed=0, dtype=np.float64)))
+
+
+def test_resnet34_stem_pool_census(photo34):
+    r = photo34
     assert [q.pool for q in r.pools] == ["stem.pool"] and r.pools[0].preactivation == "bn1"
-    assert r.pools[0].windows == 64 * 16 * 16
+    assert r.pools[0].windows == 2 * 64 * 8 * 8
     assert r.ok and r.pools[0].counts["dead"] > 0 and r.pools[0].counts["strict"] > 0
-    planted = census.smoothness(resnet34, census.planted_tie(resnet34, p),
-                                jnp.asarray(data.flat_images(1, 64, seed=0, dtype=np.float64)), cfg, draws=2)
-    assert not planted.ok and planted.violations[0].layer == "stem.pool"
+
+
+def test_resnet34_dead_windows_satisfy_h_pool(photo34):
+    """h_pool allows a window that is all zero: photos hold both ResNet-34 hypotheses."""
+    assert _verdicts(photo34) == {"parameters": True, "resnet34_input": True}
+    assert [c.name.split(" ")[0] for c in photo34.hypothesis("resnet34_input").clauses] == ["h_stem", "h_pool", "hb₁…hb₁₆"]
+
+
+def test_resnet34_twin_ties_break_h_pool(params34):
+    r = _census34(params34, jnp.asarray(data.flat_images(2, 32, seed=0, dtype=np.float64)))
+    assert _verdicts(r) == {"parameters": True, "resnet34_input": False}
+    h_stem, h_pool, blocks = r.hypothesis("resnet34_input").clauses
+    assert h_stem.holds and blocks.holds
+    assert h_pool.violated == r.pools[0].counts["twin tie"] > 0
+    assert h_pool.listed[0].kind == "twin tie" and h_pool.listed[0].layer == "stem.pool"
+
+
+def test_resnet34_non_twin_tie_breaks_both(params34):
+    r = _census34(census.planted_tie(resnet34, params34), jnp.asarray(data.flat_images(2, 32, seed=0, dtype=np.float64)))
+    assert _verdicts(r) == {"parameters": False, "resnet34_input": False}
+    assert r.violations[0].layer == "stem.pool" and r.hypothesis("parameters").first.kind == "non-twin tie"
+
+
+def test_resnet34_lifted_randn_point_holds_both(params34):
+    x = jax.random.normal(jax.random.key(1), (2, 3, 32, 32), jnp.float64)
+    lifted = census.lift_dead_windows(resnet34, params34, x, CFG34)
+    r = _census34(lifted, x)
+    assert r.pools[0].counts["dead"] == 0 and r.pools[0].counts["twin tie"] == 0
+    assert _verdicts(r) == {"parameters": True, "resnet34_input": True}
+
+
+def test_resnet34_zeros_split_between_h_stem_and_the_blocks(params34):
+    x = jnp.asarray(data.photos(2, 32, seed=0, dtype=np.float64))
+    stem = _census34(_zero_channel(params34, "bn1", 5), x)
+    assert [c.holds for c in stem.hypothesis("resnet34_input").clauses] == [False, True, True]
+    block = _census34(_zero_channel(params34, "layer2.1.bn1", 0), x)
+    h_stem, _, blocks = block.hypothesis("resnet34_input").clauses
+    assert h_stem.holds and not blocks.holds and blocks.listed[0].layer == "layer2.1.bn1"
+    assert not block.ok
 
 
 # ---- routing: which twin the backward picks -----------------------------------------------------

@@ -1,18 +1,31 @@
-"""The smooth-point census: classify every max-pool window and flag ReLU inputs that are exactly 0.
+"""The smooth-point census: classify every max-pool window, flag ReLU inputs that are exactly 0, and
+read off which of the Lean suite's three smooth-point hypotheses holds.
 
 Each window of a pool, per example and channel, is read from the pre-activations z that feed
 ReLU → pool (SPEC §5):
 
-- dead: every cell has z < 0 (the pooled value stays 0 nearby, whatever cell is chosen);
+- dead: every cell has z ≤ 0, so every cell reads 0 after the ReLU (z < 0: the pooled value stays
+  0 nearby, whatever cell is chosen; a z exactly 0 is flagged on its own);
 - strict: the maximum is strictly above every other cell;
 - twin tie: the maximum is attained only at twins — cells equal for every value of every weight
   upstream (the image fixed); a twin tie never breaks, so the parameter gradient is the same
   whichever twin the backward routes to;
-- non-twin tie: the hypothesis fails; the loss is not differentiable there.
+- non-twin tie: no hypothesis holds; the loss is not differentiable there.
 
 Twins are found by equality under random draws of all the net's weights (conv weights and biases,
 γ, β): equal values as functions of the weights stay equal under every draw, unequal ones part.
-Shown in: Pools, Stage germs.
+
+The suite states three different smooth-point hypotheses, and one census reads all three:
+
+| hypothesis | Lean | windows allowed | ReLU inputs off 0 |
+|---|---|---|---|
+| parameter gradients | `cifar8Bbn_net_lossGrad` (`Cifar8BbnLossSmoothAt`, C8PoolTwin₁…₄), `r34_net_tiedB` | dead, strict, twin tie | every one |
+| ResNet-34 input gradient | `r34InputGradB_correct` (`h_stem`, `h_pool`: `StemPoolSmoothAt`) | dead (all zero), strict | the stem's (`h_stem`); the blocks' sit inside their `HasVJPDiffAt` witnesses hb₁…hb₁₆ |
+| cifar8 input gradient | `cifar8BbnInputGradB_correct` (`Cifar8BbnSmoothAt`, `MaxPool2Smooth`) | strict only (a dead window ties its zeros) | c8Z₁…c8Z₈ and the two head pre-activations |
+
+`SmoothReport.ok` is the parameter-gradient hypothesis (the one `gradtie check` exits 2 on);
+`SmoothReport.hypotheses` gives each hypothesis that applies to the net its own verdict. Shown in:
+Pools, Stage germs.
 """
 
 from __future__ import annotations
@@ -26,26 +39,34 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..ops import head, maxpool
+from .tolerances import RADIUS_FRACTION, ROUTE_REL, SLOPE_REL, TWIN_REL  # noqa: F401 (the old names)
 
 CLASSES = ("dead", "strict", "twin tie", "non-twin tie")
 DEAD, STRICT, TWIN, NON_TWIN = range(4)
+# A violating window is named by its class: a dead window breaks only MaxPool2Smooth.
+WINDOW_KINDS = ("dead window", "strict", "twin tie", "non-twin tie")
 
-# Twins agree to round-off under every draw; non-twins part by O(1) of the channel's scale.
-TWIN_REL = {np.dtype(np.float64): 1e-9, np.dtype(np.float32): 1e-4}
+# Fresh draws of every upstream weight that twins must stay equal under. One draw already parts
+# non-twins with probability 1 (their values are different polynomials in the weights); three guard
+# against a draw that happens to land near a coincidence.
 DRAWS = 3
 MAX_LISTED = 20
+
+PARAMETERS, R34_INPUT, C8_INPUT = "parameters", "resnet34_input", "cifar8_input"
 
 
 @dataclass(frozen=True)
 class Violation:
-    kind: str                 # "non-twin tie" or "zero pre-activation"
-    layer: str                # the pool (ties) or the layer whose output feeds ReLU (zeros)
+    kind: str                 # "non-twin tie", "twin tie", "dead window" or "zero pre-activation"
+    layer: str                # the pool (windows) or the layer whose output feeds a ReLU (zeros)
     example: int
-    channel: int
-    where: tuple[int, ...]    # window (i, j) for a tie; cell (h, w) or dense unit (u,) for a zero
+    channel: int              # the channel, or a dense layer's unit
+    where: tuple[int, ...]    # window (i, j); cell (h, w) for a zero; () for a dense unit
 
     def describe(self) -> str:
-        what = "window" if self.kind == "non-twin tie" else "cell"
+        if not self.where:   # a dense layer: its unit stands where a channel would
+            return f"{self.kind} at {self.layer}, example {self.example}, unit {self.channel}"
+        what = "cell" if self.kind == "zero pre-activation" else "window"
         return (f"{self.kind} at {self.layer}, example {self.example}, channel {self.channel}, "
                 f"{what} {self.where}")
 
@@ -66,6 +87,74 @@ class PoolCensus:
     def windows(self) -> int:
         return int(self.classes.size)
 
+    def listed(self, classes: Sequence[int]) -> tuple[Violation, ...]:
+        """The first MAX_LISTED windows of the given classes, in (example, channel, i, j) order."""
+        bad = np.isin(self.classes, classes)
+        return tuple(Violation(WINDOW_KINDS[int(self.classes[n, c, i, j])], self.pool, n, c, (i, j))
+                     for n, c, i, j in _locations(bad))
+
+
+@dataclass(frozen=True)
+class Clause:
+    """One clause of a hypothesis: what it asks, how many windows or cells break it, the first few."""
+    name: str                          # the clause as the suite names it, e.g. "h_pool (StemPoolSmoothAt)"
+    asks: str                          # what it asks, in words
+    violated: int                      # windows or cells that break it
+    listed: tuple[Violation, ...] = ()  # the first MAX_LISTED of them
+
+    @property
+    def holds(self) -> bool:
+        return self.violated == 0
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    """One smooth-point hypothesis of the suite, read at one point: it holds when every clause does."""
+    key: str                  # PARAMETERS, R34_INPUT or C8_INPUT
+    name: str                 # "parameter gradients", "ResNet-34 input gradient", "cifar8 input gradient"
+    lean: str                 # the statement whose hypothesis this is
+    clauses: tuple[Clause, ...]
+
+    @property
+    def holds(self) -> bool:
+        return all(c.holds for c in self.clauses)
+
+    @property
+    def violated(self) -> int:
+        """Windows and cells that break a clause (a cell counted once per clause it breaks)."""
+        return sum(c.violated for c in self.clauses)
+
+    @property
+    def violations(self) -> list[Violation]:
+        """The first MAX_LISTED violations of each clause, clause by clause."""
+        return [v for c in self.clauses for v in c.listed]
+
+    @property
+    def first(self) -> Optional[Violation]:
+        """The first violation of the first clause that fails (None when the hypothesis holds)."""
+        return next((c.listed[0] for c in self.clauses if c.listed), None)
+
+    def verdict(self) -> str:
+        """One short phrase: "parameter gradients hold", or which clauses break and how often."""
+        if self.holds:
+            return f"{self.name} hold" if self.name.endswith("s") else f"{self.name} holds"
+        broken = ", ".join(f"{c.name} ×{c.violated}" for c in self.clauses if not c.holds)
+        return f"{self.name} FAIL ({broken})" if self.name.endswith("s") else f"{self.name} FAILS ({broken})"
+
+    def summary(self) -> str:
+        """The verdict, and the first violation when it fails."""
+        if self.holds:
+            return f"{self.name}: holds"
+        broken = ", ".join(f"{c.name} ×{c.violated}" for c in self.clauses if not c.holds)
+        first = self.first.describe() if self.first is not None else "unlisted"
+        return f"{self.name}: fails ({broken}); first: {first}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "name": self.name, "lean": self.lean, "holds": self.holds,
+                "clauses": [{"name": c.name, "asks": c.asks, "violated": c.violated, "holds": c.holds}
+                            for c in self.clauses],
+                "violations": [v.__dict__ for v in self.violations]}
+
 
 @dataclass
 class SmoothReport:
@@ -74,18 +163,41 @@ class SmoothReport:
     min_abs_preactivation: float
     violations: list[Violation] = field(default_factory=list)   # the first MAX_LISTED of each kind
     non_twin_ties: int = 0
+    zero_counts: dict[str, int] = field(default_factory=dict)    # ReLU inputs exactly 0, per layer
+    zero_listed: dict[str, tuple[Violation, ...]] = field(default_factory=dict)  # the first few, per layer
+    net: str = ""                         # "cifar8" or "resnet34" (read off the pools when empty)
 
     @property
     def ok(self) -> bool:
+        """The parameter-gradient hypothesis: every window dead, strict or twin-tied, no ReLU input 0."""
         return self.zeros == 0 and self.non_twin_ties == 0
+
+    @property
+    def net_name(self) -> str:
+        return self.net or ("resnet34" if any(p.pool == "stem.pool" for p in self.pools) else "cifar8")
+
+    @property
+    def hypotheses(self) -> list[Hypothesis]:
+        """Each hypothesis that applies to the net, the parameter-gradient one first: cifar8 →
+        [parameters, cifar8_input]; ResNet-34 → [parameters, resnet34_input]."""
+        return hypotheses(self)
+
+    def hypothesis(self, key: str) -> Hypothesis:
+        """The verdict of one hypothesis by key (PARAMETERS, R34_INPUT, C8_INPUT) or name."""
+        for h in self.hypotheses:
+            if key in (h.key, h.name):
+                return h
+        known = ", ".join(h.key for h in self.hypotheses)
+        raise ValueError(f"hypothesis {key!r} does not apply to {self.net_name}; expected one of {known}")
 
     def summary(self) -> str:
         total = {c: sum(p.counts[c] for p in self.pools) for c in CLASSES}
         counts = ", ".join(f"{v} {k}" for k, v in total.items())
+        verdicts = "hypotheses: " + ", ".join(h.verdict() for h in self.hypotheses)
         if self.ok:
-            return f"smooth point: {counts}; {self.zeros} zero pre-activations"
+            return f"smooth point: {counts}; {self.zeros} zero pre-activations; {verdicts}"
         return (f"NOT smooth: {self.non_twin_ties} non-twin ties, {self.zeros} zero pre-activations; "
-                f"first: {self.violations[0].describe()}")
+                f"first: {self.violations[0].describe()}; {verdicts}")
 
     def table(self) -> str:
         lines = [f"{'pool':<12} {'reads':<10} " + " ".join(f"{c:>13}" for c in CLASSES) + f" {'margin':>9}"]
@@ -93,7 +205,7 @@ class SmoothReport:
             c = p.counts
             lines.append(f"{p.pool:<12} {p.preactivation:<10} " +
                          " ".join(f"{c[k]:>13}" for k in CLASSES) + f" {p.margin:9.2e}")
-        return "\n".join(lines)
+        return "\n".join(lines + [""] + hypotheses_table(self.hypotheses).splitlines())
 
     def as_dict(self) -> dict[str, Any]:
         return {"ok": self.ok, "summary": self.summary(), "zeros": self.zeros,
@@ -101,8 +213,72 @@ class SmoothReport:
                 "min_abs_preactivation": self.min_abs_preactivation,
                 "pools": [{"pool": p.pool, "preactivation": p.preactivation, "counts": p.counts,
                            "margin": p.margin, "dead_margin": p.dead_margin} for p in self.pools],
-                "violations": [v.__dict__ for v in self.violations]}
+                "violations": [v.__dict__ for v in self.violations],
+                "zero_counts": dict(self.zero_counts),
+                "hypotheses": [h.as_dict() for h in self.hypotheses]}
 
+
+def hypotheses_table(hyps: Sequence[Hypothesis]) -> str:
+    """One row per clause: hypothesis, clause, windows or cells breaking it, holds."""
+    lines = [f"{'hypothesis':<26} {'clause':<46} {'violated':>9}  holds"]
+    for h in hyps:
+        for i, c in enumerate(h.clauses):
+            label = h.name if i == 0 else ""
+            lines.append(f"{label:<26} {c.name:<46} {c.violated:>9}  {'yes' if c.holds else 'NO'}")
+        lines.append(f"{'':<26} {'→ ' + h.lean:<46} {h.violated:>9}  {'HOLDS' if h.holds else 'FAILS'}")
+    return "\n".join(lines)
+
+
+# ---- the three hypotheses ---------------------------------------------------------------------
+
+def _zero_clause(report: SmoothReport, name: str, asks: str, layers: Sequence[str]) -> Clause:
+    listed = [v for layer in layers for v in report.zero_listed.get(layer, ())][:MAX_LISTED]
+    return Clause(name, asks, sum(report.zero_counts.get(layer, 0) for layer in layers), tuple(listed))
+
+
+def _window_clause(report: SmoothReport, name: str, asks: str, classes: Sequence[int]) -> Clause:
+    listed = [v for p in report.pools for v in p.listed(classes)][:MAX_LISTED]
+    return Clause(name, asks, sum(int(np.isin(p.classes, classes).sum()) for p in report.pools), tuple(listed))
+
+
+def hypotheses(report: SmoothReport) -> list[Hypothesis]:
+    """The verdicts of the hypotheses that apply to the report's net (see the module docstring).
+
+    A report built without per-layer zero counts (`zero_counts` empty) counts its `zeros` against
+    every zero clause, so a zero is never lost."""
+    layers = list(report.zero_counts) or ["?"]
+    zero_counts = report.zero_counts or {"?": report.zeros}
+    report = SmoothReport(report.pools, report.zeros, report.min_abs_preactivation, report.violations,
+                          report.non_twin_ties, zero_counts, report.zero_listed, report.net_name)
+    every_relu = _zero_clause(report, "no ReLU input exactly 0", "every ReLU off its kink", layers)
+    if report.net == "resnet34":
+        stem, blocks = [k for k in layers if k in ("bn1", "?")], [k for k in layers if k not in ("bn1",)]
+        param = Hypothesis(PARAMETERS, "parameter gradients", "r34_net_tiedB", (
+            _window_clause(report, "stem-pool windows dead, strict or twin-tied",
+                           "no tie between cells that are not twins", (NON_TWIN,)),
+            every_relu))
+        r34 = Hypothesis(R34_INPUT, "ResNet-34 input gradient", "r34InputGradB_correct", (
+            _zero_clause(report, "h_stem (R34StemSmoothAt)", "the stem ReLU off its kink", stem),
+            _window_clause(report, "h_pool (StemPoolSmoothAt)",
+                           "each window's maximum at one position, or the window all zero", (TWIN, NON_TWIN)),
+            _zero_clause(report, "hb₁…hb₁₆ (blocks' relu clauses)",
+                         "the ReLUs inside the sixteen HasVJPDiffAt witnesses off their kinks", blocks)))
+        return [param, r34]
+    convs = [k for k in layers if not k.startswith("fc")]
+    fcs = [k for k in layers if k.startswith("fc") or k == "?"]
+    param = Hypothesis(PARAMETERS, "parameter gradients", "cifar8Bbn_net_lossGrad", (
+        _window_clause(report, "windows dead, strict or twin (C8PoolTwin₁…₄)",
+                       "no tie between cells that are not twins", (NON_TWIN,)),
+        every_relu))
+    c8 = Hypothesis(C8_INPUT, "cifar8 input gradient", "cifar8BbnInputGradB_correct", (
+        _window_clause(report, "MaxPool2Smooth (pools 1…4)", "every window's maximum attained once",
+                       (DEAD, TWIN, NON_TWIN)),
+        _zero_clause(report, "c8Z₁…c8Z₈ off zero", "the eight conv pre-activations off their kinks", convs),
+        _zero_clause(report, "head pre-activations off zero", "fc1 and fc2 off their kinks", fcs)))
+    return [param, c8]
+
+
+# ---- the census --------------------------------------------------------------------------------
 
 def random_weights(net, params: dict, cfg, key) -> dict:
     """A fresh draw of every weight: init's conv and dense weights, γ ~ U(0.5, 1.5), β and biases ~ N(0, 1)."""
@@ -135,7 +311,8 @@ def classify(z: np.ndarray, draws: list[np.ndarray], spec: maxpool.PoolSpec, rel
     classes = np.full(m.shape, STRICT, np.int8)
     classes[twin.sum(-1) > 1] = TWIN
     classes[exact_tie.any(-1)] = NON_TWIN
-    classes[m < 0] = DEAD
+    # every cell reads 0 after the ReLU (a maximum exactly 0 is also a zero pre-activation)
+    classes[m <= 0] = DEAD
     others = np.where(twin, -np.inf, win).max(-1)
     live = m > 0
     gaps = (m - others)[live]
@@ -160,43 +337,80 @@ def pool_inputs(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
     return _read(net, params, x, cfg)[0]
 
 
+def preactivations(net, params: dict, x: jax.Array, cfg) -> dict[str, np.ndarray]:
+    """Every ReLU's input at (params, x): {layer: [N,C,H,W] or [N,d]}."""
+    return {k: np.asarray(v) for k, v in _read(net, params, x, cfg)[1].items()}
+
+
 def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array] = None,
                draws: int = DRAWS) -> SmoothReport:
-    """The census of every pool window and ReLU input of `net` at (params, x)."""
+    """The census of every pool window and ReLU input of `net` at (params, x), with the verdict of
+    each smooth-point hypothesis that applies to the net (`SmoothReport.hypotheses`)."""
+    if draws < 1:
+        raise ValueError(f"smoothness: draws must be at least 1 (twins are found under fresh weights), got {draws}")
     key = jax.random.key(0) if key is None else key
-    pre = {k: np.asarray(v) for k, v in _read(net, params, x, cfg)[1].items()}
-    drawn = [{k: np.asarray(v) for k, v in
-              _read(net, random_weights(net, params, cfg, jax.random.fold_in(key, r)), x, cfg)[1].items()}
+    pre = preactivations(net, params, x, cfg)
+    drawn = [preactivations(net, random_weights(net, params, cfg, jax.random.fold_in(key, r)), x, cfg)
              for r in range(draws)]
-    rel = TWIN_REL.get(np.dtype(x.dtype), 1e-2)
+    dtype = np.dtype(x.dtype).name
+    if dtype not in TWIN_REL:
+        raise ValueError(f"smoothness: images must be {' or '.join(TWIN_REL)} (twins are told apart at "
+                         f"that dtype's round-off), got {dtype}")
+    rel = TWIN_REL[dtype]
     violations: list[Violation] = []
     pools, non_twin = [], 0
     for pool, spec in net.POOLS.items():
         layer = net.POOL_PREACTIVATIONS[pool]
         classes, margin, dead_margin = classify(pre[layer], [d[layer] for d in drawn], spec, rel)
-        pools.append(PoolCensus(pool, layer, classes, margin, dead_margin))
-        bad = classes == NON_TWIN
-        non_twin += int(bad.sum())
-        violations += [Violation("non-twin tie", pool, n, c, (i, j)) for n, c, i, j in _locations(bad)]
-    zeros, zero_listed = 0, []
+        census = PoolCensus(pool, layer, classes, margin, dead_margin)
+        pools.append(census)
+        non_twin += census.counts["non-twin tie"]
+        violations += census.listed((NON_TWIN,))
+    zero_counts, zero_listed = {}, {}
     for layer, z in pre.items():
         zero = z == 0
-        zeros += int(zero.sum())
+        zero_counts[layer] = int(zero.sum())
         # conv layers give (n, c, h, w); dense layers (n, unit) with no spatial cell
-        zero_listed += [Violation("zero pre-activation", layer, loc[0], loc[1], tuple(loc[2:]))
-                        for loc in _locations(zero)]
+        zero_listed[layer] = tuple(Violation("zero pre-activation", layer, loc[0], loc[1], tuple(loc[2:]))
+                                   for loc in _locations(zero))
+    zeros = sum(zero_counts.values())
+    first_zeros = [v for listed in zero_listed.values() for v in listed][:MAX_LISTED]
     min_abs = float(min(np.min(np.abs(z)) for z in pre.values()))
     # the first MAX_LISTED of each kind, so that many ties cannot hide a zero
-    return SmoothReport(pools, zeros, min_abs, violations[:MAX_LISTED] + zero_listed[:MAX_LISTED], non_twin)
+    return SmoothReport(pools, zeros, min_abs, violations[:MAX_LISTED] + first_zeros, non_twin,
+                        zero_counts, zero_listed, net.NAME)
+
+
+# ---- a point where every hypothesis holds --------------------------------------------------------
+
+# How far above 0 `lift_dead_windows` puts the lowest window maximum of a channel, in units of that
+# channel's γ (the spread of its pre-activations): far from the kink at 0, while the other cells of
+# each window stay where the draw put them (most of them still below 0).
+LIFT_MARGIN = 0.1
+
+
+def lift_dead_windows(net, params: dict, x: jax.Array, cfg, *, margin: float = LIFT_MARGIN) -> dict:
+    """params with the shift β of every pool-feeding BatchNorm raised, channel by channel, just
+    enough that every window of that pool has a cell at least margin·γ above 0: no dead window.
+
+    A shift of one channel moves all its cells alike (x̂ does not depend on β), so strict windows
+    stay strict and the ReLUs elsewhere keep their kinks; pools are lifted in forward order, each
+    after the shifts upstream of it. At an image batch without twins (randn) the result satisfies
+    all three hypotheses: the constructed point where even `MaxPool2Smooth` holds."""
+    out = dict(params)
+    for pool, spec in net.POOLS.items():
+        layer = net.POOL_PREACTIVATIONS[pool]
+        z = preactivations(net, out, x, cfg)[layer]
+        lowest = np.asarray(maxpool.windows(jnp.asarray(z), spec)).max(-1).min(axis=(0, 2, 3))   # [C]
+        gamma = np.abs(np.asarray(out[f"{layer}.weight"]))
+        shift = np.maximum(0.0, margin * gamma - lowest)
+        out[f"{layer}.bias"] = out[f"{layer}.bias"] + jnp.asarray(shift, out[f"{layer}.bias"].dtype)
+    return out
 
 
 # ---- routing: the backward at another selection ------------------------------------------------
 
-# Routing a twin-tied window's cotangent to another twin changes only the order of float sums in
-# the parameter nodes: float64 round-off, far below this. A non-twin reroute moves a node by O(1)
-# of its scale.
-ROUTE_REL = 1e-12
-
+# A twin reroute must keep every parameter node within ROUTE_REL (`checks.tolerances`).
 
 def last_max(x: jax.Array, spec: maxpool.PoolSpec) -> jax.Array:
     """Per window the index of its LAST maximal cell in row-major order (σ = argmax takes the first)."""
@@ -312,12 +526,8 @@ def planted_tie(net, params: dict) -> dict:
 
 # ---- one-sided slopes along a direction ---------------------------------------------------------
 
-# h as a fraction of the first-order radius to the nearest kink that is not at the point itself:
-# [−2h, 2h] then holds no other kink.
-RADIUS_FRACTION = 0.1
-# One-sided second-order differences carry O(h²·|L'''|) truncation and O(ε·|L|/h) round-off; at a
-# smooth point the two sides agree far below this, relative to the larger slope.
-SLOPE_REL = 1e-4
+# h = RADIUS_FRACTION × the radius to the nearest other kink; SLOPE_REL judges the two sides
+# (both in `checks.tolerances`).
 
 
 def direction(params: dict, names: Sequence[str], key) -> dict:
