@@ -90,6 +90,18 @@ def test_smoothed_minimum_is_the_entropy_of_t_tilde():
     assert curve.best_margin == pytest.approx(np.log(91.0))
 
 
+def test_entropy_splits_into_the_label_and_the_other_classes():
+    """0.0858 + 0.4145 = 0.5003 at K = 10, α = 0.1; the split adds up to H(t̃) at other K and α too."""
+    terms = hc.entropy_terms(10, 0.1)
+    assert (terms.label_share, terms.other_share) == pytest.approx((0.91, 0.01), abs=1e-15)
+    assert [round(v, 4) for v in (terms.label_term, terms.others_term, terms.total)] == [0.0858, 0.4145, 0.5003]
+    assert terms.best_margin == pytest.approx(np.log(91.0), rel=1e-15)
+    for k, alpha in [(5, 0.2), (100, 0.1), (10, 1.0)]:
+        assert hc.entropy_terms(k, alpha).total == pytest.approx(hc.smoothed_entropy(k, alpha), rel=1e-14)
+    with pytest.raises(ValueError, match="0 < alpha"):
+        hc.entropy_terms(10, 0.0)
+
+
 @pytest.mark.parametrize("k, alpha", [(5, 0.2), (100, 0.1), (10, 0.5)])
 def test_smoothed_entropy_is_the_loss_at_log_t_tilde(k, alpha):
     curve = hc.margin_curve(k, alpha, descent_steps=10)

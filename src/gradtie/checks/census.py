@@ -381,6 +381,37 @@ def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array]
                         zero_counts, zero_listed, net.NAME)
 
 
+# ---- how many windows are dead, and why ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class DeadShare:
+    """One pool's dead windows against what independent cells would give."""
+    pool: str
+    negative: float       # share of the pool-feeding cells with z < 0
+    independent: float    # the dead share if a window's k² cells were independent: mean over channels of q_c^(k²)
+    dead: float           # the dead share the census found
+
+    @property
+    def lift(self) -> float:
+        """How many times more dead windows than independent cells would give."""
+        return self.dead / self.independent if self.independent > 0 else np.inf
+
+
+def dead_shares(net, params: dict, x: jax.Array, cfg, report: SmoothReport) -> list[DeadShare]:
+    """Per pool of `report` (the census at the same point): the share of negative cells q, the dead
+    share independent cells would give (q_c^(k²) per channel c, averaged over channels) and the
+    dead share found. Neighbouring cells of a photo are correlated, so the found share is larger."""
+    pre = preactivations(net, params, x, cfg)
+    out = []
+    for p in report.pools:
+        z = pre[p.preactivation]
+        q = (z < 0).mean(axis=(0, 2, 3))
+        cells = net.POOLS[p.pool].size ** 2
+        out.append(DeadShare(p.pool, float((z < 0).mean()), float(np.mean(q ** cells)),
+                             p.counts["dead"] / p.windows))
+    return out
+
+
 # ---- a point where every hypothesis holds --------------------------------------------------------
 
 # How far above 0 `lift_dead_windows` puts the lowest window maximum of a channel, in units of that

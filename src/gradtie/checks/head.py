@@ -244,6 +244,35 @@ def smoothed_entropy(num_classes: int, alpha: float) -> float:
     return float(-np.sum(t * np.log(t)))
 
 
+@dataclass(frozen=True)
+class EntropyTerms:
+    """H(t̃) for a one-hot t, split into the label's term and the other K − 1 classes' terms."""
+    num_classes: int
+    alpha: float
+    label_share: float      # t̃ on the label: 1 − α + α/K
+    other_share: float      # t̃ on each other class: α/K
+    label_term: float       # −t̃_label·ln t̃_label
+    others_term: float      # −(K − 1)·(α/K)·ln(α/K)
+
+    @property
+    def total(self) -> float:
+        return self.label_term + self.others_term
+
+    @property
+    def best_margin(self) -> float:
+        """The logit margin where p = t̃: ln(t̃_label / t̃_other)."""
+        return float(np.log(self.label_share / self.other_share))
+
+
+def entropy_terms(num_classes: int = 10, alpha: float = 0.1) -> EntropyTerms:
+    """The two terms of H(t̃) = −t̃_label ln t̃_label − (K − 1)·(α/K)·ln(α/K), for 0 < α ≤ 1."""
+    if not 0.0 < alpha <= 1.0 or num_classes < 2:
+        raise ValueError(f"entropy_terms: expected 0 < alpha <= 1 and num_classes >= 2, got {alpha!r}, {num_classes!r}")
+    top, rest = 1 - alpha + alpha / num_classes, alpha / num_classes
+    return EntropyTerms(num_classes, float(alpha), top, rest, float(-top * np.log(top)),
+                        float(-(num_classes - 1) * rest * np.log(rest)))
+
+
 @dataclass
 class MarginCurve:
     """The smoothed loss of one example along logits z = m·e_label (the logit margin m)."""

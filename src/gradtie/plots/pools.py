@@ -135,3 +135,32 @@ def one_sided_slopes(reports: dict) -> plt.Figure:
     fig.suptitle("A twin tie leaves the loss smooth; a non-twin tie puts a kink in it", fontsize=10)
     fig.tight_layout()
     return fig
+
+
+def hypotheses_grid(points: dict, title: str = "Which smooth-point hypothesis holds where") -> plt.Figure:
+    """A grid: one row per point, one column per (net, hypothesis); a cell is blue where the
+    hypothesis holds and red where it fails, with each broken clause and the windows or cells
+    that break it.
+    points: {point label: {net label: census.SmoothReport}}, every row with the same nets."""
+    first = next(iter(points.values()))
+    columns = [(net, h.key, f"{net}\n{h.name}\n({h.lean})") for net, r in first.items() for h in r.hypotheses]
+    fig, ax = plt.subplots(figsize=(FIGSIZE[0] + 2.5, 1.4 + 0.75 * len(points)))
+    for i, (label, reports) in enumerate(points.items()):
+        for j, (net, key, _) in enumerate(columns):
+            h = reports[net].hypothesis(key)
+            color = OK_COLOR if h.holds else CONTROL_COLOR
+            ax.add_patch(plt.Rectangle((j, i), 0.96, 0.92, color=color, alpha=0.85))
+            broken = [f"{c.name.split(' (')[0]}: {c.violated:,}" for c in h.clauses if not c.holds]
+            text = "holds" if h.holds else "fails\n" + "\n".join(broken)
+            ax.text(j + 0.48, i + 0.46, text, ha="center", va="center", fontsize=8, color="white")
+    ax.set_xlim(0, len(columns))
+    ax.set_ylim(len(points), 0)
+    ax.set_xticks(np.arange(len(columns)) + 0.48, [c[2] for c in columns], fontsize=7)
+    ax.xaxis.tick_top()
+    ax.set_yticks(np.arange(len(points)) + 0.46, list(points), fontsize=8)
+    ax.tick_params(length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_title(title, fontsize=10, pad=12)
+    fig.tight_layout()
+    return fig
