@@ -36,6 +36,7 @@ class Bug:
     nets: tuple[str, ...] = ("cifar8", "resnet34")
     replicas: bool = False       # planted in the data-parallel step (needs --replicas R ≥ 2)
     needs_smoothing: bool = False
+    needs_uneven: bool = False   # plants nothing unless replicas hold different counts (--replica-counts)
 
     def applies(self, net_name: str) -> bool:
         return net_name in self.nets
@@ -130,6 +131,22 @@ def sync_local_means_backward(net):
     return _bn_patch(net, "sync_local_means_backward",
                      "the BN backward's mean(t), mean(x̂·t) over the replica's own cells, not the global batch",
                      global_means=False)
+
+
+def _plain_mean_of_means(sums, cells, axis_name):
+    # planted: each replica's means over its own valid cells, then a plain mean over the replicas
+    # (right only when every replica holds the same number of examples)
+    local = sums / jnp.maximum(cells, 1)
+    return local if axis_name is None else lax.pmean(local, axis_name)
+
+
+def sync_plain_mean_of_means(net):
+    """The backward's two means combined as a plain mean of replica means, not weighted by counts.
+    Planted in the backward only (the forward's statistics keep the count-weighted combine): it
+    shows only where replicas hold different numbers of examples."""
+    return Control("sync_plain_mean_of_means", net,
+                   "the BN backward's global means as a plain mean of replica means (uneven counts)",
+                   patches=((batchnorm, "combine_means", _plain_mean_of_means),))
 
 
 # ---- max pool ----------------------------------------------------------------------------------
@@ -310,6 +327,10 @@ CATALOGUE: dict[str, Bug] = {b.name: b for b in [
         sync_dgamma_dbeta_reduced_twice, replicas=True),
     Bug("sync_local_means_backward", "synchronised BatchNorm", "local instead of global means in the backward",
         "a synchronised forward paired with the per-replica backward", sync_local_means_backward, replicas=True),
+    Bug("sync_plain_mean_of_means", "synchronised BatchNorm",
+        "global means as a plain mean of replica means where replica counts differ",
+        "an uneven last batch averaged as if every replica held the same count",
+        sync_plain_mean_of_means, replicas=True, needs_uneven=True),
     Bug("pool3x3_scatter_overwrite", "max pool", "the overlapping 3×3/s2 scatter overwriting instead of adding",
         "scatter with .set where overlapping windows need .add", pool3x3_scatter_overwrite, nets=("resnet34",)),
     Bug("pool_window_offset", "max pool", "a window offset by one", "an off-by-one in the window origin",
@@ -369,6 +390,79 @@ def listing() -> str:
     """`gradtie check --plant-bug list`: one line per entry."""
     lines = [f"{'name':<34} {'family':<24} {'nets':<17} what is wrong"]
     for b in CATALOGUE.values():
-        nets = "/".join(b.nets) + (" (--replicas)" if b.replicas else "")
+        nets = "/".join(b.nets) + (" (--replica-counts)" if b.needs_uneven else " (--replicas)" if b.replicas else "")
         lines.append(f"{b.name:<34} {b.family:<24} {nets:<17} {b.breaks}")
     return "\n".join(lines)
+
+
+# ---- the catalogue at one point --------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Caught:
+    bug: str
+    family: str
+    net: str
+    report: object            # the TieReport of the planted chain
+
+    @property
+    def first(self):
+        return self.report.first_failure()
+
+    @property
+    def red(self) -> bool:
+        """Caught: a row fails a limit that can tell a bug apart (not one lost in round-off)."""
+        return self.first is not None and not self.first.ill_conditioned
+
+    @property
+    def ratio(self) -> float:
+        """The first failing row's error over its limit (0 when nothing failed)."""
+        return self.first.rel / self.first.limit if self.first is not None else 0.0
+
+
+@dataclass
+class CatalogueReport:
+    net: str
+    real: object               # the real chain's TieReport at the same point: it must tie
+    caught: list
+
+    @property
+    def ok(self) -> bool:
+        return self.real.ok and all(c.red for c in self.caught)
+
+    def summary(self) -> str:
+        red = sum(c.red for c in self.caught)
+        return (f"{self.net}: real chain {'tied' if self.real.ok else 'FAILED'}; "
+                f"{red}/{len(self.caught)} planted bugs caught")
+
+    def table(self, ratios: bool = False) -> str:
+        """One line per bug: caught or not, and the first failing node in backward order (with its
+        error over its limit when `ratios`: those move with the machine's round-off, the rest does not)."""
+        head = f"{'bug':<34} {'family':<23} {'caught':<7} {'first failing node (backward order)':<36}"
+        lines = [head + ("  err/limit" if ratios else ""), "-" * (len(head) + (11 if ratios else 0))]
+        for c in self.caught:
+            line = f"{c.bug:<34} {c.family:<23} {'yes' if c.red else 'NO':<7} {c.first.name if c.first else '-':<36}"
+            lines.append(line + (f"  {c.ratio:9.1e}" if ratios else ""))
+        return "\n".join(lines)
+
+
+def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names=None, replicas: int = 1,
+        point=None) -> CatalogueReport:
+    """Every catalogue entry that applies to `net` (or `names`) planted in turn, each tied at the
+    same point against one shared reference and envelope. replicas > 1: the data-parallel entries,
+    through the mesh step (`check.tie_replicas`). label_smoothing > 0 so that every head entry
+    plants something."""
+    from .check import tie_replicas
+    from .tie import net_label, reference_at, tie, targets_matrix
+    label = net_label(net)
+    chosen = [b for b in entries(label, replicas=replicas > 1) if names is None or b.name in names]
+    t = targets_matrix(targets, cfg.num_classes, x.dtype)
+    point = point or reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing)
+
+    def verdict(n):
+        if replicas > 1:
+            return tie_replicas(n, params, x, t, cfg, replicas=replicas, label_smoothing=label_smoothing, point=point)
+        return tie(n, params, x, t, cfg, label_smoothing=label_smoothing, point=point)
+
+    real = verdict(net)
+    caught = [Caught(b.name, b.family, label, verdict(b.make(net))) for b in chosen]
+    return CatalogueReport(label if replicas == 1 else f"{label} on {replicas} replicas", real, caught)

@@ -5,4 +5,14 @@ One message per figure, said in its title; labelled axes with units; convergence
 O(h²) reference slope; controls in red; fixed size.
 """
 
-from . import bf16_erasure, data_parallel, head_fold, pools, stage_germs, training, whole_net_tie  # noqa: F401
+import importlib
+
+# one module per chapter, imported when a chapter first reads it (a chapter needs only its own)
+CHAPTERS = ("bf16_erasure", "data_parallel", "head_fold", "performance", "pools", "stage_germs", "training",
+            "whole_net_tie", "would_it_catch")
+
+
+def __getattr__(name: str):
+    if name in CHAPTERS:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
