@@ -164,6 +164,17 @@ def test_photos_are_mostly_dead_and_strict(photo_report):
     assert all(0 < p.margin < np.inf and p.dead_margin > 0 for p in report.pools)
 
 
+def test_photo_windows_die_more_often_than_independent_cells_would(params, photos, photo_report):
+    """Neighbouring cells of a photo are correlated: more dead windows than q⁴ per channel predicts."""
+    shares = census.dead_shares(cifar8, params, photos, CFG, photo_report)
+    assert [s.pool for s in shares] == ["pool1", "pool2", "pool3", "pool4"]
+    for s, p in zip(shares, photo_report.pools):
+        assert s.dead == p.counts["dead"] / p.windows
+        assert 0.3 < s.negative < 0.7 and 0 < s.independent < s.dead and s.lift > 1
+    flat_cells = census.DeadShare("pool1", 0.5, 0.5 ** 4, 0.5 ** 4)   # independent cells: no lift
+    assert flat_cells.lift == 1.0
+
+
 def test_centre_tap_kernels_make_non_twin_ties(params, planted, planted_report, flat):
     # only the off-centre taps of conv1 and conv2 are zeroed
     for name in ("conv1.weight", "conv2.weight"):
