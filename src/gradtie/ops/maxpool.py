@@ -126,13 +126,14 @@ def _place(hits: list[jax.Array], input_shape: tuple[int, ...], spec: PoolSpec) 
 
 
 def _first_max_index(cells: list[jax.Array]) -> jax.Array:
-    """Per window the row-major index of its first maximal cell, in one pass over the cells: a cell
-    takes over only when strictly greater than every cell before it."""
-    top, index = cells[0], jnp.zeros(cells[0].shape, jnp.int32)
-    for i, cell in enumerate(cells[1:], start=1):
-        index = jnp.where(cell > top, i, index)
-        top = jnp.maximum(top, cell)
-    return index
+    """Per window the row-major index of its first maximal cell: the smallest k whose cell equals
+    the window's maximum. Written as a reduction over a leading axis so the compiler keeps the
+    index as an array: the placement reads it up to four times per input cell (overlapping
+    windows), and recomputing it there from the k·k cells costs more than the backward itself."""
+    top = functools.reduce(jnp.maximum, cells)
+    k = len(cells)
+    order = jnp.arange(k, dtype=jnp.int32).reshape((k,) + (1,) * top.ndim)
+    return jnp.min(jnp.where(jnp.stack(cells) == top, order, k), axis=0)
 
 
 def forward(x: jax.Array, spec: PoolSpec = POOL2) -> tuple[jax.Array, PoolSaved]:
