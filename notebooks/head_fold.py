@@ -15,23 +15,41 @@
 # # Head fold
 #
 # Both nets end in a loss: the mean over the batch of the cross-entropy against label-smoothed
-# soft targets, t̃ = (1−α)t + α/K. Its cotangent at the logits z [N,K] is not written as one
-# formula in the Lean render; it is folded from six kit ops, each a small verified lemma:
+# soft targets, t̃ = (1−α)t + α/K. This chapter shows, numerically, these statements of the Lean
+# suite:
 #
-# | step | op (Lean) | computes |
-# |---|---|---|
-# | 1 | `softmaxRow` | p = softmax(z), row by row, the row maximum subtracted |
-# | 2 | `subB` | d0 = p − t |
-# | 3 | `scaleB` | a = α·t |
-# | 4 | `addVB` | d1 = d0 + a |
-# | 5 | `shiftB` | d2 = d1 − α/K |
-# | 6 | `divConstB` | dy = d2 / N |
+# - **the six-op head fold** of `r34_net_tiedB` (module `ResNet34StepTieB`): the loss cotangent at
+#   the logits z [N,K] is not written as one formula in the render (`ResNet34RenderB`); it is folded
+#   from six kit ops, α baked at 0.1, the target a graph input that mixup or cutmix may make soft.
+#   The head fold is stated at that smoothed cotangent (its lemma: `Foundation/SmoothedLossCot`),
+#   not at softmax − oneHot:
 #
-# So dy = (p − (1−α)t − α/K)/N = (p − t̃)/N. This chapter shows that this fold IS ∂/∂z of the mean
-# smoothed cross-entropy — under one assumption, that every row of t sums to 1 — for hard and soft
-# (mixup, cutmix) targets, with α = 0 and α = 0.1, at batch sizes where 1/N is not a binary
-# fraction; that three planted bugs in the fold go red; where the smoothed loss bottoms out; and
-# that the rest of ResNet-34's head (global average pool, dense layer) needs no hypothesis at all.
+#   | step | op (Lean) | computes |
+#   |---|---|---|
+#   | 1 | `softmaxRow` | p = softmax(z), row by row, the row maximum subtracted |
+#   | 2 | `subB` | d0 = p − t |
+#   | 3 | `scaleB` | a = α·t |
+#   | 4 | `addVB` | d1 = d0 + a |
+#   | 5 | `shiftB` | d2 = d1 − α/K |
+#   | 6 | `divConstB` | dy = d2 / N |
+#
+# - **`cifar8Bbn_net_lossGrad_CE`**: `cifar8Bbn_net_lossGrad` holds for any loss of the logits with
+#   gradient g at them; `_CE` instantiates it at the smoothed cross-entropy, with the fold's
+#   cotangent as g (cifar8's artifacts run α = 0, the plain cross-entropy).
+# - **`r34HeadBHasVJP`**, ResNet-34's head (global average pool, then one dense layer): the one
+#   place in that net whose certified backward comes with **no hypothesis at all**, since both maps
+#   are linear and taken example by example.
+#
+# So dy = (p − (1−α)t − α/K)/N = (p − t̃)/N. We show that this fold IS ∂/∂z of the mean smoothed
+# cross-entropy — under one assumption, that every row of t sums to 1 — for hard and soft (mixup,
+# cutmix) targets, with α = 0 and α = 0.1, at batch sizes where 1/N is not a binary fraction; that
+# three planted bugs in the fold go red; and that the GAP and dense layer tie at any point, ties
+# among their features included. **Beyond the suite**: where the smoothed loss bottoms out (its
+# minimum H(t̃), and upstream's quoted plateau), and the hypothesis shown failing on rows that do
+# not sum to 1.
+#
+# Nothing here depends on the net's weights: the fold reads logits and targets only, and the GAP
+# and dense ties run at random weights.
 #
 # The first cell turns on float64.
 
@@ -89,7 +107,8 @@ plt.show()
 # rows mixup and cutmix make from them (`gradtie.data`, on a photo batch). Mixup's rows are
 # λ·t + (1−λ)·t[π], cutmix's use the exact kept-area fraction as λ: both are convex combinations of
 # rows summing to 1, so they sum to 1. The limit is the float64 node-vs-autodiff tolerance
-# (`tolerances.REL_F64`, 1e-10); the fold's six roundings sit near 1e-16.
+# (`tolerances.REL_F64`); the fold's six roundings should leave it within a few units of float64's
+# round-off, far below.
 
 # %%
 cases = head_checks.fold_cases(key, num_classes=p.num_classes)
@@ -99,8 +118,10 @@ row_sums = {kind: head_checks.row_sum_error(head_checks.batch_targets(kind, 6, p
 
 # %% tags=["nbval-check-output"]
 print(cases.summary())
+print(f"worst relative error {cases.worst.rel:.0e} (float64's unit roundoff {2.0 ** -53:.1e}); limit "
+      f"tolerances.REL_F64 = {tolerances.REL_F64:.0e}")
 print("rows sum to 1 within 1e-15:", {kind: err <= 1e-15 for kind, err in row_sums.items()})
-assert cases.ok
+assert cases.ok and cases.worst.rel <= 1e-14
 assert all(err <= 1e-15 for err in row_sums.values())
 
 # %% [markdown]
@@ -156,20 +177,34 @@ plots.head_fold.fold_ties({"case": cases, "α=0.1 N=6 mixup": controls}, toleran
 plt.show()
 
 # %% [markdown]
-# ## Where the smoothed loss bottoms out: H(t̃) = 0.5003 nats
+# ## Where the smoothed loss bottoms out (beyond the suite)
 #
 # The smoothed loss of one example is a cross-entropy, so it splits as
 # −Σ t̃ log p = H(t̃) + KL(t̃ ‖ p) ≥ H(t̃), with equality exactly when p = t̃, i.e. z = log t̃ + c.
-# For a one-hot target with K = 10 and α = 0.1, t̃ puts 0.91 on the label and 0.01 on each other
-# class, so the minimum is
+# For a one-hot target with K = 10 and α = 0.1, t̃ puts 1 − α + α/K on the label and α/K on each
+# other class, so the minimum is
 #
-# H(t̃) = −0.91·ln 0.91 − 9 × 0.01·ln 0.01 = 0.0858 + 0.4145 = 0.5003 nats,
+# H(t̃) = −(1 − α + α/K)·ln(1 − α + α/K) − (K − 1)·(α/K)·ln(α/K),
 #
-# reached at the logit margin m* = ln(0.91/0.01) = ln 91 ≈ 4.51. A model trained with α = 0.1 on
-# separable data should see its training loss flatten at 0.5003 — the optimum, not a stall. The
-# upstream book prints ≈ 0.485 for this plateau; no logits reach it. We compute the minimum three
-# ways: H(t̃) from its formula, the loss at z = log t̃, and plain gradient descent from z = 0 along
-# the fold's own cotangent — plus the loss along the margin, for the figure.
+# the label's term plus the other nine classes' terms, reached at the logit margin
+# m* = ln((1 − α + α/K)/(α/K)). The cell below computes both terms, their sum and m*. A model
+# trained with α = 0.1 on separable data should see its training loss flatten at H(t̃): the
+# optimum, not a stall. The upstream book prints ≈ 0.485 for this plateau; no logits reach it.
+
+# %% tags=["nbval-check-output"]
+terms = head_checks.entropy_terms(10, 0.1)
+print(f"K = {terms.num_classes}, α = {terms.alpha:g}: t̃ = {terms.label_share:.2f} on the label, "
+      f"{terms.other_share:.2f} on each other class")
+print(f"H(t̃) = {terms.label_term:.4f} (label) + {terms.others_term:.4f} (the other {terms.num_classes - 1}) "
+      f"= {terms.total:.4f} nats, at the margin m* = ln {terms.label_share / terms.other_share:.0f} = {terms.best_margin:.2f}")
+assert abs(terms.label_share - 0.91) <= 1e-12 and abs(terms.other_share - 0.01) <= 1e-12
+assert abs(terms.label_term - 0.0858) <= 5e-5 and abs(terms.others_term - 0.4145) <= 5e-5
+assert abs(terms.total - 0.5003) <= 5e-5 and abs(terms.total - head_checks.smoothed_entropy(10, 0.1)) <= 1e-15
+assert abs(terms.best_margin - 4.51) <= 5e-3
+
+# %% [markdown]
+# We find the minimum three more ways: the loss at z = log t̃, plain gradient descent from z = 0
+# along the fold's own cotangent, and the lowest loss along the margin (for the figure).
 
 # %%
 curve = head_checks.margin_curve(10, 0.1)
@@ -177,9 +212,9 @@ curve = head_checks.margin_curve(10, 0.1)
 # %% tags=["nbval-check-output"]
 print(f"H(t̃) = {curve.entropy:.4f} nats; loss at z = log t̃: {curve.at_log_target:.4f}; "
       f"after descent along the fold: {curve.descent:.4f}; lowest on the margin grid: {curve.minimum:.4f}")
-print(f"best margin ln 91 = {curve.best_margin:.2f}; upstream's 0.485 lies {curve.entropy - 0.485:.4f} "
+print(f"best margin {curve.best_margin:.2f}; upstream's 0.485 lies {curve.entropy - 0.485:.4f} "
       f"nats below the minimum")
-assert curve.ok
+assert curve.ok and abs(curve.entropy - terms.total) <= 1e-15 and abs(curve.best_margin - terms.best_margin) <= 1e-12
 assert 0.485 < curve.entropy - 0.01
 
 # %%
@@ -187,10 +222,11 @@ plots.head_fold.smoothed_minimum(curve)
 plt.show()
 
 # %% [markdown]
-# ## The rest of the head needs no hypothesis
+# ## The rest of the head needs no hypothesis: `r34HeadBHasVJP`
 #
-# ResNet-34's head is a global average pool and one dense layer; cifar8's flattens into three dense
-# layers with ReLUs between them (their kinks belong to the ReLU census, chapter Pools). The GAP and
+# ResNet-34's head is a global average pool and one dense layer, and `r34HeadBHasVJP` certifies its
+# backward globally: no smooth-point clause at all. (cifar8's head flattens into three dense layers
+# with ReLUs between them; their kinks are clauses of its hypotheses, chapter Pools.) The GAP and
 # the dense layer themselves are linear: `gapBack` spreads dg[n,c]/(H·W) over the H×W cells,
 # `rowDenseBackFlat` is dy @ W, the dense nodes are dyᵀ @ x and Σ_n dy. A linear map is its own
 # derivative everywhere, so there is no point where they could fail — not even where features tie.
@@ -211,5 +247,5 @@ assert not linear_bug.ties[0].ok and all(t.ok for t in linear_bug.ties[1:])
 
 # %%
 plots.head_fold.fold_ties({"GAP + dense": linear, "gap_without_area": linear_bug}, tolerances.REL_F64,
-                title="GAP and dense tie to autodiff at tied features; the planted GAP bug goes red")
+                          title="GAP and dense tie to autodiff at tied features; the planted GAP bug goes red")
 plt.show()

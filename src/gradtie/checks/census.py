@@ -254,8 +254,8 @@ def hypotheses(report: SmoothReport) -> list[Hypothesis]:
     if report.net == "resnet34":
         stem, blocks = [k for k in layers if k in ("bn1", "?")], [k for k in layers if k not in ("bn1",)]
         param = Hypothesis(PARAMETERS, "parameter gradients", "r34_net_tiedB", (
-            _window_clause(report, "stem-pool windows dead, strict or twin-tied",
-                           "no tie between cells that are not twins", (NON_TWIN,)),
+            _window_clause(report, "no non-twin tie (stem pool)",
+                           "every window dead, strict or tied only between twins", (NON_TWIN,)),
             every_relu))
         r34 = Hypothesis(R34_INPUT, "ResNet-34 input gradient", "r34InputGradB_correct", (
             _zero_clause(report, "h_stem (R34StemSmoothAt)", "the stem ReLU off its kink", stem),
@@ -267,8 +267,8 @@ def hypotheses(report: SmoothReport) -> list[Hypothesis]:
     convs = [k for k in layers if not k.startswith("fc")]
     fcs = [k for k in layers if k.startswith("fc") or k == "?"]
     param = Hypothesis(PARAMETERS, "parameter gradients", "cifar8Bbn_net_lossGrad", (
-        _window_clause(report, "windows dead, strict or twin (C8PoolTwin₁…₄)",
-                       "no tie between cells that are not twins", (NON_TWIN,)),
+        _window_clause(report, "no non-twin tie (C8PoolTwin₁…₄)",
+                       "every window dead, strict or tied only between twins", (NON_TWIN,)),
         every_relu))
     c8 = Hypothesis(C8_INPUT, "cifar8 input gradient", "cifar8BbnInputGradB_correct", (
         _window_clause(report, "MaxPool2Smooth (pools 1…4)", "every window's maximum attained once",
