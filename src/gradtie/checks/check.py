@@ -33,6 +33,7 @@ class CheckReport:
     smooth: Optional[Any] = None          # the smoothness verdict, when the census has run
     settings: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    parting: Optional[Any] = None         # a failing tie: the stage where rendered and VJP first part
 
     @property
     def ill_conditioned(self) -> list:
@@ -80,6 +81,8 @@ class CheckReport:
         if s.get("plant_bug"):
             where += f", planted bug {s['plant_bug']}"
         lines.append(f"{self.tie.summary()} [{where}]" if isinstance(self.tie, TieReport) else self.tie.summary())
+        if self.parting is not None:
+            lines.append(self.parting.summary())
         if self.fd_rows:
             ok = sum(r.verdict == "ok" for r in self.fd_rows)
             none = sum(r.verdict == "no evidence" for r in self.fd_rows)
@@ -104,6 +107,8 @@ class CheckReport:
     def as_dict(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "settings": self.settings, "timings": self.timings,
                 "tie": None if self.tie is None else self.tie.as_dict(),
+                "first_parting": None if self.parting is None else {
+                    "stage": self.parting.stage, "kind": self.parting.kind, "node": self.parting.row.name},
                 "finite_differences": [dict(r.__dict__, verdict=r.verdict) for r in self.fd_rows],
                 "smooth": None if self.smooth is None else self.smooth.as_dict()}
 
@@ -209,6 +214,7 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
               data: Optional[str] = None, dtype: str = "float64", bf16: bool = False, seed: int = 0,
               label_smoothing: Optional[float] = None, smoothness: bool = True, plant_tie: bool = False,
               weights: str = "drawn", plant_bug: Optional[str] = None, replicas: int = 1,
+              replica_counts: Optional[tuple[int, ...]] = None,
               finite_differences: bool = True, x: Optional[jax.Array] = None) -> CheckReport:
     """Tie every node of `net` at a fresh point; needs `jax_enable_x64` (the reference is float64).
 
@@ -217,9 +223,14 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
     the images. dtype: the rendered chain's dtype, tied to the float64 oracle within that dtype's
     envelope. plant_bug: a `checks.bugs` catalogue entry planted in the rendered backward.
     replicas: R > 1 ties the data-parallel step (synchronised BN) at R·N = batch to one device.
+    replica_counts: (n_1, …, n_R) summing to batch, uneven replica batches (sets R).
     plant_tie: the convs before the first pool reduced to their centre tap, on flat images
     (`census.planted_tie`): a non-twin tie point, which the census must refuse (exit code 2).
     """
+    if replica_counts is not None:   # uneven replica batches: R from the counts, which hold the batch
+        from ..parallel import check_counts
+        replica_counts = check_counts("replica-counts", replica_counts, len(tuple(replica_counts)), batch)
+        replicas = len(replica_counts)
     _validate(net, batch, dtype, plant_tie, data, smoothness, weights, replicas)
     from . import bugs
     data = data or ("flat" if plant_tie else "randn")
@@ -235,17 +246,20 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
         loaded, ckpt = checkpoint_params(weights, mod)
         cfg = mod.Config(bf16=bf16, **ckpt)
         params = {k: jnp.asarray(v) for k, v in loaded.items()}
-    planted = bugs.CATALOGUE[plant_bug] if plant_bug is not None else None
     if plant_bug is not None:
-        checked_net = bugs.plant(plant_bug, mod)
+        checked_net = bugs.plant(plant_bug, mod)   # ValueError: unknown, or not for this net
+        planted = bugs.CATALOGUE[plant_bug]
         if planted.replicas and replicas < 2:
             raise ValueError(f"plant-bug {plant_bug} lives in the data-parallel step: use --replicas R ≥ 2")
+        if getattr(planted, "needs_uneven", False) and len(set(replica_counts or ())) < 2:
+            raise ValueError(f"plant-bug {plant_bug} plants nothing where every replica holds the same "
+                             f"count: use --replica-counts (e.g. 3,1)")
         if planted.needs_smoothing and not label_smoothing:
             label_smoothing = 0.1   # the bug plants nothing at α = 0
     else:
         checked_net = mod
     label_smoothing = 0.0 if label_smoothing is None else float(label_smoothing)
-    if replicas > 1 and batch % replicas:
+    if replicas > 1 and batch % replicas and replica_counts is None:
         raise ValueError(f"batch {batch} (= R·N) must be divisible by replicas {replicas}")
     dt = jnp.dtype(dtype)
     params = {k: jnp.asarray(np.asarray(v, dtype)) for k, v in params.items()}
@@ -256,7 +270,7 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
     settings = dict(net=net, batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16,
                     seed=seed, label_smoothing=label_smoothing, plant_tie=plant_tie,
                     weights=weights if weights in WEIGHTS else str(weights), plant_bug=plant_bug,
-                    replicas=replicas)
+                    replicas=replicas, replica_counts=replica_counts)
     smooth = None
     with _compile_clock(timings):
         if smoothness:
@@ -281,10 +295,16 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
                                  key=jax.random.fold_in(key, 3))
         with _phase(timings, "tie"):
             if replicas > 1:
-                result = tie_replicas(checked_net, params, x, targets, cfg, replicas=replicas,
+                result = tie_replicas(checked_net, params, x, targets, cfg, replicas=replicas, counts=replica_counts,
                                       label_smoothing=label_smoothing, point=point)
             else:
                 result = tie(checked_net, params, x, targets, cfg, label_smoothing=label_smoothing, point=point)
+        parting = None
+        if replicas == 1 and any(not r.ill_conditioned for r in result.failed):
+            from . import stages   # the stage where rendered and VJP first part
+            with _phase(timings, "first parting"):
+                parting = stages.first_parting(checked_net, params, x, targets, cfg,
+                                               label_smoothing=label_smoothing, key=jax.random.fold_in(key, 4))
         fd_rows = []
         if finite_differences and dtype == "float64" and replicas == 1:
             from . import fd
@@ -293,21 +313,37 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
                 _, grads, _ = rendered_nodes(checked_net, params, x, targets, cfg, label_smoothing)
                 fd_rows = fd.derivatives(mod, params, x, targets, cfg, grads, key=jax.random.fold_in(key, 2),
                                          label_smoothing=label_smoothing, loss_roundoff=point.envelope.loss)
-    return CheckReport(result, fd_rows, smooth, settings, timings)
+    return CheckReport(result, fd_rows, smooth, settings, timings, parting)
 
 
-def tie_replicas(net, params, x, targets, cfg, *, replicas: int, label_smoothing: float = 0.0,
-                 point=None, sync_bn: bool = True) -> TieReport:
+def tie_replicas(net, params, x, targets, cfg, *, replicas: Optional[int] = None, label_smoothing: float = 0.0,
+                 point=None, sync_bn: bool = True, counts: Optional[tuple[int, ...]] = None,
+                 devices=None) -> TieReport:
     """The data-parallel rendered step (R replicas of N = batch/R, synchronised BN) against the
     single-device float64 oracle at batch R·N, through the same verdict as every tie
-    (`r34_net_syncTiedB`: the all-reduced nodes are the single-device nodes at N := R·N)."""
+    (`r34_net_syncTiedB`: the all-reduced nodes are the single-device nodes at N := R·N).
+
+    counts (n_1, …, n_R): uneven replica batches, x the concatenated valid batch (replica r holds
+    n_r of its rows, padded to max n_r on the mesh); the oracle is the single device at x.
+    sync_bn=False: per-replica BatchNorm (the control that must fail). devices: the mesh's devices
+    (default `jax.devices()`; a chapter on a GPU machine passes the host CPU devices)."""
     from .. import parallel
     from .tie import net_label
-    mesh = parallel.data_mesh(replicas)
+    if counts is not None:
+        counts = parallel.check_counts("tie_replicas", counts, len(tuple(counts)), int(x.shape[0]))
+        if replicas is not None and replicas != len(counts):
+            raise ValueError(f"tie_replicas: replicas {replicas} but {len(counts)} counts {counts}")
+        replicas = len(counts)
+    if replicas is None:
+        raise ValueError("tie_replicas: give replicas R (equal split) or counts (n_1, …, n_R)")
+    mesh = parallel.data_mesh(replicas, devices=devices)
     if point is None:
         point = reference_at(net, params, x, targets, cfg, label_smoothing=label_smoothing)
     out = parallel.forward_backward(net, params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
-                                    sync_bn=sync_bn)
-    return report(f"{net_label(net)} on {replicas} replicas" + ("" if sync_bn else " (per-replica BN)"),
+                                    sync_bn=sync_bn, counts=counts)
+    split = "+".join(map(str, counts)) if counts is not None else None
+    label = f"{net_label(net)} on {replicas} replicas" + (f" holding {split}" if split else "")
+    return report(label + ("" if sync_bn else " (per-replica BN)"),
                   params, (out.loss, out.grads, out.dx), point,
-                  meta={"replicas": replicas, "per_replica": int(x.shape[0]) // replicas, "sync_bn": sync_bn})
+                  meta={"replicas": replicas, "per_replica": int(x.shape[0]) // replicas, "sync_bn": sync_bn,
+                        "counts": list(counts) if counts is not None else [int(x.shape[0]) // replicas] * replicas})
