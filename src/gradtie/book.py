@@ -184,6 +184,26 @@ def refresh(name: str) -> Path:
     return dst
 
 
+def chapter_notebooks() -> list[Path]:
+    """The committed executed notebooks nbval re-runs, one per chapter, in book order; ValueError when
+    the chapters, the table of contents and the committed notebooks disagree (so that `make test`
+    can never pass having collected fewer notebooks than the book has chapters)."""
+    toc = (ROOT / "_toc.yml").read_text()
+    problems = []
+    for chapter in CHAPTERS:
+        if f"file: book/{chapter.name}\n" not in toc + "\n":
+            problems.append(f"{chapter.name} is not in _toc.yml")
+        for suffix in (".py", ".ipynb"):
+            if not (NOTEBOOKS / f"{chapter.name}{suffix}").is_file():
+                problems.append(f"notebooks/{chapter.name}{suffix} is missing")
+    listed = {c.name for c in CHAPTERS}
+    strays = sorted(f.stem for f in NOTEBOOKS.glob("*.ipynb") if f.stem not in listed)
+    problems += [f"notebooks/{name}.ipynb is not a chapter in book.CHAPTERS" for name in strays]
+    if problems:
+        raise ValueError("the book's chapters disagree: " + "; ".join(problems))
+    return [NOTEBOOKS / f"{c.name}.ipynb" for c in CHAPTERS]
+
+
 def render() -> None:
     """jupyter-book build from a clean _build, -W -n --keep-going: any warning fails the build."""
     shutil.rmtree(ROOT / "_build", ignore_errors=True)
