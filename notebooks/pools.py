@@ -198,9 +198,9 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
 #   window is dead, so even `MaxPool2Smooth` should hold: all three hypotheses hold.
 # - **photos**: many dead windows, few if any exact ties. The parameter hypothesis and `h_pool`
 #   allow dead windows; `MaxPool2Smooth` does not, so cifar8's input-gradient hypothesis fails.
-#   Photos have hardly any exactly flat patches at these sizes; where one appears (saturated
-#   highlights in a larger crop), its cells are twins and `h_pool` fails there, and the census says
-#   so.
+#   Photos at the chapter's default sizes hold no exactly flat patch at the stem pool. Larger
+#   crops can (saturated highlights): their cells are twins, `h_pool` fails at those windows, and
+#   the census counts them (the last line of the table below).
 # - **flat images** (the binary horse, a scanned page, upsampled digits, resampled without
 #   interpolation): large regions of equal pixels, whose cells are twins. Twin ties keep the
 #   parameter hypothesis and break both input-gradient ones.
@@ -254,8 +254,8 @@ plt.show()
 
 # %% [markdown]
 # Each verdict goes both ways: the parameter hypothesis holds at three points and fails at the
-# planted one; `h_pool` holds at the lifted point and (at these sizes) on photos, and fails at twin
-# ties; `MaxPool2Smooth` holds only at the lifted point. So a chapter that ties cifar8's input
+# planted one; `h_pool` holds at the lifted point and on photos whenever their stem pool holds no
+# twin tie, and fails at twin ties; `MaxPool2Smooth` holds only at the lifted point. So a chapter that ties cifar8's input
 # gradient on photos ties it outside `cifar8BbnInputGradB_correct`'s hypothesis: what it shows
 # there is true, and beyond the suite.
 #
