@@ -339,7 +339,7 @@ def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict
     """
     envelope = envelope or {}
     cells = cells or {}
-    gmax = max(float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values())
+    gmax = max((float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values()), default=0.0)
     net_scale = tol.ZERO_NODE_SCALE * gmax if gmax > 0 else 1.0
     rows = []
     if loss is not None:

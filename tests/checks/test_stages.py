@@ -1,0 +1,213 @@
+"""Per-stage ties: each stage (cifar8: each of its seventeen layers) tied to the VJP of that piece
+alone at the cotangent the rendered chain hands it; the first stage where a planted bug parts; the
+head tied at any point; the chain from arbitrary loss cotangents; the sweep over N.
+
+Kept quick: cifar8 at batch 2 (photos, drawn weights); ResNet-34 at 32 px, batch 2, K = 10 — the
+degenerate point where layer4's BatchNorm normalises M = 2 values — compiled once per module.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradtie import data
+from gradtie.checks import bugs, census, check, controls, stages, tolerances
+from gradtie.checks.tie import compare, targets_matrix, zero_in_reals
+from gradtie.nets import cifar8, resnet34
+
+ALPHA = 0.1
+N = 2
+CFG8 = cifar8.Config()
+CFG34 = resnet34.Config(num_classes=10)
+
+
+def f64(params):
+    return {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
+
+
+def photos(n=N, size=32):
+    return jnp.asarray(data.photos(n, size, seed=0), jnp.float64)
+
+
+def labels(n=N, k=10):
+    return targets_matrix((jnp.arange(n) * 3 + 1) % k, k, jnp.float64)
+
+
+@pytest.fixture(scope="module")
+def params8():
+    return f64(cifar8.init(jax.random.key(0), CFG8, weights="drawn"))
+
+
+@pytest.fixture(scope="module")
+def params34():
+    return f64(resnet34.init(jax.random.key(0), CFG34, weights="drawn"))
+
+
+@pytest.fixture(scope="module")
+def chain8(params8):
+    return stages.chain(cifar8, params8, photos(), CFG8, targets=labels(), label_smoothing=ALPHA)
+
+
+@pytest.fixture(scope="module")
+def stages8(params8, chain8):
+    return stages.stage_ties(cifar8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA, chain_=chain8)
+
+
+@pytest.fixture(scope="module")
+def smooth_point8(params8):
+    """randn images with every pool-feeding β lifted: no dead window, so MaxPool2Smooth holds."""
+    x = jax.random.uniform(jax.random.key(3), (N, 3, 32, 32), jnp.float64)
+    p = census.lift_dead_windows(cifar8, params8, x, CFG8)
+    return p, x, census.smoothness(cifar8, p, x, CFG8)
+
+
+@pytest.fixture(scope="module")
+def stages34(params34):
+    return stages.stage_ties(resnet34, params34, photos(), labels(), CFG34, label_smoothing=ALPHA)
+
+
+# ---- the chain records what it hands each stage ---------------------------------------------------
+
+def test_the_recorded_chain_is_the_nets_own(params8, chain8):
+    logits, saved = cifar8.forward(params8, photos(), CFG8)
+    grads, dx = cifar8.backward(params8, saved, chain8.dlogits, CFG8)
+    assert list(chain8.grads) == list(params8)
+    rows = compare(chain8.grads, grads, zero_nodes=zero_in_reals(params8), dx=(chain8.dx, dx))  # compiled apart
+    assert all(r.rel <= 1e-13 for r in rows), max(rows, key=lambda r: r.rel)
+    assert list(chain8.handed) == ["head", "stage4", "stage3", "stage2", "stage1"]
+    # what stage k hands on is what stage k−1 was handed
+    assert jnp.array_equal(chain8.handed["stage4"][1], chain8.handed["stage3"][0])
+    assert jnp.array_equal(chain8.handed["head"][0], chain8.dlogits)
+    assert jnp.array_equal(chain8.handed["stage1"][1], chain8.dx)
+
+
+def test_chain_takes_targets_or_a_cotangent_not_both(params8):
+    with pytest.raises(ValueError, match="not both"):
+        stages.chain(cifar8, params8, photos(), CFG8)
+    with pytest.raises(ValueError, match="shape"):
+        stages.chain(cifar8, params8, photos(), CFG8, dlogits=jnp.zeros((N, 9)))
+    with pytest.raises(ValueError, match="layers"):
+        stages.pieces(resnet34, CFG34, "layers")
+
+
+# ---- cifar8: stages and the seventeen layers -------------------------------------------------------
+
+def test_cifar8_every_stage_ties_to_its_vjp_alone(stages8):
+    assert stages8.ok, stages8.summary()
+    assert [t.net for t in stages8.ties] == ["stage1", "stage2", "stage3", "stage4", "head"]
+    assert stages8.cotangent is not None and stages8.cotangent.ok
+    assert sum(len(t.nodes) for t in stages8.ties) == 38
+    assert stages8.first_parting() is None
+
+
+def test_cifar8_seventeen_layers_tie_where_maxpool2smooth_holds(params8, smooth_point8):
+    p, x, smooth = smooth_point8
+    assert smooth.hypothesis(census.C8_INPUT).holds
+    rep = stages.stage_ties(cifar8, p, x, labels(), CFG8, label_smoothing=ALPHA, level="layers")
+    assert rep.ok, rep.summary()
+    assert len(rep.ties) == 17
+    kinds = [t.meta["kind"] for t in rep.ties]
+    assert (kinds.count("conv-bn-relu"), kinds.count("pool"), kinds.count("dense"), kinds.count("relu")) == (8, 4, 3, 2)
+    assert len(rep.composition) == 38 + 5 and all(r.ok for r in rep.composition)
+
+
+def test_a_pool_alone_parts_at_a_dead_window_beyond_maxpool2smooth(params8, chain8):
+    """At photos the pools' dead windows tie their zeros: the pool alone has no derivative there
+    (autodiff's max splits the tie, the render routes it to one cell), while every stage, whose ReLU
+    kills those cells, still ties. The control the layer tie needs: it can fail."""
+    smooth = census.smoothness(cifar8, params8, photos(), CFG8)
+    assert not smooth.hypothesis(census.C8_INPUT).holds and smooth.ok
+    rep = stages.stage_ties(cifar8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA, level="layers",
+                            chain_=chain8)
+    assert {t.net for t in rep.failed} == {"pool1", "pool2", "pool3", "pool4"}
+    assert rep.first_parting().stage == "pool4"
+
+
+@pytest.mark.parametrize("bug, stage", [("bn_forget_gamma", "stage4"), ("relu_mask_from_conv_output", "stage4"),
+                                        ("head_no_batch_divisor", stages.LOSS_COTANGENT),
+                                        ("dense_weight_grad_transposed", "head")])
+def test_a_planted_bug_parts_at_its_stage(params8, bug, stage):
+    parting = stages.first_parting(bugs.plant(bug, cifar8), params8, photos(), labels(), CFG8,
+                                   label_smoothing=ALPHA)
+    assert parting is not None and parting.stage == stage, parting
+
+
+def test_a_stage_handed_a_wrong_cotangent_still_ties(params8):
+    """The localisation: after a wrong head cotangent every stage is a correct VJP of what it is
+    handed, so only the loss-cotangent row parts."""
+    rep = stages.stage_ties(controls.drop_batch_divisor(cifar8), params8, photos(), labels(), CFG8,
+                            label_smoothing=ALPHA)
+    assert all(t.ok for t in rep.ties) and not rep.cotangent.ok
+
+
+# ---- ResNet-34: eighteen stages at M = 2 ------------------------------------------------------------
+
+def test_resnet34_eighteen_stages_tie_even_at_m2(stages34):
+    assert stages34.ok, stages34.summary()
+    assert len(stages34.ties) == 18
+    kinds = [t.meta["kind"] for t in stages34.ties]
+    assert (kinds.count("stem"), kinds.count("identity"), kinds.count("downsample"), kinds.count("head")) == (1, 13, 3, 1)
+    assert len(stages34.inputs("identity")) == 13 and len(stages34.inputs("downsample")) == 3
+    assert all(r.ok for r in stages34.inputs("identity") + stages34.inputs("downsample"))
+    assert stages34["layer4.0"].row("layer4.0.bn1.weight").cells == 2
+
+
+def test_resnet34_projection_bug_parts_at_a_downsample_block(params34):
+    parting = stages.first_parting(bugs.plant("projection_bn_reads_dn2", resnet34), params34, photos(), labels(),
+                                   CFG34, label_smoothing=ALPHA)
+    assert parting is not None and parting.stage == "layer4.0" and parting.kind == "downsample"
+
+
+def test_head_ties_at_any_point(params34):
+    """r34HeadBHasVJP is global: any GAP input (negative values, no point of the net) ties."""
+    h = jax.random.normal(jax.random.key(7), (3, 512, 2, 2), jnp.float64)
+    dy = jax.random.normal(jax.random.key(8), (3, 10), jnp.float64)
+    rep = stages.tie_at(resnet34, params34, "head", h, dy, CFG34)
+    assert rep.ok and [r.name for r in rep.rows] == ["fc.weight", "fc.bias", "input"]
+    grads, dx = stages._stage_at(stages._stage_records(resnet34, CFG34)["head"], params34, h, dy, CFG34)
+    wrong = stages.tie_at(resnet34, params34, "head", h, dy, CFG34, rendered=(grads, 1.01 * dx))
+    assert [r.name for r in wrong.failed] == ["input"]
+    with pytest.raises(ValueError, match="stage"):
+        stages.tie_at(resnet34, params34, "layer9.0", h, dy, CFG34)
+
+
+# ---- any loss cotangent ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["normal", "spike", "scaled"])
+def test_the_chain_ties_at_any_loss_cotangent(params8, kind):
+    d = stages.random_cotangent(jax.random.key(5), (N, 10), kind=kind)
+    rep = stages.cotangent_tie(cifar8, params8, photos(), d, CFG8)
+    assert rep.ok, rep.summary()
+    assert len(rep.nodes) == 38 and rep.rows[-1].name == "input"
+
+
+def test_a_wrong_cotangent_fails_the_cotangent_tie(params8):
+    d = stages.random_cotangent(jax.random.key(5), (N, 10))
+    ch = stages.chain(cifar8, params8, photos(), CFG8, dlogits=d)
+    ch.dlogits = 2 * d      # the oracle reads the chain's dlogits: a chain that ran from another one fails
+    rep = stages.cotangent_tie(cifar8, params8, photos(), d, CFG8, chain_=ch)
+    assert not rep.ok and len(rep.failed) >= 30
+
+
+# ---- the check names the stage ----------------------------------------------------------------------
+
+def test_check_names_the_first_parting_stage():
+    rep = check.run_check("cifar8", batch=N, data="photos", plant_bug="bn_forget_gamma", finite_differences=False)
+    assert rep.exit_code == check.EXIT_FAILED
+    assert rep.parting is not None and rep.parting.stage == "stage4"
+    assert "first part at stage4" in rep.summary()
+    assert rep.as_dict()["first_parting"]["stage"] == "stage4"
+
+
+# ---- the sweep over N --------------------------------------------------------------------------------
+
+def test_sweep_ties_every_n_and_states_the_smallest(params8):
+    sw = stages.sweep(cifar8, params8, CFG8, lambda n: photos(n), [1, 2], label_smoothing=ALPHA)
+    assert sw.ok and [r.n for r in sw.rows] == [1, 2]
+    assert sw.smallest(census.PARAMETERS) == 1 and sw.below(census.PARAMETERS) is None
+    assert sw.smallest(census.C8_INPUT) is None          # photos hold dead windows at every N
+    assert "MaxPool2Smooth" in sw.below(census.C8_INPUT)
+    assert all(0 < r.ratio <= 1 for r in sw.rows)
+    with pytest.raises(ValueError, match="positive"):
+        stages.sweep(cifar8, params8, CFG8, photos, [0])
