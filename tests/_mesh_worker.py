@@ -1,13 +1,16 @@
 """Runs a data-parallel check on 8 fake CPU devices and prints one JSON line of results.
 
     python tests/_mesh_worker.py tie {cifar8,resnet34}
-    python tests/_mesh_worker.py control {cifar8,resnet34}
+    python tests/_mesh_worker.py uneven
+    python tests/_mesh_worker.py control
+    python tests/_mesh_worker.py catalogue {cifar8,resnet34}
     python tests/_mesh_worker.py drift
     python tests/_mesh_worker.py step
     python tests/_mesh_worker.py errors
 
 The device count must be fixed before jax initialises, and the test session has already imported
-jax, so tests/test_parallel.py runs this script in a fresh interpreter.
+jax, so tests/test_parallel.py runs this script in a fresh interpreter. Every tie runs at drawn
+weights (γ ≠ 1, β ≠ 0) through `checks.check.tie_replicas`, the one verdict path.
 """
 
 import os
@@ -25,7 +28,10 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import parallel, train  # noqa: E402
+from gradtie import data, parallel, train  # noqa: E402
+from gradtie.checks import bugs, tolerances  # noqa: E402
+from gradtie.checks.check import run_check, tie_replicas  # noqa: E402
+from gradtie.checks.tie import reference_at, targets_matrix  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402
 
 REPLICAS = (2, 4, 8)
@@ -34,54 +40,92 @@ NETS = {"cifar8": (cifar8, cifar8.Config(head_width=64)),
         "resnet34": (resnet34, resnet34.Config(num_classes=10))}
 
 
-def batch(cfg, n, seed=1):
-    rng = np.random.default_rng(seed)
-    x = jnp.asarray(rng.uniform(size=(n, 3, 32, 32)))
-    return x, jnp.asarray(rng.integers(0, cfg.num_classes, size=n))
+def init64(net, cfg, weights="drawn"):
+    """float64 parameters in signature order (drawn: γ ~ U(0.5,1.5), β and biases nonzero)."""
+    params = net.init(jax.random.key(0), cfg, weights=weights)
+    return {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
 
 
-def init64(net, cfg):
-    """float64 parameters in signature order, from one jitted init (an eager init compiles a
-    sampler per tensor shape, which dominates a small check)."""
-    params = jax.jit(lambda key: {k: v.astype(jnp.float64) for k, v in net.init(key, cfg).items()})(
-        jax.random.key(0))
-    return {spec.name: params[spec.name] for spec in net.param_specs(cfg)}
+def photo_batch(cfg, n, seed=0):
+    """Photo crops and one-hot rows of the photo each came from."""
+    x, labels = data.photo_labels(n, 32, seed=seed)
+    return jnp.asarray(x, jnp.float64), targets_matrix(jnp.asarray(labels), cfg.num_classes, jnp.float64)
 
 
-def setup(name):
+def setup(name, n=GLOBAL_BATCH):
     net, cfg = NETS[name]
-    params = init64(net, cfg)
-    x, labels = batch(cfg, GLOBAL_BATCH)
-    # int labels for cifar8, one-hot rows with label smoothing for resnet34: both target forms
-    if name == "cifar8":
-        return net, cfg, params, x, labels, 0.0
-    return net, cfg, params, x, jax.nn.one_hot(labels, cfg.num_classes, dtype=jnp.float64), 0.1
+    x, t = photo_batch(cfg, n)
+    # label smoothing where SPEC §1 has it (ResNet-34), none for cifar8
+    return net, cfg, init64(net, cfg), x, t, 0.1 if name == "resnet34" else 0.0
+
+
+def row(rep):
+    """What the tests read of a TieReport."""
+    worst = rep.worst()
+    return {"ok": rep.ok, "nodes": len(rep.nodes), "rows": len(rep.rows), "loss_ok": rep.row("loss").ok,
+            "input_ok": rep.row("input").ok, "worst_ratio": worst.rel / worst.limit, "worst_rel": worst.rel,
+            "failed": [r.name for r in rep.failed],
+            "first": rep.first_failure().name if rep.first_failure() else None,
+            "ill": len(rep.ill_conditioned), "summary": rep.summary()}
 
 
 def tie(name):
-    net, cfg, params, x, targets, alpha = setup(name)
-    ref = parallel.single_device(net, params, x, targets, cfg, label_smoothing=alpha)
+    """The mesh step at R = 2, 4, 8 (N = 4, 2, 1) against one float64 oracle at batch 8."""
+    net, cfg, params, x, t, alpha = setup(name)
+    point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
+    return {str(r): row(tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=alpha, point=point))
+            for r in REPLICAS}
+
+
+def uneven():
+    """Replicas holding different counts (cifar8, batch 4): tied to one device at the concatenated
+    batch; the plain mean of replica means red where counts differ, green where they do not;
+    padding contributes nothing (junk in the padded rows changes no bit)."""
+    net, cfg, params, x, t, alpha = setup("cifar8", 4)
+    point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
     out = {}
-    for r in REPLICAS:
-        rep = parallel.tie(net, params, x, targets, cfg, mesh=parallel.data_mesh(r),
-                           label_smoothing=alpha, reference=ref)
-        out[str(r)] = {"ok": rep.ok, "max_rel": rep.max_rel, "nodes": len(rep.rows),
-                       "loss_err": abs(rep.loss - rep.loss_single), "summary": rep.summary()}
+    for counts in [(3, 1), (1, 2, 0, 1)]:
+        out["+".join(map(str, counts))] = row(tie_replicas(net, params, x, t, cfg, counts=counts, point=point))
+    bug = bugs.plant("sync_plain_mean_of_means", net)
+    out["bug 3+1"] = row(tie_replicas(bug, params, x, t, cfg, counts=(3, 1), point=point))
+    out["bug 2+2"] = row(tie_replicas(bug, params, x, t, cfg, counts=(2, 2), point=point))
+    # the padded batch by hand: zeros, then junk, in the padding
+    mesh = parallel.data_mesh(2)
+    xs, ts, valid = parallel.padded(x, t, (3, 1))
+    runs = []
+    for fill in (0.0, 1.0):
+        xj = np.where(valid[:, None, None, None] > 0, xs, fill * np.random.default_rng(5).uniform(size=xs.shape))
+        runs.append(parallel.forward_backward(net, params, jnp.asarray(xj), jnp.asarray(ts), cfg, mesh=mesh,
+                                              valid=jnp.asarray(valid)))
+    a, b = runs
+    out["junk_changes_no_bit"] = bool(all(np.array_equal(a.grads[k], b.grads[k]) for k in params)
+                                      and np.array_equal(a.dx, b.dx) and float(a.loss) == float(b.loss))
+    out["padded_dx_zero"] = bool(np.all(np.asarray(b.dx)[valid == 0] == 0))
+    out["valid_dx_rows"] = int(np.sum(np.any(np.asarray(b.dx)[valid == 1] != 0, axis=(1, 2, 3))))
     return out
 
 
-def control(name):
-    """Per-replica BatchNorm (R = 2) against the same single-device reference: must fail. The
+def control():
+    """Per-replica BatchNorm (R = 2, cifar8) against the single-device oracle: must fail. The
     per-example BN variant couples no examples, so it ties without any synchronisation."""
-    net, cfg, params, x, targets, alpha = setup(name)
-    mesh = parallel.data_mesh(2)
-    rep = parallel.tie(net, params, x, targets, cfg, mesh=mesh, sync_bn=False, label_smoothing=alpha)
-    out = {"ok": rep.ok, "max_rel": rep.max_rel, "failed": len(rep.failed),
-           "failed_names": [r.name for r in rep.failed], "summary": rep.summary()}
-    if name == "cifar8":
-        cfg_ex = dataclasses.replace(cfg, bn="example")
-        ex = parallel.tie(net, params, x, targets, cfg_ex, mesh=mesh, sync_bn=False, label_smoothing=alpha)
-        out["per_example"] = {"ok": ex.ok, "max_rel": ex.max_rel, "summary": ex.summary()}
+    net, cfg, params, x, t, alpha = setup("cifar8", 4)
+    out = {"per_replica": row(tie_replicas(net, params, x, t, cfg, replicas=2, sync_bn=False))}
+    cfg_ex = dataclasses.replace(cfg, bn="example")
+    out["per_example"] = row(tie_replicas(net, params, x, t, cfg_ex, replicas=2, sync_bn=False))
+    return out
+
+
+def catalogue(name):
+    """The synchronised-BN catalogue entries through `gradtie check`'s own path (run_check), two
+    replicas, batch 4 of photos, drawn weights: each must exit 1; the real chain at the uneven split
+    exits 0."""
+    out = {}
+    for bug, counts in [("sync_dgamma_dbeta_reduced_twice", None), ("sync_local_means_backward", None),
+                        ("sync_plain_mean_of_means", (3, 1)), (None, (3, 1))]:
+        rep = run_check(name, batch=4, data="photos", replicas=2, plant_bug=bug, replica_counts=counts)
+        first = rep.tie.first_failure()
+        out[bug or "real 3+1"] = {"exit": rep.exit_code, "first": first.name if first else None,
+                                  "summary": rep.summary()}
     return out
 
 
@@ -92,12 +136,19 @@ def drift():
     return {"rows": [r._asdict() for r in rep.rows], "rows64": [r._asdict() for r in rep64.rows]}
 
 
+def _rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(a)), 1e-300))
+
+
 def step():
     """Two data-parallel train steps (R = 4, sync BN) per optimizer against the same update applied
-    to the single-device rendered gradient and batch statistics at batch R·N."""
+    to the single-device rendered gradient and batch statistics at batch R·N; then an uneven step
+    (counts 3, 0, 2, 1) against the single device at the concatenated batch."""
     cfg = cifar8.Config(head_width=64, conv_bias=False)   # no zero-in-ℝ nodes for Adam to amplify
     params = init64(cifar8, cfg)
-    x, labels = batch(cfg, 8)
+    x, t = photo_batch(cfg, 8)
+    labels = jnp.argmax(t, axis=1)
     mesh = parallel.data_mesh(4)
     out = {}
     for name in train.OPTIMIZERS:
@@ -116,15 +167,20 @@ def step():
             ref = parallel.single_device(cifar8, a.params, x, labels, cfg)
             a = reference_update(a, ref.grads, ref.stats)
             b, metrics = dp(b, x, labels, lr)
-        rel = {}
-        for part in ("params", "running"):
-            for k in getattr(a, part):
-                u, v = np.asarray(getattr(a, part)[k]), np.asarray(getattr(b, part)[k])
-                rel[f"{part}/{k}"] = float(np.max(np.abs(u - v)) / max(np.max(np.abs(u)), 1e-300))
+        rel = {f"{part}/{k}": _rel(getattr(a, part)[k], getattr(b, part)[k])
+               for part in ("params", "running") for k in getattr(a, part)}
         out[name] = {"max_rel": max(rel.values()), "worst": max(rel, key=rel.get),
                      "order": list(b.params) == list(params), "step": int(b.step),
                      "loss_err": abs(float(ref.loss) - float(metrics["loss"])),
                      "accuracy_err": abs(float(ref.accuracy) - float(metrics["accuracy"]))}
+    # an uneven last batch: the same rendered step at the concatenated 6 examples on one device
+    x6, labels6 = x[:6], labels[:6]
+    ref = parallel.single_device(cifar8, params, x6, labels6, cfg)
+    got = parallel.forward_backward(cifar8, params, x6, labels6, cfg, mesh=mesh, counts=(3, 0, 2, 1))
+    out["uneven"] = {"grads": max(_rel(ref.grads[k], got.grads[k]) for k in params),
+                     "stats": max(_rel(ref.stats[k], got.stats[k]) for k in ref.stats),
+                     "dx": _rel(ref.dx, got.dx), "loss_err": abs(float(ref.loss) - float(got.loss)),
+                     "accuracy_err": abs(float(ref.accuracy) - float(got.accuracy))}
     # bf16 convs, float32 parameters: the all-reduce stays float32 and the step stays finite
     cfg16 = cifar8.Config(head_width=64, bf16=True, conv_bias=False)
     p32 = {k: v.astype(jnp.float32) for k, v in params.items()}
@@ -142,13 +198,22 @@ def errors():
     out = {}
     net, cfg = NETS["cifar8"]
     params = {}         # every check below fires before the net is called
-    x, labels = batch(cfg, 6)
+    x, t = photo_batch(cfg, 6)
+    labels = jnp.argmax(t, axis=1)
+    mesh2, mesh4 = parallel.data_mesh(2), parallel.data_mesh(4)
     for what, call in [
-        ("indivisible", lambda: parallel.loss_and_grads(net, params, x, labels, cfg,
-                                                        mesh=parallel.data_mesh(4))),
+        ("indivisible", lambda: parallel.loss_and_grads(net, params, x, labels, cfg, mesh=mesh4)),
         ("too_many", lambda: parallel.data_mesh(9)),
-        ("bad_rows", lambda: parallel.loss_and_grads(net, params, x[:4], jnp.ones((4, 10)), cfg,
-                                                     mesh=parallel.data_mesh(2))),
+        ("bad_rows", lambda: parallel.loss_and_grads(net, params, x[:4], jnp.ones((4, 10)), cfg, mesh=mesh2)),
+        ("counts_sum", lambda: parallel.loss_and_grads(net, params, x, labels, cfg, mesh=mesh2, counts=(3, 1))),
+        ("counts_length", lambda: parallel.loss_and_grads(net, params, x, labels, cfg, mesh=mesh2, counts=(3, 2, 1))),
+        ("counts_empty", lambda: parallel.loss_and_grads(net, params, x[:0], labels[:0], cfg, mesh=mesh2,
+                                                         counts=(0, 0))),
+        ("valid_values", lambda: parallel.forward_backward(net, params, x, labels, cfg, mesh=mesh2,
+                                                           valid=jnp.asarray([1, 1, 0.5, 0, 1, 1.0]))),
+        ("counts_and_valid", lambda: parallel.forward_backward(net, params, x, labels, cfg, mesh=mesh2,
+                                                               counts=(3, 3), valid=jnp.ones(6))),
+        ("tie_no_split", lambda: tie_replicas(net, params, x, t, cfg)),
     ]:
         try:
             call()
@@ -160,8 +225,8 @@ def errors():
 
 if __name__ == "__main__":
     cmd = sys.argv[1]
-    if cmd in ("tie", "control"):
-        result = {"tie": tie, "control": control}[cmd](sys.argv[2])
+    if cmd in ("tie", "catalogue"):
+        result = {"tie": tie, "catalogue": catalogue}[cmd](sys.argv[2])
     else:
-        result = {"drift": drift, "step": step, "errors": errors}[cmd]()
+        result = {"uneven": uneven, "control": control, "drift": drift, "step": step, "errors": errors}[cmd]()
     print(json.dumps(result))

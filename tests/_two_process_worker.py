@@ -4,16 +4,16 @@
 
 Each process holds DEVICES_PER_PROCESS fake CPU devices; the mesh spans both processes. Both build
 the same global batch from a seed, hand `jax.make_array_from_process_local_data` their own rows,
-and run `parallel.loss_and_grads` (synchronised BatchNorm). Each then computes the single-device
-rendered gradient at the whole batch locally and writes the worst relative error per node to
-OUT.json. Run by tests/test_parallel.py.
+and run `parallel.forward_backward` (synchronised BatchNorm). Each then ties the result to the
+single-device float64 oracle at the whole batch through the tie kit's one verdict path
+(`checks.tie.report`, drawn weights) and writes the verdict to OUT.json. Run by tests/test_parallel.py.
 """
 
 import json
 import os
 import sys
 
-process_id, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+process_id, port, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 per_process = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={per_process}"
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -27,14 +27,17 @@ jax.config.update("jax_cpu_collectives_implementation", "gloo")
 jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=process_id,
                            initialization_timeout=60)
 
+from jax.experimental import multihost_utils  # noqa: E402
+
 from gradtie import parallel  # noqa: E402
+from gradtie.checks.tie import reference_at, report  # noqa: E402
 from gradtie.nets import cifar8  # noqa: E402
 
 PER_REPLICA = 2
 cfg = cifar8.Config(head_width=64)
 replicas = jax.device_count()
 mesh = parallel.data_mesh(replicas)
-params = {k: np.asarray(v, np.float64) for k, v in cifar8.init(jax.random.key(0), cfg).items()}
+params = {k: np.asarray(v, np.float64) for k, v in cifar8.init(jax.random.key(0), cfg, weights="drawn").items()}
 rng = np.random.default_rng(1)
 x = rng.uniform(size=(replicas * PER_REPLICA, 3, 32, 32))
 labels = rng.integers(0, cfg.num_classes, size=len(x))   # int labels: one-hot on the global array
@@ -43,25 +46,21 @@ labels = rng.integers(0, cfg.num_classes, size=len(x))   # int labels: one-hot o
 rows_per_process = len(x) // jax.process_count()
 mine = slice(process_id * rows_per_process, (process_id + 1) * rows_per_process)
 gx, gt = parallel.global_batch(mesh, (x[mine], labels[mine]))
-loss, grads = parallel.loss_and_grads(cifar8, parallel.replicate(mesh, params), gx, gt, cfg, mesh=mesh)
+out = parallel.forward_backward(cifar8, parallel.replicate(mesh, params), gx, gt, cfg, mesh=mesh)
+# replicated results: any local shard; the input gradient: every process's rows gathered
+loss = np.asarray(out.loss.addressable_data(0))
+grads = {k: np.asarray(v.addressable_data(0)) for k, v in out.grads.items()}
+dx = np.asarray(multihost_utils.process_allgather(out.dx, tiled=True))
 
+# the single-device float64 oracle at the whole batch and its envelope, on this process's device
 local = jax.local_devices()[0]
 with jax.default_device(local):
-    ref = parallel.single_device(cifar8, {k: jnp.asarray(v) for k, v in params.items()},
-                                 jnp.asarray(x), jnp.asarray(labels), cfg)
-g1 = {k: np.asarray(v) for k, v in ref.grads.items()}
-gmax = max(float(np.max(np.abs(v))) for v in g1.values())
-zero = parallel.zero_in_reals(params)
-rel = {}
-for k in params:
-    a = np.asarray(grads[k].addressable_data(0), np.float64)   # replicated: any local shard
-    scale = float(np.max(np.abs(g1[k])))
-    if k in zero:
-        scale = max(scale, parallel.ZERO_NODE_FLOOR * gmax)
-    rel[k] = float(np.max(np.abs(a - g1[k]))) / scale
+    p64 = {k: jnp.asarray(v) for k, v in params.items()}
+    point = reference_at(cifar8, p64, jnp.asarray(x), jnp.asarray(labels), cfg)
+    rep = report(f"cifar8 on {replicas} replicas in 2 processes", p64, (loss, grads, dx), point)
 
-with open(out, "w") as f:
+with open(out_path, "w") as f:
     json.dump({"process_id": process_id, "process_count": jax.process_count(), "replicas": replicas,
-               "loss": float(np.asarray(loss.addressable_data(0))), "loss_single": float(ref.loss),
-               "max_rel": max(rel.values()), "nodes": len(rel)}, f)
+               "ok": rep.ok, "loss_ok": rep.row("loss").ok, "input_ok": rep.row("input").ok,
+               "nodes": len(rep.nodes), "summary": rep.summary()}, f)
 jax.distributed.shutdown()

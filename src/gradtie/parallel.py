@@ -7,14 +7,23 @@ whole global batch: the mean is all-reduced, the variances are combined with Cha
 the backward all-reduces the per-channel means of γ·dy and x̂·γ·dy (see `gradtie.ops.batchnorm`).
 The parameter gradients are then all-reduced by mean. Because the cotangent is linear and each
 replica divides by its own N, the replica mean of the gradients is the gradient of the mean loss
-over all R·N examples: the single-device gradient at batch R·N.
+over all R·N examples: the single-device gradient at batch R·N (Lean: `r34_net_syncTiedB`, the
+all-reduced nodes of `ResNet34SyncStepTieB` are the single-device nodes at N := R·N).
 
-With per-replica BatchNorm (`sync_bn=False`) each replica normalises with its own N examples'
+Uneven replica batches (the last batch of an epoch): `counts=(n_1, …, n_R)` gives replica r its
+own n_r examples. Each replica's rows are padded to max n_r and a validity mask marks the real
+ones; every BatchNorm then counts valid cells only (statistics by Chan's combine with counts, the
+backward's two means over the global valid cells), padded examples get a zero cotangent
+everywhere, and the loss and gradients are divided by the global count Σ n_r and all-reduced by
+sum. The result is the single-device step at the concatenated valid batch.
+
+With per-replica BatchNorm (`sync_bn=False`) each replica normalises with its own examples'
 statistics; that is a different function of the parameters, and its gradient differs.
 
-Multi-process (several hosts, or several processes on one host with `jax.distributed`): build the
-global batch with `global_batch` and the parameters with `replicate`; everything else is the same.
-Shown in: Data-parallel tie.
+The verdicts (the mesh step tied to the single-device float64 oracle) are `gradtie.checks`':
+`checks.check.tie_replicas`. Multi-process (several hosts, or several processes on one host with
+`jax.distributed`): build the global batch with `global_batch` and the parameters with
+`replicate`; everything else is the same. Shown in: Data-parallel tie.
 """
 
 from __future__ import annotations
@@ -87,16 +96,68 @@ def replicate(mesh: Mesh, tree: Any) -> Any:
     return jax.tree.map(lambda a: jax.make_array_from_process_local_data(sharding, np.asarray(a)), tree)
 
 
+# ---- uneven replica batches: per-replica counts, padding and the validity mask ---------------------
+
+def check_counts(op: str, counts, replicas: int, batch: Optional[int] = None) -> tuple[int, ...]:
+    """(n_1, …, n_R): one non-negative count per replica, at least one example in all, summing to
+    the batch when it is given."""
+    try:
+        counts = tuple(counts)
+    except TypeError:
+        raise ValueError(f"{op}: counts must be a sequence of {replicas} per-replica example counts, "
+                         f"got {counts!r}") from None
+    if len(counts) != replicas or any(isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0
+                                      for n in counts):
+        raise ValueError(f"{op}: counts must be {replicas} non-negative integers (one per replica), got {counts}")
+    if sum(counts) < 1:
+        raise ValueError(f"{op}: counts {counts} hold no example")
+    if batch is not None and sum(counts) != batch:
+        raise ValueError(f"{op}: counts {counts} sum to {sum(counts)}, but the batch holds {batch} "
+                         f"examples (x holds the replicas' valid rows one after another)")
+    return tuple(int(n) for n in counts)
+
+
+def uneven_split(batch: int, replicas: int) -> tuple[int, ...]:
+    """An uneven split of a batch, as the last batch of an epoch can leave: the first replica holds
+    batch − (R − 1) examples, every other one example (needs batch > R)."""
+    if isinstance(batch, bool) or not isinstance(batch, (int, np.integer)) or batch <= replicas or replicas < 2:
+        raise ValueError(f"uneven_split: an uneven split needs R ≥ 2 replicas and more examples than "
+                         f"replicas, got batch {batch!r} and R = {replicas!r}")
+    return (int(batch) - replicas + 1,) + (1,) * (replicas - 1)
+
+
+def padded(x, targets, counts: Sequence[int], *, fill: float = 0.0):
+    """The concatenated valid batch (replica r's n_r rows one after another) -> (x_pad [R·N_pad,…],
+    targets_pad [R·N_pad,K], valid [R·N_pad]) with N_pad = max n_r: replica r's rows first, then
+    padding. Padded images hold `fill`, padded targets 1/K (rows still sum to 1); valid marks the
+    real rows. The step gives padded rows no weight anywhere, so what they hold does not matter."""
+    x, targets = np.asarray(x), np.asarray(targets)
+    counts = check_counts("parallel.padded", counts, len(counts), x.shape[0])
+    n_pad, k = max(counts), targets.shape[1]
+    xs = np.full((len(counts) * n_pad,) + x.shape[1:], fill, x.dtype)
+    ts = np.full((len(counts) * n_pad, k), 1.0 / k, targets.dtype)
+    valid = np.zeros(len(counts) * n_pad, x.dtype)
+    rows = valid_rows(counts)
+    xs[rows], ts[rows], valid[rows] = x, targets, 1
+    return xs, ts, valid
+
+
+def valid_rows(counts: Sequence[int]) -> np.ndarray:
+    """The padded batch's row of each valid example, in the order of the concatenated batch."""
+    n_pad = max(counts)
+    return np.concatenate([r * n_pad + np.arange(n) for r, n in enumerate(counts)]).astype(np.int64)
+
+
 # ---- one replica's rendered step ----------------------------------------------------------------
 
 class ReplicaStep(NamedTuple):
     """What the data-parallel forward-backward returns; every field is global (the same on every
     replica) except `dx`, which is sharded like the batch."""
-    loss: jax.Array               # mean over replicas of each replica's mean loss = the global mean
-    grads: dict[str, jax.Array]   # replica mean of the rendered parameter gradients
-    dx: Optional[jax.Array]       # ∂loss/∂x of the global loss: each replica's dx divided by R
+    loss: jax.Array               # the global mean loss
+    grads: dict[str, jax.Array]   # the gradient of the global mean loss, all-reduced
+    dx: Optional[jax.Array]       # ∂loss/∂x of the global loss (rows of the concatenated batch)
     stats: dict[str, jax.Array]   # "<bn>.running_mean/var" of the batch: global under sync BN,
-                                  # the replica mean of the per-replica statistics without it
+                                  # the (count-weighted) replica mean of per-replica statistics without it
     accuracy: jax.Array           # fraction of the global batch whose argmax logit is the target's
 
 
@@ -105,32 +166,68 @@ def replica_config(cfg, sync_bn: bool):
     return dataclasses.replace(cfg, bn_axis_name=AXIS if sync_bn else None)
 
 
-def _pmean_packed(tree: dict[str, jax.Array]) -> dict[str, jax.Array]:
+def _reduce_packed(tree: dict[str, jax.Array], reduce: Callable = lax.pmean) -> dict[str, jax.Array]:
     """One all-reduce for the whole gradient: the nodes packed into one flat vector per dtype
     (a single collective instead of one per tensor; the arithmetic per element is the same)."""
     out = {}
     for dtype in sorted({jnp.dtype(g.dtype) for g in tree.values()}, key=str):
         names = [k for k, g in tree.items() if jnp.dtype(g.dtype) == dtype]
-        flat = lax.pmean(jnp.concatenate([jnp.ravel(tree[k]) for k in names]), AXIS)
+        flat = reduce(jnp.concatenate([jnp.ravel(tree[k]) for k in names]), AXIS)
         offsets = np.cumsum([0] + [tree[k].size for k in names])
         for k, a, b in zip(names, offsets[:-1], offsets[1:]):
             out[k] = flat[a:b].reshape(tree[k].shape)
     return {k: out[k] for k in tree}
 
 
-def _global(v: jax.Array) -> jax.Array:
-    """The replica mean of a value that still varies across replicas; a value that is already the
-    same on every replica (a synchronised BN statistic) is returned as it is."""
+def _varies(v: jax.Array) -> bool:
+    """Whether a value inside the step still differs across replicas (a synchronised BN statistic
+    is already the same on every replica)."""
     manual = getattr(jax.typeof(v), "manual_axis_type", None)
-    if manual is not None and AXIS not in manual.varying:
-        return v
-    return lax.pmean(v, AXIS)
+    return manual is None or AXIS in manual.varying
 
 
-def _replica_step(net, cfg, label_smoothing: float, sync_bn: bool, replicas: int, with_dx: bool):
+def _global(v: jax.Array) -> jax.Array:
+    return lax.pmean(v, AXIS) if _varies(v) else v
+
+
+def row_losses(logits: jax.Array, targets: jax.Array, alpha: float) -> jax.Array:
+    """Each example's smoothed cross-entropy [N] (the value `head.forward` averages)."""
+    zmax = jnp.max(logits, axis=1, keepdims=True)
+    logp = logits - zmax - jnp.log(jnp.sum(jnp.exp(logits - zmax), axis=1, keepdims=True))
+    return -jnp.sum(head.smoothed(targets, alpha) * logp, axis=1)
+
+
+# z[N,K], t[N,K], valid[N] -> dy[N,K] = valid·(p − t̃)/n, n the global count of valid examples
+def counted_cotangent(logits: jax.Array, targets: jax.Array, alpha: float, valid: jax.Array,
+                      count: jax.Array) -> jax.Array:
+    """The head's six kit ops with the divisor the global count n = Σ_r n_r (every replica divides
+    by the same n, so the BatchNorm backward's global means average cotangents of one scale), and
+    padded rows set to 0. Lean: `softmaxRow`, `subB`, `scaleB`, `addVB`, `shiftB`, `divConstB`."""
+    head.check_targets("parallel.counted_cotangent", logits, targets)
+    k = logits.shape[1]
+    p = head.softmax_row(logits)
+    d0 = head.sub(p, targets)
+    a = head.scale(alpha, targets)
+    d1 = head.add(d0, a)
+    d2 = head.shift(d1, alpha / k)
+    return head.div_const(d2, count) * valid[:, None]
+
+
+def replica_step(net, cfg, label_smoothing: float, sync_bn: bool, replicas: int, with_dx: bool,
+                 masked: bool = False) -> Callable:
+    """The body each replica runs inside `shard_map`: (params, x, targets[, valid]) ->
+    (loss, grads, dx, stats, accuracy) as `ReplicaStep` describes.
+
+    Equal counts (masked=False): the head divides by this replica's N and the gradients are
+    mean-all-reduced, which divides by R·N. Uneven counts (masked=True): BatchNorm counts only the
+    valid examples (`batchnorm.valid_examples`), the head divides by the global count and masks the
+    padded rows, and the gradients are sum-all-reduced."""
     rcfg = replica_config(cfg, sync_bn)
 
-    def step(params, x, targets):
+    def hits_of(logits, targets):
+        return (jnp.argmax(logits, axis=1) == jnp.argmax(targets, axis=1)).astype(logits.dtype)
+
+    def even(params, x, targets):
         logits, saved = net.forward(params, x, rcfg)
         targets = targets.astype(logits.dtype)
         loss = head.forward(logits, targets, label_smoothing)
@@ -138,21 +235,38 @@ def _replica_step(net, cfg, label_smoothing: float, sync_bn: bool, replicas: int
         dlogits = head.cotangent(logits, targets, label_smoothing)
         grads, dx = net.backward(params, saved, dlogits, rcfg)
         # all-reduce in the parameters' dtype (float32 under bf16 convs: SPEC §7)
-        grads = _pmean_packed({k: g.astype(params[k].dtype) for k, g in grads.items()})
+        grads = _reduce_packed({k: g.astype(params[k].dtype) for k, g in grads.items()})
         # synchronised: already global; per-replica (or per-example BN): the replica mean
         stats = jax.tree.map(_global, net.batch_stats(saved))
-        hits = jnp.mean((jnp.argmax(logits, axis=1) == jnp.argmax(targets, axis=1)).astype(logits.dtype))
         # equal N on every replica: the mean of the replica means is the global mean
         return (lax.pmean(loss, AXIS), grads, dx / replicas if with_dx else None, stats,
-                lax.pmean(hits, AXIS))
+                lax.pmean(jnp.mean(hits_of(logits, targets)), AXIS))
 
-    return step
+    def uneven(params, x, targets, valid):
+        local = jnp.sum(valid)
+        count = lax.psum(local, AXIS)                      # n = Σ_r n_r
+        with batchnorm.valid_examples(valid):              # forward and backward: valid cells only
+            logits, saved = net.forward(params, x, rcfg)
+            targets = targets.astype(logits.dtype)
+            dlogits = counted_cotangent(logits, targets, label_smoothing, valid, count)
+            grads, dx = net.backward(params, saved, dlogits, rcfg)
+        loss = lax.psum(jnp.sum(valid * row_losses(logits, targets, label_smoothing)), AXIS) / count
+        # every replica's nodes already carry 1/n: the all-reduce sums them
+        grads = _reduce_packed({k: g.astype(params[k].dtype) for k, g in grads.items()}, lax.psum)
+        stats = jax.tree.map(lambda v: lax.psum(local * v, AXIS) / count if _varies(v) else v,
+                             net.batch_stats(saved))
+        hits = lax.psum(jnp.sum(valid * hits_of(logits, targets)), AXIS) / count
+        return loss, grads, dx if with_dx else None, stats, hits
+
+    return uneven if masked else even
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(net, cfg, mesh: Mesh, label_smoothing: float, sync_bn: bool, with_dx: bool) -> Callable:
-    step = _replica_step(net, cfg, label_smoothing, sync_bn, replica_count(mesh), with_dx)
-    sharded = jax.shard_map(step, mesh=mesh, in_specs=(P(), P(AXIS), P(AXIS)),
+def _compiled(net, cfg, mesh: Mesh, label_smoothing: float, sync_bn: bool, with_dx: bool,
+              masked: bool) -> Callable:
+    step = replica_step(net, cfg, label_smoothing, sync_bn, replica_count(mesh), with_dx, masked)
+    in_specs = (P(), P(AXIS), P(AXIS)) + ((P(AXIS),) if masked else ())
+    sharded = jax.shard_map(step, mesh=mesh, in_specs=in_specs,
                             out_specs=(P(), P(), P(AXIS) if with_dx else None, P(), P()))
     return jax.jit(sharded)
 
@@ -186,39 +300,72 @@ def _check_batch(op: str, x, mesh: Mesh) -> int:
     replicas, batch = replica_count(mesh), int(jnp.shape(x)[0])
     if batch % replicas:
         raise ValueError(f"{op}: the global batch {batch} must be divisible by the {replicas} "
-                         f"replicas (each replica holds N = batch / R examples)")
+                         f"replicas (each replica holds N = batch / R examples; uneven replica "
+                         f"batches take counts=(n_1, …, n_R))")
     return batch
 
 
 def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothing: float = 0.0,
-                     sync_bn: bool = True, with_dx: bool = True) -> ReplicaStep:
-    """The data-parallel rendered step: loss, replica-mean gradients, input gradient, batch stats.
+                     sync_bn: bool = True, with_dx: bool = True, counts: Optional[Sequence[int]] = None,
+                     valid=None) -> ReplicaStep:
+    """The data-parallel rendered step: loss, gradients of the global loss, input gradient, batch stats.
 
     x [R·N,C,H,W] and targets (int labels [R·N] or rows [R·N,K]) hold the global batch; replica r
     takes rows r·N … (r+1)·N − 1. `with_dx=False` skips the input gradient (a train step does not
     need it).
+
+    Uneven replica batches: `counts=(n_1, …, n_R)` with x the concatenated valid batch [Σ n_r,…]
+    (replica r's rows one after another); dx comes back in the same rows. Or `valid` [R·N]: x is
+    already padded (replica r's rows r·N … (r+1)·N − 1, valid[i] = 1 for a real example, 0 for
+    padding; a multi-process global batch pads this way); dx then comes back padded, 0 on padding.
     """
     op = "parallel.forward_backward"
+    if counts is not None and valid is not None:
+        raise ValueError(f"{op}: give counts (a concatenated valid batch) or valid (a padded batch), not both")
+    if counts is not None:
+        if jnp.ndim(x) != 4:
+            raise ValueError(f"{op}: x must be images [Σ n_r,C,H,W], got shape {tuple(jnp.shape(x))}")
+        counts = check_counts(op, counts, replica_count(mesh), int(jnp.shape(x)[0]))
+        t = _targets(op, targets, int(jnp.shape(x)[0]), cfg.num_classes, jnp.result_type(x))
+        xs, ts, valid_ = padded(x, t, counts)
+        out = forward_backward(net, params, jnp.asarray(xs), jnp.asarray(ts), cfg, mesh=mesh,
+                               label_smoothing=label_smoothing, sync_bn=sync_bn, with_dx=with_dx,
+                               valid=jnp.asarray(valid_))
+        return out._replace(dx=None if out.dx is None else out.dx[valid_rows(counts)])
     batch = _check_batch(op, x, mesh)
     t = _targets(op, targets, batch, cfg.num_classes, jnp.result_type(x))
-    fn = _compiled(net, cfg, mesh, float(label_smoothing), bool(sync_bn), bool(with_dx))
-    out = ReplicaStep(*fn(dict(params), x, t))
+    fn = _compiled(net, cfg, mesh, float(label_smoothing), bool(sync_bn), bool(with_dx), valid is not None)
+    args = (dict(params), x, t) if valid is None else (dict(params), x, t, _mask(op, valid, batch, x))
+    out = ReplicaStep(*fn(*args))
     # jit hands dicts back sorted by key; `list(grads)` is the signature order, as in `params`
     return out._replace(grads={k: out.grads[k] for k in params})
 
 
+def _mask(op: str, valid, batch: int, x):
+    if tuple(jnp.shape(valid)) != (batch,):
+        raise ValueError(f"{op}: valid must have shape ({batch},) (one flag per row of x), "
+                         f"got {tuple(jnp.shape(valid))}")
+    visible = getattr(valid, "is_fully_addressable", True) and not isinstance(valid, jax.core.Tracer)
+    if visible:
+        v = np.asarray(valid, np.float64)
+        if not np.all((v == 0) | (v == 1)) or v.sum() < 1:
+            raise ValueError(f"{op}: valid must hold 1 (a real example) or 0 (padding), at least one 1")
+        return jnp.asarray(v, jnp.result_type(x))
+    return valid.astype(jnp.result_type(x))
+
+
 def loss_and_grads(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothing: float = 0.0,
-                   sync_bn: bool = True):
+                   sync_bn: bool = True, counts: Optional[Sequence[int]] = None):
     """(loss, grads) of the global batch R·N from R replicas, each running the rendered chain on N.
 
     Each replica divides its loss by its own N; the gradients are all-reduced by mean, the loss is
     the mean over replicas. With `sync_bn` (the default) every BatchNorm uses the global batch's
     statistics and the result is the single-device gradient at batch R·N; `sync_bn=False` gives
-    per-replica BatchNorm. `cfg.bf16` selects the bf16 conv kinds; the all-reduces stay in the
-    parameters' dtype.
+    per-replica BatchNorm. `counts`: uneven replica batches (see `forward_backward`). `cfg.bf16`
+    selects the bf16 conv kinds; the all-reduces stay in the parameters' dtype.
     """
     out = forward_backward(net, params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
-                           sync_bn=sync_bn, with_dx=False)
+                           sync_bn=sync_bn, with_dx=False, counts=counts)
     return out.loss, out.grads
 
 
@@ -255,22 +402,23 @@ def _update_fn(opt: train.Optimizer) -> Callable:
 
 def make_step(net, cfg, opt: train.Optimizer, *, mesh: Mesh, label_smoothing: float = 0.0,
               sync_bn: bool = True) -> Callable:
-    """The data-parallel train step `step(state, x, targets, lr) -> (state, metrics)` on `mesh`.
+    """The data-parallel train step `step(state, x, targets, lr, counts=None) -> (state, metrics)`.
 
     The same contract as `train.make_step` (state: `train.TrainState`; targets: int labels [R·N]
     or rows [R·N,K]); each replica runs the rendered chain on its N examples, the gradients are
-    all-reduced by mean, and every replica applies the optimizer's update to the replicated
-    parameters. The running statistics are updated with the global batch's statistics under
-    `sync_bn` (the replica mean of per-replica statistics without it). bf16 convs: `cfg.bf16`.
+    all-reduced, and every replica applies the optimizer's update to the replicated parameters.
+    The running statistics are updated with the global batch's statistics under `sync_bn` (the
+    replica mean of per-replica statistics without it). `counts`: an uneven last batch (x is the
+    concatenated valid batch, replica r holding n_r of it). bf16 convs: `cfg.bf16`.
     """
     if not isinstance(opt, train.Optimizer):
         raise ValueError(f"parallel.make_step: opt must be a train.Optimizer (train.make_optimizer"
                          f"(name)), got {type(opt).__name__}")
     update = _update_fn(opt)
 
-    def step(state: train.TrainState, x, targets, lr):
-        out = forward_backward(net, state.params, x, targets, cfg, mesh=mesh,
-                               label_smoothing=label_smoothing, sync_bn=sync_bn, with_dx=False)
+    def step(state: train.TrainState, x, targets, lr, counts: Optional[Sequence[int]] = None):
+        out = forward_backward(net, state.params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
+                               sync_bn=sync_bn, with_dx=False, counts=counts)
         # every replica applies the same update to the replicated parameters: one global update
         new, grad_norm = update(state, out.grads, out.stats, lr)
         metrics = {"loss": out.loss, "accuracy": out.accuracy, "grad_norm": grad_norm,
@@ -280,89 +428,7 @@ def make_step(net, cfg, opt: train.Optimizer, *, mesh: Mesh, label_smoothing: fl
     return step
 
 
-# ---- the tie: data-parallel gradients against one device at batch R·N ---------------------------
-
-# float64, rendered vs rendered: the two sides differ only in summation order (the all-reduces and
-# the split of each BN sum into R partial sums), so they agree to round-off (SPEC §8: ~1e-12).
-REL_F64 = tolerances.REL_F64
-# A conv bias behind BatchNorm is 0 in ℝ: both sides hold only the round-off of a sum over the
-# M = N·H·W cells of a BN input cotangent, which grows with M (measured 5e-15·max|g| for conv1 of
-# cifar8 at R·N = 32, M = 32768). Such a node is held to REL_F64 of this floor times max|g|
-# (an absolute 1e-13·max|g|, about 500 ulps of the largest gradient).
-ZERO_NODE_FLOOR = 1e-3
-
-
-@dataclasses.dataclass(frozen=True)
-class NodeRow:
-    name: str
-    err: float            # max |data-parallel − single device|
-    scale: float          # max |single device|, or the floor for zero-in-ℝ nodes
-    zero_in_reals: bool
-    limit: float
-
-    @property
-    def rel(self) -> float:
-        return self.err / self.scale
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.rel <= self.limit)
-
-
-@dataclasses.dataclass
-class TieReport:
-    """One row per parameter node plus the input gradient, data parallel vs one device."""
-    net: str
-    replicas: int
-    per_replica: int
-    sync_bn: bool
-    rows: list[NodeRow]
-    loss: float
-    loss_single: float
-
-    @property
-    def failed(self) -> list[NodeRow]:
-        return [r for r in self.rows if not r.ok]
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    @property
-    def worst(self) -> NodeRow:
-        return max(self.rows, key=lambda r: r.rel / r.limit)
-
-    @property
-    def max_rel(self) -> float:
-        return max(r.rel for r in self.rows)
-
-    def verdict(self) -> str:
-        """Counts and pass/fail only: stable across machines (what a compared cell prints)."""
-        bn = "sync BN" if self.sync_bn else "per-replica BN"
-        nodes = [r for r in self.rows if r.name != "input"]
-        tied = sum(r.ok for r in nodes)
-        inp = [r for r in self.rows if r.name == "input"]
-        return (f"R={self.replicas} × N={self.per_replica} ({bn}): tied {tied}/{len(nodes)} nodes"
-                + (f", input gradient {'tied' if inp[0].ok else 'FAILED'}" if inp else ""))
-
-    def summary(self) -> str:
-        w = self.worst
-        return f"{self.verdict()}; worst rel err {w.rel:.0e} ({w.name}, limit {w.limit:.0e})"
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"net": self.net, "replicas": self.replicas, "per_replica": self.per_replica,
-                "sync_bn": self.sync_bn, "ok": self.ok, "summary": self.summary(),
-                "max_rel": self.max_rel, "loss": self.loss, "loss_single": self.loss_single,
-                "nodes": [{"name": r.name, "err": r.err, "scale": r.scale, "rel": r.rel,
-                           "limit": r.limit, "zero_in_reals": r.zero_in_reals, "ok": r.ok}
-                          for r in self.rows]}
-
-
-def zero_in_reals(params: Mapping[str, Any]) -> set[str]:
-    """Conv biases (a `.bias` beside a rank-4 `.weight`): every conv of both nets feeds BatchNorm."""
-    return {k for k in params if k.endswith(".bias")
-            and jnp.ndim(params.get(k[: -len("bias")] + "weight", 0)) == 4}
-
+# ---- the same rendered step on one device ------------------------------------------------------
 
 @functools.lru_cache(maxsize=64)
 def _single_fn(net, cfg, label_smoothing: float):
@@ -376,42 +442,14 @@ def _single_fn(net, cfg, label_smoothing: float):
 
 
 def single_device(net, params, x, targets, cfg, *, label_smoothing: float = 0.0) -> ReplicaStep:
-    """The rendered step on one device at the whole batch (the reference the mesh is tied to)."""
+    """The rendered step on one device at the whole batch: what the mesh step must reproduce (a
+    train step's running statistics and accuracy included). The tie itself is
+    `checks.check.tie_replicas`, against the float64 oracle."""
     t = _targets("parallel.single_device", targets, int(jnp.shape(x)[0]), cfg.num_classes,
                  jnp.result_type(x))
     fn = _single_fn(net, replica_config(cfg, False), float(label_smoothing))
     out = ReplicaStep(*fn(dict(params), x, t))
     return out._replace(grads={k: out.grads[k] for k in params})
-
-
-def tie(net, params, x, targets, cfg, *, mesh: Mesh, sync_bn: bool = True,
-        label_smoothing: float = 0.0, limit: float = REL_F64, reference=None) -> TieReport:
-    """Every node of the data-parallel rendered step against the single-device rendered step at
-    batch R·N: max |difference| relative to max |single device| (zero-in-ℝ nodes: to the floor).
-
-    `reference`: a precomputed `single_device(...)` result for the same batch (it does not depend
-    on the mesh, so one serves every R).
-    """
-    out = forward_backward(net, params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
-                           sync_bn=sync_bn)
-    ref = reference if reference is not None else single_device(
-        net, params, x, targets, cfg, label_smoothing=label_smoothing)
-    g1 = {k: np.asarray(v, np.float64) for k, v in ref.grads.items()}
-    gmax = max(float(np.max(np.abs(v))) for v in g1.values())
-    zero = zero_in_reals(params)
-    rows = []
-    pairs = [(k, out.grads[k], g1[k]) for k in params] + [("input", out.dx, ref.dx)]
-    for name, a, b in pairs:
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        scale = float(np.max(np.abs(b)))
-        if name in zero:
-            scale = max(scale, ZERO_NODE_FLOOR * gmax)
-        rows.append(NodeRow(name, float(np.max(np.abs(a - b))), scale if scale > 0 else 1.0,
-                            name in zero, limit))
-    replicas = replica_count(mesh)
-    return TieReport(net=getattr(net, "NAME", net.__name__.rsplit(".", 1)[-1]), replicas=replicas,
-                     per_replica=int(jnp.shape(x)[0]) // replicas, sync_bn=bool(sync_bn), rows=rows,
-                     loss=float(out.loss), loss_single=float(ref.loss))
 
 
 # ---- combining variances across replicas: Chan's formula vs a one-round E[x²] exchange ----------
@@ -467,23 +505,18 @@ class DriftReport(NamedTuple):
         return "\n".join(lines)
 
 
-# the unit roundoff of each dtype the drift study runs in
-UNIT_ROUNDOFF = {"float32": 2.0 ** -24, "float64": 2.0 ** -53}
-# Chan's combine: each replica's mean μ_r carries a few ulps of |μ| (u·|μ| per rounding through its
-# sum); it enters σ² only through (μ_r − μ)², i.e. as 2(μ_r − μ)·δ_r ≲ 2σ·few·u|μ|, and the
-# centred sums add a few u·σ². Relative to σ²: below CHAN_FACTOR·u·(1 + |μ|/σ).
-CHAN_FACTOR = 4.0
-# The one-round exchange subtracts two numbers of size μ² + σ², each rounded at u·μ²: relative to
-# σ² its error is of order u·(μ/σ)² (6 at μ/σ = 10⁴ in float32: no correct digit left).
+UNIT_ROUNDOFF = {"float32": tolerances.UNIT_ROUNDOFF["float32"], "float64": tolerances.UNIT_ROUNDOFF["float64"]}
 
 
 def chan_bound(offset: float, dtype: str = "float32") -> float:
-    """The relative error Chan's combine stays under for data with mean/std = offset."""
-    return CHAN_FACTOR * UNIT_ROUNDOFF[dtype] * (1.0 + abs(offset))
+    """The relative error Chan's combine stays under for data with mean/std = offset:
+    CHAN_FACTOR·u·(1 + |μ|/σ) (`tolerances.CHAN_FACTOR`)."""
+    return tolerances.CHAN_FACTOR * UNIT_ROUNDOFF[dtype] * (1.0 + abs(offset))
 
 
 def one_round_scale(offset: float, dtype: str = "float32") -> float:
-    """u·(μ/σ)²: the size of the E[x²] − μ² error for data with mean/std = offset."""
+    """u·(μ/σ)²: the size of the E[x²] − μ² error relative to σ² for data with mean/std = offset
+    (two numbers of size μ² + σ², each rounded at u·μ², subtracted)."""
     return UNIT_ROUNDOFF[dtype] * offset ** 2
 
 

@@ -458,11 +458,14 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names=Non
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     point = point or reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing)
 
-    def verdict(n):
-        if replicas > 1:
-            return tie_replicas(n, params, x, t, cfg, replicas=replicas, label_smoothing=label_smoothing, point=point)
+    def verdict(n, uneven=False):
+        if replicas > 1:   # an entry that needs uneven counts runs at the split the last batch of an epoch has
+            from ..parallel import uneven_split
+            counts = uneven_split(x.shape[0], replicas) if uneven else None
+            return tie_replicas(n, params, x, t, cfg, replicas=replicas, label_smoothing=label_smoothing, point=point,
+                                counts=counts)
         return tie(n, params, x, t, cfg, label_smoothing=label_smoothing, point=point)
 
     real = verdict(net)
-    caught = [Caught(b.name, b.family, label, verdict(b.make(net))) for b in chosen]
+    caught = [Caught(b.name, b.family, label, verdict(b.make(net), b.needs_uneven)) for b in chosen]
     return CatalogueReport(label if replicas == 1 else f"{label} on {replicas} replicas", real, caught)

@@ -100,6 +100,18 @@ TRAIN_LAG_GAP = 0.10
 # rendered and autodiff runs are apart by more than round-off (1e-6) and less than the weights (1).
 TRAIN_DRIFT_BAND = (1e-6, 1.0)
 
+# ---- train step tie (checks/step.py) ----------------------------------------------------------------
+# The rendered train step against optax on autodiff gradients, consecutive steps in float64: each
+# updated tensor, momentum buffer, running statistic and the loss is held to max(STEP_TIE_FACTOR ×
+# its envelope, REL_F64) (`tie.compare`). The envelope is the optax run's own spread when every
+# gradient of it is another correct evaluation: the batch reversed, and STEP_TIE_NUDGES runs with
+# weights and pixels nudged by one unit roundoff at every step. The same multiple and draws as a
+# single gradient's tie. Measured (drawn weights, photos, 2 steps): ResNet-34 at 32 px, batch 4,
+# heavy ball, worst correct row 0.0017 of its limit (layer4, M = 4, envelope-widened); cifar8,
+# Nesterov, 0.0001. The controls reach ≥ 1e6 of theirs.
+STEP_TIE_FACTOR = ENVELOPE_FACTOR
+STEP_TIE_NUDGES = ENVELOPE_NUDGES
+
 # ---- germ finite differences (checks/germs.py) --------------------------------------------------
 # ε_L, the spread of one loss evaluation's round-off: the root mean square of
 # (S(θ+δ) + S(θ−δ))/2 − S(θ) over this many random nudges δ of the walk's own weights (over √(3/2),
@@ -181,3 +193,12 @@ SPEED_RATIO_LIMIT = 0.95
 GPU_FIT_GIB = 120.0
 # Upstream's rendered/autodiff ratios (SPEC §10, quoted as upstream's): data-bound and compute-bound.
 UPSTREAM_RATIOS = {"data-bound": 1.04, "compute-bound (batch 256)": 1.42}
+
+# ---- data parallel (gradtie/parallel.py, the Data-parallel tie chapter) ---------------------------
+# The mesh step is tied to the single-device float64 oracle at R·N by the tie kit itself
+# (ENVELOPE_FACTOR × the point's envelope, floored at REL_F64): it differs from one device only in
+# the order of its sums, which is what the envelope's batch-reversed evaluation measures.
+# Chan's combine: each replica's mean μ_r carries a few ulps of |μ| (u·|μ| per rounding through its
+# sum); it enters σ² only through (μ_r − μ)², i.e. as 2(μ_r − μ)·δ_r ≲ 2σ·few·u|μ|, and the centred
+# sums add a few u·σ². Relative to σ²: below CHAN_FACTOR·u·(1 + |μ|/σ).
+CHAN_FACTOR = 4.0

@@ -11,7 +11,9 @@ from typing import Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..parallel import CHAN_FACTOR, UNIT_ROUNDOFF, DriftReport, TieReport
+from ..checks.tie import TieReport
+from ..checks.tolerances import CHAN_FACTOR
+from ..parallel import UNIT_ROUNDOFF, DriftReport
 from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
 
 SYNC_SHADES = ("#9ecae1", "#4292c6", "#08519c", "#08306b")   # light → dark as R grows
