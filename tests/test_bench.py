@@ -117,7 +117,7 @@ def test_abstract_memory_grows_with_the_batch():
 def test_every_chapter_and_the_benchmark_have_workloads(profile):
     workloads = bench.profile_workloads(profile)
     owners = {w.owner for w in workloads}
-    heavy = {c.name for c in book.CHAPTERS} - {"performance"}
+    heavy = {c.name for c in book.CHAPTERS}
     assert heavy <= owners and "benchmark" in owners
     for w in workloads:
         assert w.side in ("rendered", "autodiff", "head") and w.batch >= 1
@@ -141,3 +141,10 @@ def test_limits_live_in_tolerances():
     assert tolerances.SPEED_RATIO_LIMIT == 0.95 and tolerances.GPU_FIT_GIB == 120.0
     assert set(tolerances.UPSTREAM_RATIOS.values()) == {1.04, 1.42}
     assert math.isfinite(bench.GIB)
+
+
+def test_warm_cache_needs_the_persistent_cache():
+    if jax.config.jax_compilation_cache_dir:
+        pytest.skip("a persistent compilation cache is configured in this session")
+    with pytest.raises(ValueError, match="persistent compilation cache is off"):
+        bench.warm_cache([TINY], progress=False)

@@ -50,8 +50,8 @@ class BenchConfig:
     num_classes: int = 10
 
     def label(self) -> str:
-        return (f"{self.net} batch {self.batch} {self.image_size}px {'bf16' if self.bf16 else 'f32'}"
-                + (f" R={self.replicas}" if self.replicas > 1 else ""))
+        r = {0: " R=all", 1: ""}.get(self.replicas, f" R={self.replicas}")
+        return f"{self.net} batch {self.batch} {self.image_size}px {'bf16' if self.bf16 else 'f32'}{r}"
 
 
 # The configurations of the issue, on the CPU, f32: cifar8 at batch 32 and 128, ResNet-34 at batch
@@ -342,6 +342,8 @@ def _load() -> float:
 
 def measure(config: BenchConfig) -> BenchResult:
     """Median ms per step of the rendered and the autodiff gradient, interleaved, in this process."""
+    if jax.config.jax_compilation_cache_dir:   # what `warm_cache` compiled, whatever its size
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
     if config.replicas == 0:
         config = dataclasses.replace(config, replicas=jax.local_device_count())
     before = _load()
@@ -362,6 +364,49 @@ def measure(config: BenchConfig) -> BenchResult:
                        rendered_total_mib=r_total, autodiff_total_mib=a_total, peak_mib=_peak_mib(),
                        model_gflop=model_gflop(config), peak_tflops=peak_tflops(kind, config.bf16),
                        device_kind=kind, load=(before, _load()))
+
+
+def _abstract_placed(config: BenchConfig):
+    """The inputs' shapes, dtypes and (on a mesh) shardings, as `placed` puts them."""
+    args = inputs(config, abstract=True)
+    if config.replicas <= 1:
+        return args
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from . import parallel
+    mesh = _mesh(config)
+    rep, data = NamedSharding(mesh, P()), NamedSharding(mesh, P(parallel.AXIS))
+    params, x, targets = args
+    params = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=rep) for k, v in params.items()}
+    return (params, jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=data),
+            jax.ShapeDtypeStruct(targets.shape, targets.dtype, sharding=data))
+
+
+def warm_cache(configs: Iterable[BenchConfig], *, workers: int = 8, progress: bool = True) -> float:
+    """Compile both steps of every configuration, several at once, into JAX's persistent compilation
+    cache (which must be on: `jax_compilation_cache_dir`); the fresh process that then measures a
+    configuration loads its programs instead of compiling them. Returns the seconds it took.
+
+    On a GPU the compiles, not the steps, are what the benchmark's time goes to; XLA compiles in C++
+    without holding Python's lock, so threads overlap them."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tqdm.auto import tqdm
+    if not jax.config.jax_compilation_cache_dir:
+        raise ValueError("bench.warm_cache: JAX's persistent compilation cache is off; set "
+                         "JAX_COMPILATION_CACHE_DIR (benchmarks/gpu.sh does)")
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    configs = [dataclasses.replace(c, replicas=jax.local_device_count()) if c.replicas == 0 else c
+               for c in configs]
+    lowered = []
+    for c in configs:   # tracing holds Python's lock: one at a time
+        args = _abstract_placed(c)
+        lowered += [f.lower(*args) for f in step_fns(c)]
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        list(tqdm(pool.map(lambda low: low.compile(), lowered), total=len(lowered), desc="compiling",
+                  disable=not progress))
+    return time.perf_counter() - t0
 
 
 def _env_for(config: BenchConfig, env: Optional[dict] = None) -> dict:
@@ -513,6 +558,13 @@ def chapter_workloads(name: str, p: dict[str, Any]) -> list[Workload]:
         return (_workloads_for(name, "cifar8 tie", "cifar8", g("batch", 4), 32, 10, "float64")
                 + _workloads_for(name, "resnet34 tie", "resnet34", g("resnet_batch", 2), g("image_size", 64),
                                  g("num_classes", 10), "float64"))
+    if name == "would_it_catch":
+        r = g("replicas", 2)
+        return (_workloads_for(name, "cifar8 catalogue", "cifar8", g("batch", 4), 32, 10, "float64")
+                + _workloads_for(name, "resnet34 catalogue", "resnet34", g("resnet_batch", 2), g("image_size", 32),
+                                 10, "float64")
+                + _workloads_for(name, f"cifar8 R={r}", "cifar8", max(g("batch", 4) // r, 1), 32, 10, "float64",
+                                 replicas=r))
     if name == "bf16_erasure":
         out = []
         for bf16 in (False, True):
@@ -530,15 +582,17 @@ def chapter_workloads(name: str, p: dict[str, Any]) -> list[Workload]:
     if name == "training":
         net = g("net", "cifar8")
         return _workloads_for(name, f"{net} train step", net, g("batch", 32), 32, 10, "float32")
-    if name == "performance":
-        return []   # reads committed results; computes nothing heavy
+    if name == "performance":   # reads committed results; compiles one step live from shapes
+        return _workloads_for(name, f"{g('net', 'resnet34')} live compile", g("net", "resnet34"), g("batch", 2),
+                              g("image_size", 32), 10, "float32")
     raise ValueError(f"chapter {name!r}: no workload description (add it to gradtie.bench.chapter_workloads)")
 
 
 def benchmark_workloads(configs: Sequence[BenchConfig]) -> list[Workload]:
+    # "every local device" (replicas 0) is checked per device: one replica's step at its batch
     return [w for c in configs
             for w in _workloads_for("benchmark", c.label(), c.net, c.batch, c.image_size, c.num_classes,
-                                    "float32", bf16=c.bf16, replicas=c.replicas)]
+                                    "float32", bf16=c.bf16, replicas=max(c.replicas, 1))]
 
 
 def _parameters_cell(name: str) -> dict[str, Any]:

@@ -58,6 +58,10 @@ def _bench(args: argparse.Namespace) -> int:
                                      replicas=args.replicas, repeats=args.repeats or 10,
                                      num_classes=args.num_classes)
                    for b in args.batch for s in sizes]
+    if args.warm_cache:
+        seconds = bench.warm_cache(configs, progress=not args.json)
+        if not args.json:
+            print(f"compiled {2 * len(configs)} programs into the persistent cache in {seconds:.0f} s")
     results = bench.run(configs, progress=not args.json, fresh=not args.in_process, out=args.out,
                         suite=args.suite or "custom")
     if args.json:
@@ -155,7 +159,7 @@ def parser() -> argparse.ArgumentParser:
                     "of a profile from shapes alone and reports the device memory each needs.",
         epilog="examples:\n  gradtie bench --net cifar8 --batch 32 128\n"
                "  gradtie bench --suite cpu --out benchmarks/results/cpu.json\n"
-               "  gradtie bench --suite gpu --in-process --out benchmarks/results/gpu.json\n"
+               "  JAX_COMPILATION_CACHE_DIR=~/.cache/jax gradtie bench --suite gpu --warm-cache --out gpu.json\n"
                "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB")
     be.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
     be.add_argument("--batch", type=int, nargs="+", default=[32], help="per-replica batch size(s)")
@@ -169,7 +173,10 @@ def parser() -> argparse.ArgumentParser:
                          "results), quick, gpu (ResNet-34 at 224 px, batch 64/256, f32/bf16)")
     be.add_argument("--out", type=Path, default=None, help="write the results as JSON here, with the machine")
     be.add_argument("--in-process", action="store_true",
-                    help="measure every configuration in this process (faster start-up; the GPU run)")
+                    help="measure every configuration in this process (no fresh process each)")
+    be.add_argument("--warm-cache", action="store_true",
+                    help="first compile every configuration's steps at once into JAX's persistent "
+                         "compilation cache (JAX_COMPILATION_CACHE_DIR must be set; the GPU run)")
     be.add_argument("--abstract", action="store_true",
                     help="compile the profile's computations from shapes alone and report their memory")
     be.add_argument("--profile", choices=("ci", "cpu", "gpu"), default="gpu", help="with --abstract")
