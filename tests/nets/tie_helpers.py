@@ -14,12 +14,13 @@ import skimage.transform
 from sklearn.datasets import load_digits
 
 from gradtie import reference
+from gradtie.checks import tolerances
+from gradtie.checks.tie import compare, zero_in_reals as zero_nodes
 
-# float64 rendered node vs float64 autodiff node, relative to max|oracle node| (SPEC §6)
-REL_TOL_F64 = 1e-10
-# conv biases behind BN are 0 in ℝ: both sides carry round-off only, measured against this
-# fraction of the largest gradient of the net (an absolute floor)
-ZERO_NODE_FLOOR = 1e-10
+# These tests run both sides unjitted, op by op, where rendered and autodiff agree to round-off even
+# at a BatchNorm over M = 2 cells: every row is held to the float64 floor (SPEC §6,
+# `tolerances.REL_F64`) through the tie kit's row builder, `checks.tie.compare` (nodes that are 0 in ℝ
+# against the net's scale, `tolerances.ZERO_NODE_SCALE`).
 
 
 # ---- images -------------------------------------------------------------------------------------
@@ -112,35 +113,41 @@ def oracle_input_cotangent(net, params, x, cfg, dlogits):
 
 def zero_in_reals(name: str, params) -> bool:
     """A conv bias: BN follows every conv, so its node is Σ of a BN input cotangent, 0 in ℝ."""
-    return name.endswith(".bias") and jnp.ndim(params[name[:-len("bias")] + "weight"]) == 4
+    return name in zero_nodes(params)
+
+
+def rows(rendered, oracle, params, dx=None, loss=None) -> list:
+    """The tie kit's rows (`tie.compare`) at the float64 floor: nodes in the oracle's order, then
+    the input cotangent (dx = (rendered, oracle)), the loss first (loss = (rendered, oracle))."""
+    return compare({k: rendered[k] for k in oracle}, oracle, floor=tolerances.REL_F64,
+                       zero_nodes=zero_nodes(params), dx=dx, loss=loss)
 
 
 def node_errors(rendered, oracle, params) -> dict[str, tuple[float, float]]:
-    """name -> (error, allowed): relative to max|oracle node|, or an absolute floor for zero nodes."""
-    gmax = max(float(jnp.max(jnp.abs(g))) for g in oracle.values())
-    out = {}
-    for name in params:
-        err = float(jnp.max(jnp.abs(rendered[name] - oracle[name])))
-        scale = float(jnp.max(jnp.abs(oracle[name])))
-        if zero_in_reals(name, params) or scale == 0.0:  # (a dead channel's node is exactly 0 too)
-            out[name] = (err, ZERO_NODE_FLOOR * gmax)
-        else:
-            out[name] = (err / scale, REL_TOL_F64)
-    return out
+    """name -> (relative error, its limit)."""
+    return {r.name: (r.rel, r.limit) for r in rows(rendered, oracle, params)}
 
 
 def untied(rendered, oracle, params) -> list[str]:
     """Names of the nodes the rendered chain does not tie (a missing or extra node is untied too)."""
     if set(rendered) != set(oracle):
         return sorted(set(rendered) ^ set(oracle))
-    return [name for name, (err, allowed) in node_errors(rendered, oracle, params).items()
-            if not err <= allowed]
+    return [r.name for r in rows(rendered, oracle, params) if not r.ok]
 
 
 def assert_tied(rendered, oracle, params):
     bad = untied(rendered, oracle, params)
     errs = node_errors(rendered, oracle, params) if set(rendered) == set(oracle) else {}
     assert bad == [], {name: errs.get(name) for name in bad[:8]}
+
+
+def input_tied(dx, dx_ref) -> bool:
+    """The input cotangent tied at the float64 floor, relative to max|oracle|."""
+    return compare({}, {}, floor=tolerances.REL_F64, dx=(dx, dx_ref))[0].ok
+
+
+def loss_tied(loss, loss_ref) -> bool:
+    return compare({}, {}, floor=tolerances.REL_F64, loss=(loss, loss_ref))[0].ok
 
 
 def rel_err(a, b) -> float:
