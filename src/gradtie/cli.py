@@ -10,15 +10,29 @@ from typing import Optional, Sequence
 
 def _check(args: argparse.Namespace) -> int:
     import json
+    import os
 
+    if args.plant_bug == "list":
+        from .checks import bugs
+        print(bugs.listing())
+        return 0
+    if args.replica_counts is not None:   # uneven replica batches: R from the counts
+        args.replica_counts = _counts(args.replica_counts)
+        args.replicas = len(args.replica_counts)
+    if args.replicas > 1:   # host devices for the mesh: read by XLA when JAX starts
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_force_host_platform_device_count" not in flags:
+            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.replicas}".strip()
     import jax
-    if args.dtype == "float64":
-        jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_enable_x64", True)   # the reference is float64 whatever the chain's dtype
+    _compilation_cache(jax)
     from .checks.check import run_check
     data = args.data or (None if args.plant_tie else "photos")   # --plant-tie: flat images
     report = run_check(args.net, batch=args.batch, image_size=args.image_size, data=data,
-                       dtype=args.dtype, bf16=args.bf16, seed=args.seed,
-                       label_smoothing=args.label_smoothing, plant_tie=args.plant_tie)
+                       dtype=args.dtype, bf16=args.bf16, seed=args.seed, weights=args.weights,
+                       label_smoothing=args.label_smoothing, plant_tie=args.plant_tie,
+                       plant_bug=args.plant_bug, replicas=args.replicas, replica_counts=args.replica_counts,
+                       finite_differences=not args.no_fd)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=float))
     else:
@@ -28,8 +42,33 @@ def _check(args: argparse.Namespace) -> int:
                 print("  " + v.describe())
         if report.tie is not None:
             print(report.tie.table())
+        if args.timings:
+            print(report.timing_table())
         print(report.summary())
     return report.exit_code
+
+
+def _counts(text: str) -> tuple[int, ...]:
+    """--replica-counts 3,1 -> (3, 1); a ValueError (exit 3) names what was expected."""
+    try:
+        counts = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        counts = ()
+    if len(counts) < 2 or min(counts) < 0 or sum(counts) < 1:
+        raise ValueError(f"--replica-counts {text!r}: expected comma-separated example counts, one per "
+                         f"replica, at least two, holding at least one example (e.g. 3,1)")
+    return counts
+
+
+def _compilation_cache(jax) -> None:
+    """JAX's persistent compilation cache, so a second check of the same shapes skips compiling."""
+    import os
+    folder = os.environ.get("GRADTIE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gradtie", "jax"))
+    try:
+        jax.config.update("jax_compilation_cache_dir", folder)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    except Exception:  # a read-only home: compile every time
+        pass
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -129,23 +168,52 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser(
         "check", help="tie every node of a net's rendered chain to autodiff and finite differences",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="exit codes:\n  0  every node tied at a verified smooth point\n  1  a node failed\n"
-               "  2  the point is not smooth (the report names layer, example, channel, window)\n"
-               "  3  invalid input (the message says what was expected)")
+        description="Ties every parameter node, the input gradient and the loss of a net's rendered "
+                    "backward to autodiff (float64) and to finite differences, at a verified smooth "
+                    "point. Each node's limit is a multiple of the round-off envelope measured at "
+                    "the point itself (the oracle under a second evaluation order and ulp nudges), "
+                    "floored at 1e-10 (float64) or 1e-5 (float32).",
+        epilog="exit codes:\n  0  every node tied at a verified smooth point\n"
+               "  1  a node failed (the first in backward order is named)\n"
+               "  2  the point is not smooth (the report names layer, example, channel, window), or so\n"
+               "     ill-conditioned that round-off hides a 1% bug (the report names the layer)\n"
+               "  3  invalid input (the message says what was expected)\n\n"
+               "examples:\n  gradtie check --net cifar8\n"
+               "  gradtie check --net resnet34 --batch 2 --image-size 64 --timings\n"
+               "  gradtie check --net cifar8 --plant-bug bn_forget_gamma     # exit 1\n"
+               "  gradtie check --net resnet34 --batch 4 --replicas 2 --plant-bug sync_local_means_backward\n"
+               "  gradtie check --net resnet34 --batch 4 --replica-counts 3,1 --plant-bug sync_plain_mean_of_means")
     c.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
-    c.add_argument("--batch", type=int, default=4, help="examples in the batch (default 4)")
+    c.add_argument("--batch", type=int, default=4, help="examples in the batch, R·N with --replicas (default 4)")
     c.add_argument("--image-size", type=int, default=None,
                    help="image side in pixels: 32 for cifar8, a multiple of 32 for resnet34 (default 32)")
     c.add_argument("--data", choices=("randn", "photos", "flat"), default=None,
                    help="standard normal pixels, crops of shipped photos (the default), or flat images "
                         "full of twins")
+    c.add_argument("--weights", default="drawn", metavar="{drawn,init,PATH}",
+                   help="drawn (default: γ ~ U(0.5,1.5), β and biases nonzero, where a backward that "
+                        "confuses γ, β or a bias shows), init (γ = 1, β = 0: such bugs hide), or a "
+                        "training checkpoint (checkpoint.npz or its run folder)")
+    c.add_argument("--plant-bug", default=None, metavar="NAME",
+                   help="plant one bug of the catalogue in the rendered backward (exit 1 expected); "
+                        "'list' prints the catalogue")
+    c.add_argument("--replicas", type=int, default=1,
+                   help="tie the data-parallel step (R replicas, synchronised BN) at R·N = --batch to "
+                        "one device (host devices on a CPU)")
+    c.add_argument("--replica-counts", default=None, metavar="N1,N2,…",
+                   help="uneven replica batches, as the last batch of an epoch: replica r holds N_r of "
+                        "the --batch examples (they must sum to it; sets --replicas), e.g. 3,1")
     c.add_argument("--plant-tie", action="store_true",
                    help="a constructed non-twin tie: the convs before the first pool reduced to their "
                         "centre tap, on flat images (exit code 2)")
-    c.add_argument("--dtype", choices=("float64", "float32"), default="float64")
+    c.add_argument("--dtype", choices=("float64", "float32"), default="float64",
+                   help="the rendered chain's dtype; either way it is tied to the float64 oracle, "
+                        "within that dtype's envelope at the point")
     c.add_argument("--bf16", action="store_true", help="bf16 conv sites (operands rounded, f32 accumulation)")
-    c.add_argument("--label-smoothing", type=float, default=0.0, help="α of the smoothed target")
+    c.add_argument("--label-smoothing", type=float, default=None, help="α of the smoothed target (default 0)")
     c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--no-fd", action="store_true", help="skip the finite differences (autodiff tie only)")
+    c.add_argument("--timings", action="store_true", help="print where the time goes")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=_check)
 
