@@ -79,7 +79,8 @@ def test_swap_gamma_beta_control_goes_red(report8, params8):
 def test_drop_batch_divisor_control_goes_red(report8):
     r = report8["drop_batch_divisor"]
     assert r.red and r.first.name == "fc3.bias" and r.first_beta.name == "bn8.bias"
-    assert {row.name for row in r.report.rows if row.ok} == {f"conv{k}.bias" for k in range(1, 9)}
+    # the loss comes from the forward, and conv biases feeding a BatchNorm have zero gradient
+    assert {row.name for row in r.report.rows if row.ok} == {"loss"} | {f"conv{k}.bias" for k in range(1, 9)}
     fc3 = next(row for row in r.report.rows if row.name == "fc3.bias")
     assert fc3.rel == pytest.approx(3.0, rel=1e-9)       # N·g − g = 3g at N = 4
 
@@ -118,9 +119,10 @@ def test_non_twin_tie_control_goes_red(params8):
     r = controls.non_twin_tie(cifar8, params8, x, t, CFG8, label_smoothing=ALPHA)
     assert not r.smooth.ok and r.smooth.non_twin_ties > 0 and r.red
     assert r.smooth.violations[0].layer == "pool1"
-    # rerouting between cells that hold one pixel: only the off-centre taps' weights can tell
-    assert r.first.name == "conv2.weight" and r.first_beta is None
-    assert failing(r) == {"conv2.weight", "conv1.weight", "input"}
+    # rerouting between cells that hold one pixel: only the off-centre taps' weights and the input
+    # can tell, and there one-ulp nudges of the point already flip the oracle's routing, so the
+    # envelope calls those rows ill-conditioned (gradtie check exits 2) rather than tied
+    assert {row.name for row in r.report.ill_conditioned} | failing(r) == {"conv2.weight", "conv1.weight", "input"}
     assert census.smoothness(cifar8, params8, x, CFG8).ok   # the same images at the real weights
 
 

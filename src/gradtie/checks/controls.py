@@ -257,10 +257,13 @@ class ControlResult:
 
     @property
     def red(self) -> bool:
-        """The tie fails (and, at a constructed point, the census refuses it)."""
+        """The tie does not pass: a node fails, or round-off at the point moves the oracle so far that
+        nothing can be told apart (at a constructed non-smooth point ulp nudges flip the routing); and
+        there the census refuses the point too."""
+        undecided = not self.report.ok or bool(self.report.ill_conditioned)
         if self.smooth is not None:
-            return not self.smooth.ok and not self.report.ok
-        return not self.report.ok
+            return not self.smooth.ok and undecided
+        return undecided
 
     @property
     def first(self) -> Optional[NodeRow]:
@@ -358,9 +361,12 @@ def non_twin_tie(net, params, x_flat, targets, cfg, *, label_smoothing: float = 
     """The non-twin tie control: the convs before the first pool reduced to their centre tap
     (`census.planted_tie`) on flat images. Cells that share a pixel but not a receptive field now
     tie; the census must refuse the point, and the two derivatives disagree there (the rendered
-    pool routes a tie to its first cell, autodiff of the max splits it evenly)."""
+    pool routes a tie to its first cell, autodiff of the max splits it evenly). The gather model's
+    input gradient is the derivative at twin ties only, so here the input row is tied to the real
+    net's autodiff: on flat images the parameter rows agree either way (tied cells see equal
+    patches), and the input row is where the routing shows."""
     point = census.planted_tie(net, params)
     smooth = census.smoothness(net, point, x_flat, cfg)
-    report = tie(net, point, x_flat, targets, cfg, label_smoothing=label_smoothing)
+    report = tie(net, point, x_flat, targets, cfg, label_smoothing=label_smoothing, freeze_ties=False)
     return ControlResult("non_twin_tie", net_label(net), "a non-twin tie point (centre-tap convs, flat images)",
                          report, smooth)

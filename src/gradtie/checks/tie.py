@@ -369,22 +369,25 @@ def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict
 
 
 def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, point: Optional[Point] = None,
-        key: Optional[jax.Array] = None, factor: float = tol.ENVELOPE_FACTOR) -> TieReport:
+        key: Optional[jax.Array] = None, factor: float = tol.ENVELOPE_FACTOR,
+        freeze_ties: bool = True) -> TieReport:
     """Tie every parameter node, the input cotangent and the loss of `net` to autodiff at (params, x).
 
     The rendered chain runs in the dtype of params and x (float64 or float32); the reference is the
     float64 oracle at the same (exactly widened) point, so this needs `jax_enable_x64`. Each row is
     held to max(factor × the point's envelope in that dtype, the dtype's floor) (`checks.envelope`).
     Where a pool window ties at a positive maximum, the input cotangent is tied to the model frozen
-    at σ = argmax. `point`: `reference_at`'s reference and envelope, when several ties share them
-    (the controls of one point).
+    at σ = argmax (`freeze_ties=False`: to the real net's autodiff even there, which is the
+    derivative only where the ties are twins' — the non-twin tie control). `point`: `reference_at`'s
+    reference and envelope, when several ties share them (the controls of one point).
     """
     dtype = np.dtype(x.dtype).name
     if dtype not in tol.FLOORS:
         raise ValueError(f"tie: x must be float64 or float32, got {dtype}")
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     if point is None:
-        point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key)
+        point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key,
+                             freeze_ties=freeze_ties)
     elif point.dtype != dtype:
         raise ValueError(f"tie: the shared point was measured for {point.dtype}, the chain runs in {dtype}")
     return report(net_label(net), params, rendered_nodes(net, params, x, t, cfg, label_smoothing), point,
@@ -422,9 +425,10 @@ class Point:
 
 
 def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
-                 key: Optional[jax.Array] = None) -> Point:
+                 key: Optional[jax.Array] = None, freeze_ties: bool = True) -> Point:
     """The float64 oracle at the exactly widened (params, x) and the point's envelope for the dtype
-    of x, with what the report states about them (the input model, the BatchNorm reduction sizes)."""
+    of x, with what the report states about them (the input model, the BatchNorm reduction sizes).
+    freeze_ties=False keeps the real net's input gradient even where pool windows tie."""
     if not jax.config.jax_enable_x64:
         raise ValueError("the tie's reference is float64: it needs jax_enable_x64 "
                          "(jax.config.update('jax_enable_x64', True))")
@@ -434,7 +438,7 @@ def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
     x64 = jnp.asarray(np.asarray(x, np.float64))
     t64 = targets_matrix(targets, cfg.num_classes, jnp.float64)
     real = real_net(net)
-    sel, ties = frozen_selections(real, p64, x64, cfg)
+    sel, ties = frozen_selections(real, p64, x64, cfg) if freeze_ties else (None, 0)
     reference = oracle_nodes(real, p64, x64, t64, cfg, label_smoothing, sel)
 
     def evaluate(p, x_, t_, s_):
