@@ -10,7 +10,7 @@ Shown in: Data-parallel tie.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 import jax.numpy as jnp
@@ -54,6 +54,9 @@ class SweepRow:
 class SweepReport:
     net: str
     rows: list[SweepRow]
+    # R·N -> (x, targets, the `tie.Point`): each global batch with its reference and envelope, for
+    # further ties at the same point (an uneven split of it, a control)
+    points: dict = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
@@ -122,7 +125,7 @@ def sweep(net, params, cfg, shapes: Sequence[tuple[int, int]], *, image_size: in
         rep = tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
                            devices=devices)
         rows.append(SweepRow(r, n, rep, smooth))
-    return SweepReport(net_label(net), rows)
+    return SweepReport(net_label(net), rows, {b: v[:3] for b, v in points.items()})
 
 
 def worst_ratios(report: SweepReport) -> np.ndarray:

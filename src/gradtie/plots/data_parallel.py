@@ -1,44 +1,87 @@
 """The Data-parallel tie chapter's figures: functions take reports and return a Figure.
 
-Synchronised BatchNorm in blue, the
-per-replica control in red. Shown in: Data-parallel tie.
+Synchronised BatchNorm in blues, uneven replica batches in green, controls in red. Shown in:
+Data-parallel tie.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Mapping
 
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..checks.bf16.kinds import U_BF16
+from ..checks.bf16.replicas import MeshReplicaReport
+from ..checks.data_parallel import SweepReport
 from ..checks.tie import TieReport
 from ..checks.tolerances import CHAN_FACTOR
 from ..parallel import UNIT_ROUNDOFF, DriftReport
 from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
 
 SYNC_SHADES = ("#9ecae1", "#4292c6", "#08519c", "#08306b")   # light → dark as R grows
+UNEVEN_COLOR = "#238b45"
+FLOOR = 1e-8   # err/limit of an exact agreement (error 0), drawn at the bottom of the log axis
 
 
-def figure_tie(reports: Sequence[TieReport], control: TieReport) -> plt.Figure:
-    """Per-node relative error against one device: every synchronised R (blues) sits at round-off,
-    far under the limit; per-replica BatchNorm (red) misses by order one."""
+def figure_sweep(report: SweepReport) -> plt.Figure:
+    """The worst row's error over its limit at every split R × N, against R·N: all under 1."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
-    names = [r.name for r in control.rows]
-    idx = np.arange(len(names))
-    floor = 1e-18   # exact agreement (error 0) drawn at the bottom of the log axis
-    for i, rep in enumerate(reports):
-        rel = np.array([max(r.rel, floor) for r in rep.rows])
-        ax.semilogy(idx, rel, "o", ms=3.5, color=SYNC_SHADES[min(i, len(SYNC_SHADES) - 1)],
-                    label=f"sync BN, R = {rep.replicas} × N = {rep.per_replica}")
-    rel = np.array([max(r.rel, floor) for r in control.rows])
-    ax.semilogy(idx, rel, "x", ms=5, color=CONTROL_COLOR,
-                label=f"per-replica BN (control), R = {control.replicas}")
-    ax.axhline(control.rows[0].limit, color="0.3", ls="--", lw=1, label="limit (float64)")
-    ax.set_xlabel(f"node (signature order; last: input gradient) of {control.net}")
-    ax.set_ylabel("max |data parallel − one device| / scale")
-    ax.set_title("Synchronised BN ties every node; per-replica BN does not")
-    ax.set_ylim(floor / 2, 1e2)
+    rs = sorted({r.replicas for r in report.rows})
+    for i, rep in enumerate(rs):
+        rows = [r for r in report.rows if r.replicas == rep]
+        ax.semilogy([r.global_batch for r in rows], [max(r.ratio, FLOOR) for r in rows], "o-", ms=6,
+                    color=SYNC_SHADES[min(i + 1, len(SYNC_SHADES) - 1)], label=f"R = {rep} replicas")
+        for r in rows:
+            ax.annotate(f"N = {r.per_replica}", (r.global_batch, max(r.ratio, FLOOR)), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points")
+    ax.axhline(1.0, color=CONTROL_COLOR, ls="--", lw=1, label="limit (10 × the point's envelope)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("global batch R·N (the single-device batch each split is tied to)")
+    ax.set_ylabel("worst row: error / limit")
+    ax.set_title(f"{report.net}: every split R × N ties to one device at R·N")
+    ax.set_ylim(min(FLOOR, min(r.ratio for r in report.rows) / 3), 10)
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    return fig
+
+
+def figure_nodes(reports: Mapping[str, TieReport]) -> plt.Figure:
+    """Per row (loss, every node in signature order, the input gradient) its error over its limit:
+    the synchronised and uneven steps sit far under 1, the controls far over it."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    styles = [("o", SYNC_SHADES[2]), ("s", UNEVEN_COLOR), ("x", CONTROL_COLOR), ("+", "#a50f15")]
+    first = next(iter(reports.values()))
+    idx = np.arange(len(first.rows))
+    for (label, rep), (marker, color) in zip(reports.items(), styles):
+        ratio = np.array([max(r.rel / r.limit, FLOOR) for r in rep.rows])
+        ax.semilogy(idx, ratio, marker, ms=4, color=color, label=label, mfc="none" if marker == "s" else None)
+    ax.axhline(1.0, color="0.3", ls="--", lw=1, label="limit")
+    ax.set_xlabel(f"row of {first.net.split(' ')[0]}: loss, the nodes in signature order, the input gradient")
+    ax.set_ylabel("error / limit")
+    ax.set_title("Synchronised BN ties at equal and uneven splits; the controls do not")
     ax.legend(fontsize=8, loc="center right")
+    fig.tight_layout()
+    return fig
+
+
+def figure_sync_bf16(report: MeshReplicaReport) -> plt.Figure:
+    """Per conv weight node of the bf16 mesh step: how far (1/R)·Σ_r rnd(S_r) sits from
+    rnd(Σ_r S_r)/R (left, in units of its bound 2u·M) and how many entries differ (right)."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.4, FIGSIZE[1]), sharey=True)
+    names = [r.name for r in report.rows]
+    idx = np.arange(len(names))
+    left.barh(idx, [r.max_diff_rel / (2 * U_BF16) for r in report.rows], color=SYNC_SHADES[2])
+    left.axvline(1.0, color=CONTROL_COLOR, ls="--", lw=1, label="bound 2u·M")
+    left.set_xlabel("max |(1/R)Σ rnd(S_r) − rnd(Σ S_r)/R| / (2u·M)")
+    left.legend(fontsize=8, loc="lower right")
+    right.barh(idx, [100 * r.differing for r in report.rows], color=OK_COLOR)
+    right.set_xlabel("entries where the two differ (%)")
+    left.set_yticks(idx)
+    left.set_yticklabels(names, fontsize=6)
+    left.invert_yaxis()
+    fig.suptitle(f"{report.net} on {report.replicas} replicas, bf16 flag: the all-reduce averages "
+                 f"rounded replica nodes, not a rounded sum", fontsize=10)
     fig.tight_layout()
     return fig
 
