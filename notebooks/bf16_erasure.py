@@ -137,6 +137,9 @@ assert not any(controls.values())
 erasure = {name: bf16.chain_erasure(net, params, x, t, cfg) for name, (net, cfg, params, x, t) in points.items()}
 for name, report in erasure.items():
     print(report.summary())
+book.glue("erasure_chains", (sum(erasure["cifar8"].equal), len(erasure["cifar8"].equal), sum(erasure["resnet34"].equal),
+                             len(erasure["resnet34"].equal)),
+          "at identity: cifar8 {}/{}, ResNet-34 {}/{} outputs bit for bit (loss, nodes, input)")
 assert all(report.ok for report in erasure.values())
 
 # %% [markdown]
@@ -212,6 +215,8 @@ for name, rows in site_rows.items():
     inside = sum(r.ratio <= 1 for r in rows)
     print(f"{name}: {inside}/{len(rows)} conv nodes under the bound")
     assert inside == len(rows)
+book.glue("bf16_bound", (sum(r.ratio <= 1 for rows in site_rows.values() for r in rows),
+                         sum(len(rows) for rows in site_rows.values())), "{}/{} conv nodes of both nets under the bound")
 pos = bf16.kind_cases(p.seed, c=16, positive=True)[0]
 acc = bf16.site_row("bf16 accumulation", "forward", pos.a, pos.b, bf16.forward_bf16_accumulation(pos.a, pos.b),
                     stride=1, kernel_size=3, rnd=conv.round_bf16)

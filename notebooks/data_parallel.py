@@ -125,7 +125,7 @@ sweep = dp.sweep(model, params, cfg, dp.splits(p.replicas, p.batch), image_size=
 print(sweep.table())
 
 # %% tags=["nbval-check-output"]
-print(sweep.summary())
+print(book.glue("rn_sweep", sweep.summary()))
 print("every point satisfies the parameter-gradient hypothesis (census):", sweep.smooth)
 print("worst row of every split below its limit:", all(r.ratio < 1 for r in sweep.rows))
 
@@ -206,10 +206,11 @@ for rep in (uneven, plain_uneven, plain_even):
 
 # %% tags=["nbval-check-output"]
 split = "+".join(map(str, counts))
-print(f"counts {split}: {sum(r.ok for r in uneven.nodes)}/{len(uneven.nodes)} nodes tied, "
-      f"loss {'tied' if uneven.row('loss').ok else 'FAILED'}, input gradient {'tied' if uneven.row('input').ok else 'FAILED'}")
-print(f"plain mean of replica means at {split}: {'tied' if plain_uneven.ok else 'FAILED'}; "
-      f"first to break in backward order: {plain_uneven.first_failure().name}")
+print(book.glue("uneven_tied", f"counts {split}: {sum(r.ok for r in uneven.nodes)}/{len(uneven.nodes)} nodes tied, "
+                f"loss {'tied' if uneven.row('loss').ok else 'FAILED'}, "
+                f"input gradient {'tied' if uneven.row('input').ok else 'FAILED'}"))
+print(book.glue("plain_mean_red", f"plain mean of replica means at {split}: {'tied' if plain_uneven.ok else 'FAILED'}; "
+                f"first to break in backward order: {plain_uneven.first_failure().name}"))
 print(f"the same bug at {p.batch}+{p.batch}: {'tied' if plain_even.ok else 'FAILED'}")
 
 # %%
@@ -285,6 +286,9 @@ print(sync16.table())
 
 # %% tags=["nbval-check-output"]
 rows16 = sync16.rows
+book.glue("sync_bf16", (sum(r.ok for r in rows16), len(rows16), sync16.replicas,
+                        "red" if sync16.control_red else "NOT red"),
+          "{}/{} conv weight-gradient nodes all-reduced as (1/R)·Σ_r rnd(S_r), R = {}; the rounded-sum control {}")
 print(sync16.summary())
 print(f"|formula| ≤ 2u·M at {sum(r.max_diff_rel <= 2 * bf16_replicas.U_BF16 for r in rows16)}/{len(rows16)} nodes; "
       f"the all-reduce within its float32 rounding at {sum(r.reduce_ratio <= 1 for r in rows16)}/{len(rows16)}")
@@ -359,7 +363,7 @@ c8x, c8t, c8_point = c8_sweep.points[b2]
 c8_uneven = tie_replicas(c8, c8_params, c8x, c8t, c8_cfg, counts=counts, point=c8_point, devices=devices)
 
 # %% tags=["nbval-check-output"]
-print("cifar8 (beyond the suite):", c8_sweep.summary())
+print("cifar8 (beyond the suite):", book.glue("c8_mesh", c8_sweep.summary()))
 print(f"cifar8 at counts {split}: {'tied' if c8_uneven.ok else 'FAILED'} "
       f"({sum(r.ok for r in c8_uneven.nodes)}/{len(c8_uneven.nodes)} nodes)")
 

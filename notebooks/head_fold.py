@@ -117,7 +117,7 @@ row_sums = {kind: head_checks.row_sum_error(head_checks.batch_targets(kind, 6, p
             for kind in head_checks.TARGET_KINDS}
 
 # %% tags=["nbval-check-output"]
-print(cases.summary())
+print(book.glue("fold_tied", cases.summary()))
 print(f"worst relative error {cases.worst.rel:.0e} (float64's unit roundoff {2.0 ** -53:.1e}); limit "
       f"tolerances.REL_F64 = {tolerances.REL_F64:.0e}")
 print("rows sum to 1 within 1e-15:", {kind: err <= 1e-15 for kind, err in row_sums.items()})
@@ -169,7 +169,7 @@ controls = head_checks.control_cases(z6, t6, 0.1)
 print(controls.table())
 
 # %% tags=["nbval-check-output"]
-print(controls.summary())
+print(book.glue("fold_controls", controls.summary()))
 assert controls.ties[0].ok and not any(t.ok for t in controls.ties[1:])
 
 # %%
@@ -195,8 +195,9 @@ plt.show()
 terms = head_checks.entropy_terms(10, 0.1)
 print(f"K = {terms.num_classes}, α = {terms.alpha:g}: t̃ = {terms.label_share:.2f} on the label, "
       f"{terms.other_share:.2f} on each other class")
-print(f"H(t̃) = {terms.label_term:.4f} (label) + {terms.others_term:.4f} (the other {terms.num_classes - 1}) "
-      f"= {terms.total:.4f} nats, at the margin m* = ln {terms.label_share / terms.other_share:.0f} = {terms.best_margin:.2f}")
+print(book.glue("smoothed_minimum", f"H(t̃) = {terms.label_term:.4f} (label) + {terms.others_term:.4f} (the other "
+                f"{terms.num_classes - 1}) = {terms.total:.4f} nats, at the margin m* = ln "
+                f"{terms.label_share / terms.other_share:.0f} = {terms.best_margin:.2f}"))
 assert abs(terms.label_share - 0.91) <= 1e-12 and abs(terms.other_share - 0.01) <= 1e-12
 assert abs(terms.label_term - 0.0858) <= 5e-5 and abs(terms.others_term - 0.4145) <= 5e-5
 assert abs(terms.total - 0.5003) <= 5e-5 and abs(terms.total - head_checks.smoothed_entropy(10, 0.1)) <= 1e-15
@@ -240,7 +241,7 @@ linear_bug = head_checks.linear_head_cases(jax.random.fold_in(key, 4), gap_backw
 print(linear.table())
 
 # %% tags=["nbval-check-output"]
-print(f"{linear.summary()}; {linear.feature_ties} tied feature pairs")
+print(book.glue("head_linear", f"{linear.summary()}; {linear.feature_ties} tied feature pairs"))
 print(f"gap_without_area: {linear_bug.summary()}")
 assert linear.ok and linear.feature_ties > 0
 assert not linear_bug.ties[0].ok and all(t.ok for t in linear_bug.ties[1:])

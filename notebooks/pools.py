@@ -178,6 +178,8 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
           f"{same_back}, gather == forward {same_fwd}; last-max control differs at {moved} cells")
     assert same_back and same_fwd
     assert tied > 0 and moved > 0
+print(book.glue("selscatter_pools", len(inputs), "backward == selScatter at σ = argmax, bit for bit, at all {} pools "
+                "of both nets, ties included"))
 
 # %% [markdown]
 # ## Three hypotheses, three verdicts
@@ -240,6 +242,8 @@ print(f"β lifted by {lifted_by['cifar8']:.2f} (cifar8, summed over channels) an
       f"twin ties at the stem pool on photos: {stem_twins_on_photos}")
 assert all(h.holds for r in points["randn, β lifted"].values() for h in r.hypotheses)
 assert all(sum(q.counts["dead"] for q in r.pools) == 0 for r in points["randn, β lifted"].values())
+book.glue("c8_input_hypothesis", photo8.hypothesis("cifar8_input").violated,
+          "holds at randn with β lifted; fails on photos at {} windows, the first a dead one")
 assert photo8.ok and photo34.ok and not photo8.hypothesis("cifar8_input").holds
 assert photo8.hypothesis("cifar8_input").first.kind == "dead window"
 assert photo34.hypothesis("resnet34_input").holds == (stem_twins_on_photos == 0)
@@ -302,6 +306,8 @@ for name, rows in shares.items():
           f"{dead_share[name] / independent:.1f}×)")
     assert all(0.4 <= s.negative <= 0.6 and s.lift > 1 for s in rows)
     assert 0.2 <= dead_share[name] <= 0.4 and dead_share[name] >= 2 * independent
+print(book.glue("dead_share", (dead_share["cifar8"], dead_share["ResNet-34"]),
+                "share of windows dead on photos: cifar8 {:.2f}, ResNet-34's stem pool {:.2f}"))
 
 # %% [markdown]
 # ## At a twin tie: the same parameter gradient, a different input gradient
@@ -323,7 +329,7 @@ for name, rows in shares.items():
 # %% tags=["nbval-check-output"]
 twin_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "twin tie")
 dead_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "dead")
-print(twin_route.summary())
+print(book.glue("twin_reroute", twin_route.summary()))
 print(f"  rerouted per pool {twin_route.rerouted}; input gradient moves by {twin_route.dx_rel:.1f} of its max; "
       f"parameter nodes within {tolerances.ROUTE_REL:.0e}: {twin_route.same_parameter_gradient}")
 print(dead_route.summary())
@@ -376,7 +382,7 @@ slopes_twin = census.one_sided_slopes(cifar8, params8, flat8, targets, cfg8, v)
 slopes_planted = census.one_sided_slopes(cifar8, planted8, flat8, targets, cfg8, v)
 print(f"h = {tolerances.RADIUS_FRACTION} × the radius; sides judged to {tolerances.SLOPE_REL:.0e} of the slope")
 print(f"twin-tie point:     {slopes_twin.summary()}")
-print(f"non-twin tie point: {slopes_planted.summary()}")
+print(f"non-twin tie point: {book.glue('nontwin_slopes', slopes_planted.summary())}")
 assert slopes_twin.smooth and abs(slopes_twin.right - slopes_twin.rendered) <= tolerances.SLOPE_REL * abs(slopes_twin.rendered)
 assert not slopes_planted.smooth
 

@@ -121,8 +121,8 @@ print(survey8.radii_table())
 curved = [r for r in survey8.reports if r.path == "curved"]
 shallow = np.median([r.delta for r in survey8.reports if r.germ in ("bn1", "bn2")])
 deep = np.median([r.delta for r in survey8.reports if r.germ in ("bn7", "bn8")])
-print(survey8.summary().splitlines()[0])
-print(f"{len(germs.C8_GERMS)} germs × {p.directions} paths, {len(curved)} of them curved")
+print(book.glue("germs_bit_for_bit", survey8.summary().splitlines()[0]))
+print(book.glue("germ_paths", f"{len(germs.C8_GERMS)} germs × {p.directions} paths, {len(curved)} of them curved"))
 print(f"median δ: germs 1–2 {shallow:.0e}, germs 7–8 {deep:.0e}")
 assert survey8.germs_hold
 assert len({r.germ for r in survey8.reports}) == 8 and (p.directions < 3 or len(curved) >= 8)
@@ -161,7 +161,7 @@ ratios = np.array([r.prediction_ratio for r in survey8.reports])
 sharp = sum(r.sharp for r in survey8.reports)
 kink_first = sum(r.kink_radius < r.delta for r in survey8.reports)
 print(survey8.summary().splitlines()[1])
-print(f"δ found / δ predicted from {ratios.min():.2f} to {ratios.max():.2f}")
+print(book.glue("germ_delta_ratio", (ratios.min(), ratios.max()), "δ found / δ predicted from {:.2f} to {:.2f}"))
 print(f"{kink_first}/{len(survey8.reports)} walks meet a ReLU kink before δ")
 assert survey8.predictions_hold
 assert sharp >= 0.75 * len(survey8.reports)
@@ -208,7 +208,7 @@ print(survey8.fd_table())
 fd8 = [r for r in survey8.reports if r.has_fd]
 ulps = np.array([r.loss_roundoff / np.spacing(r.loss) for r in fd8])
 worst_pin, best_pin = max(r.resolution for r in fd8), min(r.resolution for r in fd8)
-print(survey8.summary().splitlines()[2])
+print(book.glue("germ_fd", survey8.summary().splitlines()[2]))
 print(f"{sum(r.path == 'curved' for r in survey8.windows)} of the {len(survey8.windows)} O(h²) windows on curved paths")
 print(f"ε_L of every walk between half an ulp and 10 ulps of S(0): {0.5 <= ulps.min() and ulps.max() <= 10}; "
       f"each node pinned to between 1e{np.floor(np.log10(best_pin)):.0f} and 1e{np.ceil(np.log10(worst_pin)):.0f} "
@@ -290,8 +290,9 @@ print(twin_walks.radii_table())
 
 # %% tags=["nbval-check-output"]
 print(f"flat images: {flat_census.summary()}")
-print("twin-tied windows by pool: " + ", ".join(f"{k} {v}" for k, v in twins_by_pool.items()))
-print(f"at the twin-tie point: {twin_walks.summary().splitlines()[0]}")
+print(book.glue("twin_windows", "twin-tied windows by pool: "
+                + ", ".join(f"{k} {v}" for k, v in twins_by_pool.items())))
+print(f"at the twin-tie point: {book.glue('twin_walks', twin_walks.summary().splitlines()[0])}")
 print(f"predicted δ consistent: {twin_walks.predictions_hold}; finite differences: "
       f"{sum(r.fd_converges for r in twin_walks.reports)}/{len(twin_walks.reports)} converge")
 assert flat_census.ok and twins_by_pool["pool1"] > 0

@@ -184,6 +184,8 @@ print(f"epoch 1: recomputed statistics beat running ones by ≥ {tol.TRAIN_LAG_G
 band = tol.TRAIN_DIGITS_ACCURACY[p.net] if p.epochs >= 8 else tol.TRAIN_SHORT_ACCURACY
 final = history[-1]["test_accuracy"]
 print(f"test accuracy after {p.epochs} epochs, recomputed statistics, ≥ {band:g}: {final >= band}")
+book.glue("digits_accuracy", (p.net, band, p.epochs, final >= band),
+          "{}: test accuracy on digits ≥ {:g} after {} epochs (recomputed statistics): {}")
 assert len(lines) == p.epochs and len(first.history) == 1 and resumed and same
 assert history[0]["bn_gap"] >= tol.TRAIN_LAG_GAP
 assert final >= band

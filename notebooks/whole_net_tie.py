@@ -20,6 +20,12 @@
 # at a real photo batch; each node is the derivative of the whole loss in its parameter; and the
 # check that says so goes red for every bug we plant.
 #
+# Statements shown: `cifar8Bbn_net_lossGrad_CE` (cifar8's 38 nodes at the smoothed cross-entropy),
+# `r34_net_tiedB` (ResNet-34's 110 nodes), `r34InputGradB_correct` (its input gradient, at a point
+# where `h_stem` and `h_pool` hold) and `resnet34ForwardBFull_eq_slots` (the eighteen stages).
+# Beyond the suite: cifar8's input gradient on photos, whose dead windows break `MaxPool2Smooth`,
+# the hypothesis of `cifar8BbnInputGradB_correct`; the float32 view; the must-fail controls.
+#
 # The oracle never reads a backward: it differentiates the forward's logits through a loss written
 # in plain `jnp` (`gradtie.reference`). A bug both sides shared could not be seen, so the two
 # sides share nothing but the forward. The first cell turns on float64: the tie is meant to the
@@ -126,7 +132,8 @@ logits34, _ = resnet34.forward(params34, x34, cfg34)
 rows34 = resnet34.summary(params34, cfg34, x34.shape)
 kinds = [r.kind for r in rows34]
 print(stages.format_summary(rows34))
-print(f"{len(named)} stages; composition == forward bit for bit: {bool(jnp.array_equal(h, logits34))}")
+print(book.glue("r34_stages", f"{len(named)} stages; composition == forward bit for bit: "
+                              f"{bool(jnp.array_equal(h, logits34))}"))
 assert len(named) == 18 and [n for n, _ in named] == [r.name for r in rows34]
 assert jnp.array_equal(h, logits34)
 assert (kinds.count("stem"), kinds.count("identity"), kinds.count("downsample"), kinds.count("head")) == (1, 13, 3, 1)
@@ -157,6 +164,8 @@ for report in (tie8, tie34):
     print(f"{report.net}: {sum(r.ok for r in report.nodes)}/{len(report.nodes)} nodes tied "
           f"({zero} zero in ℝ), input cotangent {'tied' if report.rows[-1].ok else 'FAILED'}; "
           f"worst rel err below 1e-12: {report.worst().rel < 1e-12}")
+book.glue("c8_nodes_tied", (sum(r.ok for r in tie8.nodes), len(tie8.nodes)), "{}/{} nodes tied")
+book.glue("r34_nodes_tied", (sum(r.ok for r in tie34.nodes), len(tie34.nodes)), "{}/{} nodes tied")
 assert tie8.ok and tie34.ok
 assert len(tie8.nodes) == 38 and len(tie34.nodes) == 110
 assert abs(tie8.loss - tie8.loss_oracle) <= tolerances.REL_F64 * abs(tie8.loss_oracle)
@@ -193,6 +202,10 @@ plt.show()
 # the image breaks twins); this batch has none.
 
 # %% tags=["nbval-check-output"]
+book.glue("c8_input_tied", (tie8.rows[-1].shape, "tied" if tie8.rows[-1].ok else "FAILED"),
+          "input cotangent {} {} at 1e-10")
+book.glue("r34_input_tied", (tie34.rows[-1].shape, "tied" if tie34.rows[-1].ok else "FAILED"),
+          "input cotangent {} {} at 1e-10")
 for report, s in ((tie8, smooth8), (tie34, smooth34)):
     inp = report.rows[-1]
     twins = sum(q.counts["twin tie"] for q in s.pools)
@@ -251,6 +264,9 @@ f32_ctl = float32_view(controls.drop_batch_divisor(cifar8), params8, x8, t8, cfg
 for v in (f32_8, f32_34, f32_ctl):
     print(f"{v.net}: {'within' if v.ok else 'OUTSIDE'} the view; "
           f"{len(v.rows) - len(v.failed)}/{len(v.rows)} rows within 10 envelopes or the floor")
+book.glue("f32_view", (len(f32_8.rows) - len(f32_8.failed), len(f32_8.rows), len(f32_34.rows) - len(f32_34.failed),
+                       len(f32_34.rows), "within" if f32_ctl.ok else "OUTSIDE"),
+          "rows within 10 envelopes or the floor: cifar8 {}/{}, ResNet-34 {}/{}; control drop_batch_divisor {} the view")
 assert f32_8.ok and f32_34.ok
 assert not f32_ctl.ok and len(f32_ctl.failed) > len(f32_ctl.rows) // 2
 

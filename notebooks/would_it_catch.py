@@ -122,6 +122,7 @@ for rep in (caught8, caught34):
     print(rep.summary())
     print(rep.table())
     print()
+book.glue("bugs_caught", f"{caught8.summary()}; {caught34.summary()}")
 assert caught8.ok and caught34.ok
 assert min(c.ratio for rep in (caught8, caught34) for c in rep.caught) > 1e3
 

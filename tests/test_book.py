@@ -1,9 +1,12 @@
 """The book's chapters, table of contents and committed notebooks agree, so that nbval can never
-pass having collected fewer notebooks than the book has chapters; parameters validate."""
+pass having collected fewer notebooks than the book has chapters; parameters validate; the intro's
+claim map is the rendered one, and every figure it pastes is glued by its chapter."""
+
+import re
 
 import pytest
 
-from gradtie import book
+from gradtie import book, claims
 
 
 def _tree(tmp_path, names, toc_names, ipynbs):
@@ -45,3 +48,135 @@ def test_a_missing_or_stray_notebook_fails(two_chapters, toc, ipynbs, message):
 def test_bad_chapter_parameters_are_clear_errors(kwargs, message):
     with pytest.raises(ValueError, match=message):
         book.validated(**kwargs)
+
+
+# ---- the claim map: the intro's table, the chapters' glue calls, the statements issue 10 lists ----
+
+ISSUE_10_STATEMENTS = (
+    "cifar8Bbn_net_lossGrad", "cifar8Bbn_net_lossGrad_CE", "cifar8Bbn_train_step_tiedB", "cifar8BbnInputGradB_correct",
+    "maxPoolB_relu_eventuallyEq_sel", "batchMapAux_maxPoolBackFlat_eq_selScatter", "C8PoolTwin₁…₄", "c8_germ_stageₖ",
+    "r34InputGradB_correct", "resnet34ForwardBFull_eq_slots", "r34IdCotIn_eq_vjp", "r34DownCotIn_eq_vjp",
+    "the six-op head fold", "r34_net_tiedB", "r34_net_syncTiedB", "Bf16Erasure", "SyncBf16",
+)
+ISSUE_10_BEYOND = ("cifar8 input gradient at dead windows", "bf16 forward rounding and bounds", "cifar8 data parallel",
+                   "float32 views", "the bug catalogue", "training accuracy")
+
+
+def test_intro_table_is_the_rendered_claim_map():
+    page = (book.BOOK / "intro.md").read_text()
+    assert claims.between_markers(page) == claims.render_table()
+    assert "including at the kinks" not in page
+
+
+def test_every_statement_issue_10_lists_is_in_the_map():
+    missing = [s for s in ISSUE_10_STATEMENTS
+               if not any(s == c.name or s in c.statement for c in claims.SUITE)]
+    assert missing == []
+    assert not any(c.beyond_suite for c in claims.SUITE) and all(c.beyond_suite for c in claims.BEYOND)
+    assert set(ISSUE_10_BEYOND) <= {c.name for c in claims.BEYOND}
+
+
+def test_every_cited_section_and_figure_is_in_its_chapter():
+    assert claims.problems() == []
+
+
+def _chapter_copy(tmp_path, name):
+    folder = tmp_path / "notebooks"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{name}.py").write_text((book.NOTEBOOKS / f"{name}.py").read_text())
+    return folder
+
+
+def test_a_missing_figure_a_missing_section_and_a_twice_glued_key_are_named(tmp_path):
+    head = [c for c in claims.CLAIMS if any(s.chapter == "head_fold" for s in c.shown)]
+    folder = _chapter_copy(tmp_path, "head_fold")
+    assert claims.problems(head, folder) == []
+    source = (folder / "head_fold.py").read_text()
+    broken = (source.replace('book.glue("fold_tied", ', "(")
+              .replace("# ## Planted bugs go red", "# ## Planted bugs")
+              .replace('book.glue("head_linear", ', 'book.glue("fold_controls", '))
+    (folder / "head_fold.py").write_text(broken)
+    found = "\n".join(claims.problems(head, folder))
+    assert "never calls book.glue('fold_tied'" in found
+    assert "no section 'Planted bugs go red'" in found
+    assert "book.glue('fold_controls', ...) is called 2 times" in found
+    assert "never calls book.glue('head_linear'" in found
+
+
+def test_a_table_cell_cannot_break_the_table():
+    bad = claims.Claim("x", "a | b", "none", (claims.Shown("pools", "s", ("k",)),))
+    with pytest.raises(ValueError, match="no '\\|'"):
+        claims.render_table([bad])
+    with pytest.raises(ValueError, match="not in book.CHAPTERS"):
+        claims.render_table([claims.Claim("x", "x", "none", (claims.Shown("nowhere", "s"),))])
+
+
+def _seeds():
+    for folder in (book.ROOT / "shared" / "seeds", book.ROOT.parent / "shared" / "seeds"):
+        if folder.is_dir():
+            return "\n".join(p.read_text() for p in sorted(folder.glob("*.txt")))
+    return None
+
+
+def test_the_maps_lean_names_are_spelled_as_the_seeds_spell_them():
+    seeds = _seeds()
+    if seeds is None:
+        pytest.skip("the upstream suite's module docs (shared/seeds) are not beside this checkout")
+    cited = {name for c in claims.SUITE for name in re.findall(r"`([^`]+)`", c.statement + " " + c.hypotheses)}
+    assert len(cited) > 20
+    assert sorted(n for n in cited if n not in seeds) == []
+
+
+def test_glue_formats_and_returns_the_text_and_stores_it_only_in_a_kernel(monkeypatch):
+    import IPython
+    import myst_nb
+
+    stored = []
+    monkeypatch.setattr(myst_nb, "glue", lambda *a, **k: stored.append((a, k)))
+    assert book.glue("worst_err", 3.2e-13, "worst {:.0e}") == "worst 3e-13"
+    assert stored == []                                    # no kernel under pytest: nothing stored
+    monkeypatch.setattr(IPython, "get_ipython", lambda: object())
+    assert book.glue("nodes_tied", (38, 38), "{}/{} nodes tied") == "38/38 nodes tied"
+    assert book.glue("shape", (tuple((4, 3)),), "input {}") == "input (4, 3)"
+    assert stored == [(("nodes_tied", "38/38 nodes tied"), {"display": False}),
+                      (("shape", "input (4, 3)"), {"display": False})]
+
+
+@pytest.mark.parametrize("key, value, fmt, message", [
+    ("Bad-Key", 1, "{}", "glue key 'Bad-Key'"), ("k", 1, "{} and {}", "cannot format"),
+    ("k", 1, 5, "expected a str.format template"), ("k", 1.5, "{:d}", "cannot format"),
+])
+def test_glue_refuses_bad_keys_and_formats(key, value, fmt, message):
+    with pytest.raises(ValueError, match=message):
+        book.glue(key, value, fmt)
+
+
+def _misplaced_glue(paths):
+    """Glue calls nbval would not compare (an untagged cell), or that show their text a second time
+    (a bare book.glue(...) as the cell's last line)."""
+    import ast
+
+    import jupytext
+
+    found = []
+    for path in paths:
+        for cell in jupytext.read(path).cells:
+            if cell.cell_type != "code" or "book.glue(" not in cell.source:
+                continue
+            body = ast.parse(cell.source).body
+            if "nbval-check-output" not in cell.metadata.get("tags", []):
+                found.append(f"{path.name}: a cell nbval does not compare glues")
+            if body and isinstance(body[-1], ast.Expr) and ast.unparse(body[-1]).startswith("book.glue("):
+                found.append(f"{path.name}: a cell ends in a bare book.glue(...)")
+    return found
+
+
+def test_every_glue_call_sits_in_a_compared_cell_and_prints_nothing_twice():
+    assert _misplaced_glue(sorted(book.NOTEBOOKS.glob("*.py"))) == []
+
+
+def test_an_untagged_or_bare_glue_is_found(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text('# %%\nx = 1\nprint(book.glue("a", x))\n\n# %% tags=["nbval-check-output"]\nbook.glue("b", 2)\n')
+    assert _misplaced_glue([bad]) == ["bad.py: a cell nbval does not compare glues",
+                                      "bad.py: a cell ends in a bare book.glue(...)"]

@@ -7,6 +7,7 @@ parameters) and then `render` (Jupyter Book 1.x, failing on any warning).
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -124,6 +125,41 @@ def validated(**params) -> SimpleNamespace:
             raise ValueError(f"unknown chapter parameter {name!r}; known: {', '.join(sorted(PARAMETERS))}")
         out[name] = PARAMETERS[name](name, value)
     return SimpleNamespace(**out)
+
+
+# ---- glue: a chapter's headline figures, pasted into the intro's claim map ----------------------
+
+GLUE_KEY = r"[a-z][a-z0-9_]*"
+
+
+def glue(key: str, value: Any, fmt: str = "{}") -> str:
+    """Format a figure the chapter has computed and asserted, store it for the book under `key` and
+    return the text, for the chapter to print.
+
+    `fmt` is a `str.format` template; a tuple `value` fills its fields in order. The text is stored
+    with `myst_nb.glue(key, text, display=False)`, so the cell shows nothing more and the intro's
+    claim map (`gradtie.claims`) pastes it from the executed chapter with
+    {glue:text}`<chapter>.ipynb::<key>:s` (the trailing `:s` is needed: without a format spec
+    myst-nb 1.4 reads `<chapter>.ipynb:` as the key). Outside a notebook kernel nothing is stored.
+    """
+    if not isinstance(key, str) or not re.fullmatch(GLUE_KEY, key):
+        raise ValueError(f"glue key {key!r}: expected lower-case letters, digits and underscores, "
+                         f"starting with a letter")
+    if not isinstance(fmt, str):
+        raise ValueError(f"glue {key!r}: fmt={fmt!r}, expected a str.format template such as '{{:.2f}}'")
+    try:
+        text = fmt.format(*value) if isinstance(value, tuple) else fmt.format(value)
+    except (IndexError, KeyError, ValueError) as exc:
+        raise ValueError(f"glue {key!r}: fmt={fmt!r} cannot format {value!r} ({exc})") from None
+    try:
+        from IPython import get_ipython
+    except ImportError:                 # the package alone, no notebook tooling installed
+        return text
+    if get_ipython() is not None:
+        import myst_nb
+
+        myst_nb.glue(key, text, display=False)
+    return text
 
 
 # ---- the build ---------------------------------------------------------------------------------
