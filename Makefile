@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 PROFILE ?= ci
 STAMP  := $(VENV)/.installed
 
-.PHONY: venv book test unit nbval notebooks clean
+.PHONY: venv book test test-all unit unit-all nbval notebooks clean
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,7 +23,13 @@ book: $(STAMP)
 
 test: unit nbval
 
+# everything, with the large-shape repeats that `make test` leaves to the chapters (tests/conftest.py)
+test-all: unit-all nbval
+
 unit: $(STAMP)
+	$(PY) -m pytest tests -n 2 -m "not slow" --durations=10
+
+unit-all: $(STAMP)
 	$(PY) -m pytest tests -n 2 --durations=10
 
 # nbval re-executes the committed chapter notebooks, every one of them: the chapters, the table of

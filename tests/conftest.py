@@ -1,12 +1,45 @@
-"""Float64 on, fixed seeds, quick hypothesis profile."""
+"""Float64 on, fixed seeds, quick hypothesis profile, one persistent compilation cache, and the
+`slow` mark on the few large-shape cases a chapter also shows (run them with `make test-all`)."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One on-disk compilation cache for the test workers and the interpreters they start (the mesh
+# workers, `python -m gradtie check`): the same programs at the same shapes compile once a run.
+_CACHE = os.environ.setdefault("GRADTIE_CACHE", str(Path.home() / ".cache" / "gradtie" / "jax-tests"))
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.5")
 
 import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 settings.register_profile("gradtie", max_examples=15, deadline=None, derandomize=True)
 settings.load_profile("gradtie")
+
+# Large-shape repeats of claims a smaller case here already checks, and a chapter shows again under
+# nbval at its own shapes; `make test` leaves them to `make test-all`.
+SLOW = {
+    # the cifar8 case runs the same mesh tie; the Data-parallel chapter sweeps ResNet-34's R·N
+    "tests/test_parallel.py::test_replica_mean_grads_equal_single_device_f64[resnet34]",
+    # the cifar8 case drives the same three sync entries through `gradtie check`
+    "tests/test_parallel.py::test_synchronised_bn_catalogue_entries_exit_1_through_the_check[resnet34]",
+    # the 146-tensor heavy-ball step stays; the Training chapter ties the 110-tensor step
+    "tests/checks/test_step.py::test_resnet34_step_tied_to_optax_f64[False-sgd-110]",
+    # three 32 px cases stay; 64 px is the chapters' cpu profile
+    "tests/nets/test_resnet34.py::test_loss_and_grads_equal_autodiff_f64[photos-64px-labels-a0.1]",
+    # the Training chapter follows the same 100 steps side by side, with the bound shown
+    "tests/test_train.py::test_cifar8_side_by_side_on_digits_f32",
+}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: a large-shape repeat that a chapter also shows (make test-all)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in SLOW:
+            item.add_marker(pytest.mark.slow)
