@@ -96,3 +96,45 @@ def optimizers(histories: Mapping[str, Sequence[Mapping]]) -> plt.Figure:
     fig.suptitle("The four update rules on the rendered gradient, at upstream's learning rates", fontsize=11)
     fig.tight_layout()
     return fig
+
+
+STEP_GROUPS = (("params", "updated tensors", "o"), ("momentum", "momentum buffers", "s"),
+               ("running", "running statistics", "^"))
+
+
+def step_tie(ties: Sequence, controls: Sequence = ()) -> plt.Figure:
+    """One panel per tied train step (`checks.step.StepTieReport`): every row's error over its limit,
+    tensor by tensor (updated tensors, then momentum buffers, then running statistics), at every
+    step (light: step 1, dark: the last), under the dashed line at 1; the control of the same panel
+    in red, far above it."""
+    fig, axes = plt.subplots(1, len(ties), figsize=(FIGSIZE[0] + 4.0, FIGSIZE[1]), squeeze=False)
+    floor = 1e-6   # an exact 0 drawn at the bottom of the log axis
+    for k, (ax, rep) in enumerate(zip(axes[0], ties)):
+        ctrl = controls[k] if k < len(controls) else None
+        offset, ticks = 0, []
+        for group, label, marker in STEP_GROUPS:
+            n = len(rep.steps[0].groups()[group])
+            if n == 0:
+                continue
+            x = offset + np.arange(n)
+            for i, s in enumerate(rep.steps):
+                shade = 0.35 + 0.65 * i / max(len(rep.steps) - 1, 1)
+                y = [max(r.rel / r.limit, floor) for r in s.groups()[group]]
+                ax.semilogy(x, y, marker, ms=3, color=OK_COLOR, alpha=shade, mfc="none" if i == 0 else OK_COLOR,
+                            label=f"step {s.step}" if group == "params" else None)
+            if ctrl is not None:
+                worst = np.max([[r.rel / r.limit for r in s.groups()[group]] for s in ctrl.steps], axis=0)
+                ax.semilogy(x, np.maximum(worst, floor), "x", ms=3, color=CONTROL_COLOR,
+                            label=f"control: {ctrl.control} (worst step)" if group == "params" else None)
+            ticks.append((offset + n / 2, f"{label}\n({n})"))
+            offset += n + 6
+            ax.axvline(offset - 3, color="0.8", lw=0.8)
+        ax.axhline(1.0, color="k", ls="--", lw=1, label="limit")
+        ax.set_xticks([t for t, _ in ticks], [lab for _, lab in ticks], fontsize=7)
+        ax.set_xlim(-3, offset - 3)
+        ax.set_ylabel("error / limit")
+        ax.set_title(f"{rep.net}, {rep.recipe}: {rep.tensors} tensors, {len(rep.steps)} steps", fontsize=9)
+        ax.legend(fontsize=7, loc="center right")
+    fig.suptitle("The rendered train step against optax on autodiff: every tensor under its limit", fontsize=11)
+    fig.tight_layout()
+    return fig
