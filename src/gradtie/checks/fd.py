@@ -86,24 +86,25 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     """One `FDRow` per node in `names` (default: all): D(h) along a random unit direction against
     ⟨rendered node, v⟩, held to FD_FACTOR × (truncation + round-off), floored at FD_REL.
 
-    Every evaluation runs the tie's own compiled forward (no program of its own to compile): the
-    loss from its logits, the smooth piece from its saved pre-activations and pool inputs.
+    Every evaluation runs one compiled probe: the forward's logits and whether the perturbed point
+    lies in the same smooth piece (every ReLU sign, every pool choice), compared where the forward
+    ran, so no saved activation comes back to the host.
     loss_roundoff: ε_L, the loss's round-off spread at the point (`Envelope.loss` of the tie); the
     round-off of D(h) is ε_L/h. targets: rows [N,K]. Directions are drawn on the host.
     """
-    from .tie import _forward, _piece, host_rng, real_net
+    from .tie import _forward, _piece, _probe, host_rng, real_net
     net = real_net(net)
     names = list(params) if names is None else list(names)
     params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
     x = jnp.asarray(x, jnp.float64)
     t = jnp.asarray(targets, jnp.float64)
+    _, saved = _forward(net, params, x, cfg)
+    here = _piece(net, saved)
+    del saved
 
     def evaluate(p):
-        logits, saved = _forward(net, p, x, cfg)
-        loss = float(reference.smoothed_cross_entropy(logits, t, label_smoothing))
-        return loss, jax.tree.map(np.asarray, _piece(net, saved))
-
-    _, here = evaluate(params)
+        logits, same = _probe(net, p, x, cfg, here)
+        return float(reference.smoothed_cross_entropy(logits, t, label_smoothing)), bool(same)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in grads.values())
     rng = host_rng(key)
     rows = []
@@ -113,7 +114,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
         h = tol.FD_STEP
         while True:
             ends = [evaluate(dict(params, **{name: params[name] + step * v})) for step in (h, -h, h / 2, -h / 2)]
-            if all(_same(piece, here) for _, piece in ends) or h / 4 < tol.FD_MIN_STEP:
+            if all(same for _, same in ends) or h / 4 < tol.FD_MIN_STEP:
                 break
             h /= 4
         lp, lm, lp2, lm2 = (loss for loss, _ in ends)
@@ -124,8 +125,3 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
         limit = max(factor * envelope, tol.FD_REL)
         rows.append(FDRow(name, d_h, dot, abs(d_h - dot) / scale, limit, h, envelope))
     return rows
-
-
-def _same(a, b) -> bool:
-    """Two smooth pieces are the same: every ReLU sign and every pool choice agree."""
-    return all(np.array_equal(a[i][k], b[i][k]) for i in (0, 1) for k in a[i])
