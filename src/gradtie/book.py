@@ -36,18 +36,20 @@ CHAPTERS: list[Chapter] = [
     Chapter("stage_germs", "Stage germs",
             profiles={"cpu": {"directions": 6, "batch": 4}, "gpu": {"directions": 9, "batch": 8}}),
     Chapter("whole_net_tie", "Whole-net tie",
-            profiles={"cpu": {"batch": 16, "resnet_batch": 4, "fd_nodes": 24},
+            profiles={"cpu": {"batch": 16, "image_size": 64, "resnet_batch": 4, "fd_nodes": 24, "every_n": True},
                       "gpu": {"batch": 128, "image_size": 224, "resnet_batch": 64, "num_classes": 1000,
-                              "fd_nodes": 0}}),
+                              "fd_nodes": 0, "every_n": True}}),
     Chapter("would_it_catch", "Would the check catch it?",
             profiles={"cpu": {"batch": 8, "resnet_batch": 4, "replicas": 4},
                       "gpu": {"batch": 32, "resnet_batch": 8, "image_size": 64, "replicas": 4}}),
     Chapter("bf16_erasure", "bf16 erasure",
             profiles={"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 32, "image_size": 224, "replicas": 4}}),
     Chapter("data_parallel", "Data-parallel tie",
-            {"cpu": {"net": "resnet34", "batch": 2}, "gpu": {"net": "resnet34", "batch": 4}}),
+            {"cpu": {"batch": 4, "replicas": 8}, "gpu": {"batch": 4, "replicas": 8, "image_size": 64}}),
     Chapter("training", "Training with the rendered step",
             {"cpu": {"batch": 64, "epochs": 8}, "gpu": {"net": "resnet34", "batch": 64, "epochs": 8}}),
+    Chapter("performance", "Performance",
+            {"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 64, "image_size": 224}}),
 ]
 PROFILES = ("ci", "cpu", "gpu")
 
@@ -114,6 +116,8 @@ PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
     "resnet_batch": _int(1, 4096),     # ResNet-34 examples where a chapter runs both nets
     "fd_nodes": _int(0, 100_000),      # nodes checked by finite differences (0: every node)
     "cifar10_path": _folder_or_empty,  # CIFAR-10 files (python or binary version); '' skips them
+    "weights": _choice("drawn"),       # chapters tie at drawn γ, β, biases: at init (γ = 1, β = 0) some bugs hide
+    "every_n": _bool,                  # a sweep over N: every N of 1…8 (False: 1, 2, 4, 8)
 }
 
 

@@ -1,0 +1,142 @@
+"""The Performance appendix's figures: functions take committed results and return a Figure.
+
+The rendered step in blue, the autodiff step in grey, limits and budgets as dashed lines, anything
+over its limit in red. Shown in: Performance.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Optional, Sequence
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
+
+AUTODIFF_COLOR = "0.45"
+GROUPS = (("cifar8", 32), ("resnet34", 32), ("resnet34", 64))
+
+
+def _group(results, net: str, size: int, replicas: int):
+    rows = sorted((r for r in results if r.config.net == net and r.config.image_size == size
+                   and r.config.replicas == replicas), key=lambda r: r.config.batch)
+    return rows
+
+
+def figure_time_memory(results: Sequence) -> plt.Figure:
+    """ms per step (top) and XLA's compiled temporary memory (bottom) against the batch, for each
+    net and image size: the rendered step (blue) under autodiff (grey) on one device (solid) and on
+    two host devices (dashed, the batch per replica)."""
+    fig, axes = plt.subplots(2, len(GROUPS), figsize=(10.5, 6.0), sharex="col")
+    for col, (net, size) in enumerate(GROUPS):
+        for replicas, ls, marker in ((1, "-", "o"), (2, "--", "s")):
+            rows = _group(results, net, size, replicas)
+            if not rows:
+                continue
+            batch = [r.config.batch for r in rows]
+            tag = "" if replicas == 1 else ", R = 2"
+            axes[0, col].loglog(batch, [r.rendered_ms for r in rows], ls, marker=marker, color=OK_COLOR,
+                                label=f"rendered{tag}")
+            axes[0, col].loglog(batch, [r.autodiff_ms for r in rows], ls, marker=marker, color=AUTODIFF_COLOR,
+                                label=f"autodiff{tag}")
+            if rows[0].rendered_temp_mib is not None:
+                axes[1, col].loglog(batch, [r.rendered_temp_mib for r in rows], ls, marker=marker, color=OK_COLOR)
+                axes[1, col].loglog(batch, [r.autodiff_temp_mib for r in rows], ls, marker=marker,
+                                    color=AUTODIFF_COLOR)
+        axes[0, col].set_title(f"{net}, {size} px", fontsize=10)
+        axes[1, col].set_xlabel("batch (per replica)")
+        axes[0, col].set_xticks(sorted({r.config.batch for r in results if r.config.net == net}))
+        axes[0, col].get_xaxis().set_major_formatter(plt.ScalarFormatter())
+    axes[0, 0].set_ylabel("ms per step (median)")
+    axes[1, 0].set_ylabel("temporary memory (MiB)")
+    axes[0, 0].legend(fontsize=7)
+    fig.suptitle("The rendered step is faster than autodiff and needs less temporary memory (CPU)")
+    fig.tight_layout()
+    return fig
+
+
+def figure_ratios(results: Sequence, limit: float, upstream: Mapping[str, float]) -> plt.Figure:
+    """rendered / autodiff per configuration against the limit, parity and upstream's two ratios."""
+    fig, ax = plt.subplots(figsize=(FIGSIZE[0], 0.32 * len(results) + 1.6))
+    labels = [r.config.label() for r in results]
+    ratios = np.array([r.ratio for r in results])
+    y = np.arange(len(results))[::-1]
+    ax.barh(y, ratios, color=[OK_COLOR if q <= limit else CONTROL_COLOR for q in ratios], height=0.6)
+    ax.axvline(limit, color="0.2", ls="--", lw=1, label=f"limit {limit:g}")
+    ax.axvline(1.0, color="0.5", ls=":", lw=1, label="parity")
+    for (name, value), ls in zip(upstream.items(), ("-.", (0, (5, 1, 1, 1)))):
+        ax.axvline(value, color="tab:orange", ls=ls, lw=1.2, label=f"upstream {name}: {value:g}")
+    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_xlabel("rendered / autodiff (ms per step)")
+    ax.set_xlim(0, max(1.5, ratios.max() * 1.05))
+    ax.set_title("Every configuration under the limit; upstream's render was slower than autodiff")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def figure_fit(owners: Mapping[str, float], limit_gib: float) -> plt.Figure:
+    """The largest compiled footprint of each chapter's (and the benchmark's) gpu profile against
+    the limit one accelerator allows."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    names = list(owners)
+    gib = np.array([owners[n] for n in names])
+    y = np.arange(len(names))[::-1]
+    ax.barh(y, gib, color=[OK_COLOR if g <= limit_gib else CONTROL_COLOR for g in gib], height=0.6)
+    ax.axvline(limit_gib, color="0.2", ls="--", lw=1, label=f"limit {limit_gib:g} GiB")
+    ax.set_yticks(y, names, fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("largest computation: arguments + outputs + temporaries (GiB, log scale)")
+    ax.set_title("Every gpu profile fits one accelerator (abstract compile, no data)")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def figure_budgets(budgets: Sequence[Mapping]) -> plt.Figure:
+    """Wall time of the checker and of CI: before (the issue's measurement), after (when measured)
+    and the budget."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    y = np.arange(len(budgets))[::-1]
+    before = [_seconds(b.get("before_s")) for b in budgets]
+    after = [_seconds(b.get("after_s")) for b in budgets]
+    ax.barh(y + 0.18, [v or 0 for v in before], height=0.34, color=AUTODIFF_COLOR, label="before (issue 11)")
+    ax.barh(y - 0.18, [v or 0 for v in after], height=0.34,
+            color=[OK_COLOR if (v or 0) <= b["target_s"] else CONTROL_COLOR for v, b in zip(after, budgets)],
+            label="after")
+    for yi, b, v in zip(y, budgets, after):
+        ax.plot([b["target_s"]] * 2, [yi - 0.45, yi + 0.45], color="0.1", ls="--", lw=1.2)
+        if v is None:
+            ax.text(1.2, yi - 0.18, "not measured yet", va="center", fontsize=7, color="0.3")
+    ax.plot([], [], color="0.1", ls="--", lw=1.2, label="budget")
+    ax.set_yticks(y, [b["what"] for b in budgets], fontsize=8)
+    ax.set_xscale("log")
+    ax.set_xlabel("wall time on an idle 2-core CPU (s, log scale)")
+    ax.set_title("The checker's and CI's time budgets")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def _seconds(v) -> Optional[float]:
+    """A measurement in seconds: a number, a [low, high] range (its middle) or None."""
+    if v is None:
+        return None
+    if isinstance(v, (list, tuple)):
+        return float(np.mean(v))
+    return float(v)
+
+
+def figure_gpu(results: Sequence) -> plt.Figure:
+    """Images per second on the GPU, rendered against autodiff, per batch and conv dtype."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    labels = [r.config.label() for r in results]
+    x = np.arange(len(results))
+    ax.bar(x - 0.2, [r.images_per_s[0] for r in results], width=0.4, color=OK_COLOR, label="rendered")
+    ax.bar(x + 0.2, [r.images_per_s[1] for r in results], width=0.4, color=AUTODIFF_COLOR, label="autodiff")
+    ax.set_xticks(x, labels, fontsize=7, rotation=15)
+    ax.set_ylabel("images / s")
+    ax.set_title(f"ResNet-34 at 224 px on {results[0].device_kind}")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
