@@ -16,19 +16,33 @@
 #
 # The claim: the rendered backward chain of each net, written by hand from the op kit, IS the
 # gradient of the loss. Every parameter node (38 for cifar8, 110 for ResNet-34) and the input
-# cotangent (`r34InputGradB` for ResNet-34) equal what autodiff of the forward gives, `jax.vjp`,
-# at a real photo batch; each node is the derivative of the whole loss in its parameter; and the
-# check that says so goes red for every bug we plant.
+# cotangent equal what autodiff of the forward gives (`jax.vjp`), stage by stage, at every batch
+# size and at any loss cotangent; and the check that says so goes red when we plant a bug.
 #
-# Statements shown: `cifar8Bbn_net_lossGrad_CE` (cifar8's 38 nodes at the smoothed cross-entropy),
-# `r34_net_tiedB` (ResNet-34's 110 nodes), `r34InputGradB_correct` (its input gradient, at a point
-# where `h_stem` and `h_pool` hold) and `resnet34ForwardBFull_eq_slots` (the eighteen stages).
-# Beyond the suite: cifar8's input gradient on photos, whose dead windows break `MaxPool2Smooth`,
-# the hypothesis of `cifar8BbnInputGradB_correct`; the float32 view; the must-fail controls.
+# Statements shown, each at a point where its own hypothesis holds:
+#
+# - `cifar8Bbn_net_lossGrad_CE` and `r34_net_tiedB`: cifar8's 38 and ResNet-34's 110 gradient
+#   nodes, at the smoothed cross-entropy's cotangent (hypothesis: every ReLU input off 0, every
+#   pool window dead, strict or a twin tie);
+# - `r34InputGradB_correct`: ResNet-34's input gradient, where `h_stem` and `h_pool` hold, at every
+#   N and every loss cotangent; `resnet34ForwardBFull_eq_slots`: its eighteen stages ARE the forward;
+# - `cifar8BbnInputGradB_correct`: cifar8's input gradient, the VJP of its seventeen CertLayers, at a
+#   point where `MaxPool2Smooth` holds (no window ties, not even a dead one);
+# - the per-stage ties the suite peels the ResNet-34 tie into: the stem, the sixteen blocks'
+#   input cotangents `r34IdCotIn_eq_vjp` (identity) and `r34DownCotIn_eq_vjp` (downsample), and the
+#   head, which takes no hypothesis at all (`r34HeadBHasVJP` is global).
+#
+# **Beyond the suite**, and marked where it comes: cifar8's input gradient on photos, whose dead
+# windows break `MaxPool2Smooth`; the input gradient at twin ties (tied to the model with its
+# pools frozen at σ = argmax); the float32 view; the planted bug.
+#
+# Every tie here runs at **drawn weights** (`init(key, cfg, weights="drawn")`: γ ~ U(0.5, 1.5),
+# β ~ N(0, 0.3²), biases ~ N(0, 0.1²)). At the initial weights every γ is 1 and every β and bias 0,
+# and a backward that forgets γ, or forms dγ from y instead of x̂, is bit for bit the right one
+# there: a tie at init could not see it.
 #
 # The oracle never reads a backward: it differentiates the forward's logits through a loss written
-# in plain `jnp` (`gradtie.reference`). A bug both sides shared could not be seen, so the two
-# sides share nothing but the forward. The first cell turns on float64: the tie is meant to the
+# in plain `jnp` (`gradtie.reference`). The first cell turns on float64: the tie is meant to the
 # last few bits.
 
 # %%
@@ -39,56 +53,101 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, data, plots
-from gradtie.checks import census, controls, tolerances
+from gradtie import book, plots
+from gradtie.checks import bugs, census, check, controls, stages, tolerances
+from gradtie.checks.fd import derivatives
 from gradtie.checks.float32 import float32_view
-from gradtie.checks.tie import derivatives, rendered_nodes, targets_matrix, tie
-from gradtie.nets import cifar8, resnet34, stages
+from gradtie.checks.tie import is_beta, reference_at, rendered_nodes, targets_matrix, tie
+from gradtie.nets import cifar8, resnet34
+from gradtie.nets import stages as net_stages
 
 # %% tags=["parameters"]
-batch = 4              # cifar8 examples (photos; flat images for the non-twin control)
-image_size = 64        # ResNet-34's input side (any multiple of 32; see "Why 64 px" below)
-resnet_batch = 2       # ResNet-34 examples
+batch = 4              # cifar8 examples (photos, 32 px)
+image_size = 32        # ResNet-34's input side (any multiple of 32)
+resnet_batch = 4       # ResNet-34 examples
 num_classes = 10       # ResNet-34 classes K (1000 for ImageNet)
 label_smoothing = 0.1  # alpha, for both nets (smoothed targets, SPEC §1)
 fd_nodes = 4           # ResNet-34 nodes checked by finite differences (0: all 110)
+weights = "drawn"      # the only choice: at the initial weights (γ = 1, β = 0) some backward bugs hide
+every_n = False        # the N sweep: every N of 1…8 (False: 1, 2, 4, 8)
 seed = 0
 
 # %%
-p = book.validated(batch=batch, image_size=image_size, resnet_batch=resnet_batch,
-                   num_classes=num_classes, label_smoothing=label_smoothing, fd_nodes=fd_nodes, seed=seed)
+p = book.validated(batch=batch, image_size=image_size, resnet_batch=resnet_batch, num_classes=num_classes,
+                   label_smoothing=label_smoothing, fd_nodes=fd_nodes, weights=weights, every_n=every_n, seed=seed)
 key = jax.random.key(p.seed)
 alpha = p.label_smoothing
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=p.num_classes)
-params8 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in cifar8.init(key, cfg8).items()}
-params34 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in resnet34.init(key, cfg34).items()}
-x8 = jnp.asarray(data.photos(p.batch, 32, seed=p.seed), jnp.float64)
-x34 = jnp.asarray(data.photos(p.resnet_batch, p.image_size, seed=p.seed), jnp.float64)
-flat8 = jnp.asarray(data.flat_images(p.batch, 32, seed=p.seed), jnp.float64)
-t8 = targets_matrix(jax.random.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10), 10, jnp.float64)
-t34 = targets_matrix(jax.random.randint(jax.random.fold_in(key, 2), (p.resnet_batch,), 0, p.num_classes),
-                     p.num_classes, jnp.float64)
-print(f"cifar8: photos {tuple(x8.shape)}; ResNet-34: photos {tuple(x34.shape)}, K = {p.num_classes}; "
-      f"α = {alpha}")
-
-# %% [markdown]
-# ## The point is smooth
-#
-# A tie between two gradients means something only where the gradient exists. ReLU and max pool
-# make the loss piecewise smooth, so we first take the census of the point (chapter Pools): every
-# pool window must be dead, strict or a twin tie, and no ReLU input exactly 0. Real photos give
-# thousands of dead windows (every cell negative before the ReLU) and no tie that breaks.
+params8 = {k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights=p.weights).items()}
+params34 = {k: v.astype(jnp.float64) for k, v in resnet34.init(key, cfg34, weights=p.weights).items()}
+x8 = check.make_batch("photos", p.batch, 32, p.seed)                   # float64 photo crops in [0, 1]
+x34 = check.make_batch("photos", p.resnet_batch, p.image_size, p.seed)
+randn8 = check.make_batch("randn", p.batch, 32, p.seed)                # N(0, 1) pixels: no twins
+lifted8 = census.lift_dead_windows(cifar8, params8, randn8, cfg8)      # pool-feeding β raised: no dead window
+flat34 = check.make_batch("flat", 2, 32, p.seed)                       # the M = 2 point: 32 px, batch 2
+t8 = targets_matrix((jnp.arange(p.batch) * 3 + 1) % 10, 10, jnp.float64)
+t34 = targets_matrix((jnp.arange(p.resnet_batch) * 3 + 1) % p.num_classes, p.num_classes, jnp.float64)
+t_flat = targets_matrix((jnp.arange(2) * 3 + 1) % p.num_classes, p.num_classes, jnp.float64)
+shapes = {k: v.shape for ps in (params8, params34) for k, v in ps.items()}
+gammas = np.concatenate([np.asarray(ps[k]) for ps in (params8, params34) for k in ps if is_beta(k[:-6] + "bias", shapes)
+                         and k.endswith(".weight")])
+betas = np.concatenate([np.asarray(ps[k]) for ps in (params8, params34) for k in ps if is_beta(k, shapes)])
 
 # %% tags=["nbval-check-output"]
-smooth8 = census.smoothness(cifar8, params8, x8, cfg8)
-smooth34 = census.smoothness(resnet34, params34, x34, cfg34)
-for name, s in (("cifar8", smooth8), ("ResNet-34", smooth34)):
-    c = {k: sum(q.counts[k] for q in s.pools) for k in census.CLASSES}
-    print(f"{name}: {'smooth' if s.ok else 'NOT smooth'}; non-twin ties {c['non-twin tie']}, "
-          f"zero pre-activations {s.zeros}; dead windows present: {c['dead'] > 0}")
-assert smooth8.ok and smooth34.ok
+print(f"cifar8: photos {tuple(x8.shape)}; ResNet-34: photos {tuple(x34.shape)}, K = {p.num_classes}; α = {alpha}")
+print(f"weights {p.weights!r}: {gammas.size} BatchNorm channels; γ in [{gammas.min():.2f}, {gammas.max():.2f}], "
+      f"every γ ≠ 1: {bool(np.all(gammas != 1))}; every β ≠ 0: {bool(np.all(betas != 0))}")
+assert np.all(gammas != 1) and np.all(betas != 0) and 0.5 <= gammas.min() and gammas.max() <= 1.5
 
 # %% [markdown]
+# ## Which hypothesis holds where
+#
+# A tie between two gradients means something only where the gradient exists, and the suite
+# states three different smooth-point hypotheses (chapter Pools): the **parameter gradients**'
+# (every ReLU input off 0; every pool window dead, strict or a twin tie), **ResNet-34's input
+# gradient**'s (`h_stem`, and `h_pool`: each stem-pool window's maximum at one position, or the
+# window all zero) and **cifar8's input gradient**'s (`MaxPool2Smooth`: every window's maximum
+# attained once, so a dead window, a tie of zeros, breaks it). We take the census of every point
+# this chapter ties at, first:
+#
+# - **photos** for both nets: real crops, thousands of dead windows. The parameter hypothesis and
+#   `h_pool` allow them; `MaxPool2Smooth` does not.
+# - **randn, β lifted** for cifar8: N(0, 1) pixels (no two receptive fields alike, so no twins),
+#   with the shift β of each pool-feeding BatchNorm raised, channel by channel, just enough that every
+#   window has a live cell (`census.lift_dead_windows`). No window is dead: `MaxPool2Smooth` holds,
+#   and this is where we tie cifar8's input gradient as `cifar8BbnInputGradB_correct` states it.
+# - **flat images, batch 2, 32 px** for ResNet-34: upsampled digits and binary shapes, whose flat
+#   regions make twin ties (`h_pool` fails there), at the size where layer4's BatchNorm normalises
+#   M = N·H·W = 2 values per channel. We come back to it below.
+
+# %%
+points = {("cifar8", "photos"): census.smoothness(cifar8, params8, x8, cfg8),
+          ("cifar8", "randn, β lifted"): census.smoothness(cifar8, lifted8, randn8, cfg8),
+          ("ResNet-34", "photos"): census.smoothness(resnet34, params34, x34, cfg34),
+          ("ResNet-34", "flat, batch 2"): census.smoothness(resnet34, params34, flat34, cfg34)}
+smooth8, lifted_smooth8 = points["cifar8", "photos"], points["cifar8", "randn, β lifted"]
+smooth34, flat_smooth34 = points["ResNet-34", "photos"], points["ResNet-34", "flat, batch 2"]
+
+# %% tags=["nbval-check-output"]
+print(f"{'net':<10} {'point':<16} {'hypothesis':<26} {'verdict':<7} {'violations':>10}  first")
+for (net_name, point), s in points.items():
+    for h in s.hypotheses:
+        first = "" if h.first is None else h.first.kind
+        print(f"{net_name:<10} {point:<16} {h.name:<26} {'holds' if h.holds else 'FAILS':<7} {h.violated:>10}  {first}")
+r34_within = smooth34.hypothesis(census.R34_INPUT).holds
+assert all(s.hypothesis(census.PARAMETERS).holds for s in points.values())
+assert lifted_smooth8.hypothesis(census.C8_INPUT).holds
+assert sum(q.counts["dead"] for q in lifted_smooth8.pools) == 0
+assert not smooth8.hypothesis(census.C8_INPUT).holds and smooth8.hypothesis(census.C8_INPUT).first.kind == "dead window"
+assert smooth8.hypothesis(census.C8_INPUT).violated >= 1000                       # thousands of dead windows
+assert not flat_smooth34.hypothesis(census.R34_INPUT).holds
+assert flat_smooth34.hypothesis(census.R34_INPUT).first.kind == "twin tie"
+
+# %% [markdown]
+# So the parameter hypothesis holds at every point, `MaxPool2Smooth` only at the lifted one, and
+# `h_pool` on photos (at larger crops the stem pool can meet saturated highlights, twin ties, and
+# the table then says so) but not on flat images.
+#
 # ## Every tensor, every float
 #
 # Before tying nodes we count them. The parameter signature is PyTorch's `state_dict` order, and
@@ -99,14 +158,14 @@ assert smooth8.ok and smooth34.ok
 # 3 + 13·6 + 3·9 + 2 = 110 tensors; a bias on each of its 36 convs makes 146.
 
 # %% tags=["nbval-check-output"]
-shapes = {
+abstract = {
     "cifar8 (d = 512)": jax.eval_shape(lambda: cifar8.init(jax.random.key(0), cifar8.Config())),
     "ResNet-34, K = 1000": jax.eval_shape(lambda: resnet34.init(jax.random.key(0), resnet34.Config())),
     "ResNet-34, K = 1000, conv biases": jax.eval_shape(
         lambda: resnet34.init(jax.random.key(0), resnet34.Config(conv_bias=True))),
     "ResNet-34, K = 10": jax.eval_shape(lambda: resnet34.init(jax.random.key(0), resnet34.Config(num_classes=10))),
 }
-counts = {name: stages.census(s) for name, s in shapes.items()}
+counts = {name: net_stages.census(s) for name, s in abstract.items()}
 for name, c in counts.items():
     print(f"{name:<34} {c.tensors:>4} tensors {c.floats:>12,} floats")
 assert (counts["cifar8 (d = 512)"].tensors, counts["cifar8 (d = 512)"].floats) == (38, 374_010)
@@ -119,9 +178,9 @@ assert counts["ResNet-34, K = 10"].floats == 21_289_802
 # ## Eighteen stages
 #
 # ResNet-34 is a list of eighteen named stages: the stem (conv 7×7/s2, BN, ReLU and the 3×3/s2
-# pool), sixteen basic blocks and the head (GAP, fc). The shape check says the composition of
-# exactly these eighteen callables IS the forward: we compose them by hand and compare the logits
-# bit for bit, and list each stage's kind, output shape and parameter count.
+# pool), sixteen basic blocks and the head (GAP, fc). `resnet34ForwardBFull_eq_slots` says the
+# composition of exactly these eighteen callables IS the forward: we compose them by hand and
+# compare the logits bit for bit, and list each stage's kind, output shape and parameter count.
 
 # %% tags=["nbval-check-output"]
 named = resnet34.stages(params34, cfg34)
@@ -131,233 +190,488 @@ for _, stage in named:
 logits34, _ = resnet34.forward(params34, x34, cfg34)
 rows34 = resnet34.summary(params34, cfg34, x34.shape)
 kinds = [r.kind for r in rows34]
-print(stages.format_summary(rows34))
+print(net_stages.format_summary(rows34))
 print(book.glue("r34_stages", f"{len(named)} stages; composition == forward bit for bit: "
                               f"{bool(jnp.array_equal(h, logits34))}"))
 assert len(named) == 18 and [n for n, _ in named] == [r.name for r in rows34]
 assert jnp.array_equal(h, logits34)
 assert (kinds.count("stem"), kinds.count("identity"), kinds.count("downsample"), kinds.count("head")) == (1, 13, 3, 1)
-assert sum(r.params for r in rows34) == stages.census(params34).floats
+assert sum(r.params for r in rows34) == net_stages.census(params34).floats
 
 # %% [markdown]
 # ## The tie in float64
 #
 # `tie` runs the rendered chain (the forward, the head's six kit ops for dy = (p − t̃)/N, then each
 # stage's backward in reverse) and the oracle (`jax.value_and_grad` of the forward's loss), and
-# compares them node by node: the largest entry error relative to the node's largest oracle
-# entry. Both sides round at 1.1e-16 per operation, over chains of a few hundred operations, so
-# the limit 1e-10 leaves five orders of magnitude for error growth and still catches any real
-# bug, which moves a node by O(1).
+# compares them row by row: the loss, every node, the input cotangent, each as its largest entry
+# error relative to the oracle's largest entry.
 #
-# One kind of node needs care: a conv bias behind BatchNorm. BN subtracts the batch mean, so the
-# loss does not depend on the bias at all, and its node, Σ of the BN input cotangent over the
-# channel's M = N·H·W cells, is 0 in ℝ. Both sides return round-off there (a few 1e-15 of the
-# net's largest gradient at M = 4,096, printed below), and a relative error of round-off against
-# round-off means nothing. Those nodes are measured against the net's largest gradient, at the
-# same 1e-10.
+# How close must they be? Not a number fixed in advance: both sides round at 1.1e-16 per operation,
+# but how far that carries depends on the point. So the tie first measures the point's own
+# **round-off envelope**: how far correct evaluations land from the float64 reference, namely the
+# oracle with the batch reversed (a second order of every batch sum) and at inputs and parameters
+# nudged by one unit roundoff (`checks.envelope`). Each row is held to
+# `tolerances.ENVELOPE_FACTOR` = 10 envelopes, floored at SPEC's 1e-10. A well-conditioned point
+# leaves every limit at the floor; a row whose envelope is larger gets a **widened** limit, and the
+# report names it with the BatchNorm reduction M (cells per channel) behind it.
+#
+# A conv bias behind BatchNorm is 0 in ℝ (BN subtracts the batch mean, so the loss does not depend
+# on it): its node is Σ of the BN input cotangent over the channel's M cells, round-off on both
+# sides, and is measured against the net's largest gradient instead of itself.
+
+# %%
+point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=jax.random.fold_in(key, 1))
+point34 = reference_at(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, key=jax.random.fold_in(key, 2))
+tie8 = tie(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
+tie34 = tie(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34)
 
 # %% tags=["nbval-check-output"]
-tie8 = tie(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha)
-tie34 = tie(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha)
 for report in (tie8, tie34):
     zero = sum(r.zero_in_reals for r in report.rows)
-    print(f"{report.net}: {sum(r.ok for r in report.nodes)}/{len(report.nodes)} nodes tied "
-          f"({zero} zero in ℝ), input cotangent {'tied' if report.rows[-1].ok else 'FAILED'}; "
-          f"worst rel err below 1e-12: {report.worst().rel < 1e-12}")
-book.glue("c8_nodes_tied", (sum(r.ok for r in tie8.nodes), len(tie8.nodes)), "{}/{} nodes tied")
-book.glue("r34_nodes_tied", (sum(r.ok for r in tie34.nodes), len(tie34.nodes)), "{}/{} nodes tied")
+    small = report.smallest_bn()
+    print(f"{report.net}: {sum(r.ok for r in report.nodes)}/{len(report.nodes)} nodes tied ({zero} zero in ℝ), "
+          f"loss {'tied' if report.row('loss').ok else 'FAILED'}, input cotangent "
+          f"{'tied' if report.row('input').ok else 'FAILED'}; smallest BatchNorm reduction M = {small[1]} "
+          f"({small[0]}); worst row under half its limit: {report.worst().rel < 0.5 * report.worst().limit}")
+print(book.glue("c8_nodes_tied", (sum(r.ok for r in tie8.nodes), len(tie8.nodes)),
+                "{}/{} nodes tied within 10 × the point's envelope (floor 1e-10)"))
+print(book.glue("r34_nodes_tied", (sum(r.ok for r in tie34.nodes), len(tie34.nodes)),
+                "{}/{} nodes tied within 10 × the point's envelope (floor 1e-10)"))
 assert tie8.ok and tie34.ok
 assert len(tie8.nodes) == 38 and len(tie34.nodes) == 110
-assert abs(tie8.loss - tie8.loss_oracle) <= tolerances.REL_F64 * abs(tie8.loss_oracle)
-assert abs(tie34.loss - tie34.loss_oracle) <= tolerances.REL_F64 * abs(tie34.loss_oracle)
 
 # %% [markdown]
-# The worst rows of each net and the whole cifar8 table (numbers vary in the last digits with the
-# CPU; the verdicts do not):
+# The summary line of each report, with the envelope (how many limits it widened, the widest, the
+# smallest M), and the rows of cifar8 (numbers vary in the last digits with the CPU; the verdicts
+# do not):
 
 # %%
 print(tie8.summary())
 print(tie34.summary())
-print(f"cifar8 conv biases (0 in ℝ): largest error {max(r.err for r in tie8.rows if r.zero_in_reals):.1e}"
-      f" = {max(r.rel for r in tie8.rows if r.zero_in_reals):.1e} × the net's largest gradient")
+print(f"cifar8 conv biases (0 in ℝ): largest error {max(r.rel for r in tie8.rows if r.zero_in_reals):.1e}"
+      f" × the net's largest gradient")
 print(tie8.table())
 
-# %%
-plots.whole_net_tie.tie_nodes([tie8, tie34])
-plt.show()
-
 # %% [markdown]
-# **Why 64 px for ResNet-34.** At 32 px the maps reaching `layer4` are 1×1, so with two examples
-# each of its BN layers normalises M = 2 numbers per channel: x̂ = ±d/√(d² + ε) whatever the input,
-# and the BN backward scales its cotangent by ε/(d² + ε). Everything upstream of `layer4` is then
-# a quantity that cancels down to about 1e-5 of its terms, and the float64 tie there reaches only
-# ~1e-8 (see `tests/checks/test_tie.py`). At 64 px `layer4` normalises M = 8 cells and the tie is
-# at round-off again. Batch statistics need enough cells to be statistics.
-#
 # ## The input gradient
 #
-# The input cotangent is the last thing the chain computes (`r34InputGradB` for ResNet-34): the
-# stem's strided conv input backward after the pool scatter, ReLU mask and BN backward. It is the
-# last row of each report, tied like the parameter nodes. At a twin tie it would not exist (moving
-# the image breaks twins); this batch has none.
+# The input cotangent is the last row the chain computes: for ResNet-34 `r34InputGradB`, the stem's
+# strided conv input backward after the pool scatter, ReLU mask and BN backward. We tie it at three
+# points, each labelled with the hypothesis it sits under:
+#
+# - **ResNet-34 on photos**, where `h_stem` and `h_pool` hold (table above): `r34InputGradB_correct`.
+# - **cifar8 at randn with β lifted**, where `MaxPool2Smooth` holds: `cifar8BbnInputGradB_correct`,
+#   as the suite states it. Every node ties there too.
+# - **cifar8 on photos** (beyond the suite): dead windows are ties of zeros, so `MaxPool2Smooth`
+#   fails; the rendered chain still matches autodiff, because the ReLU mask kills the cotangent
+#   wherever a dead window routes it. True, and not a statement of the suite.
+
+# %%
+point_lifted = reference_at(cifar8, lifted8, randn8, t8, cfg8, label_smoothing=alpha, key=jax.random.fold_in(key, 3))
+tie_lifted = tie(cifar8, lifted8, randn8, t8, cfg8, label_smoothing=alpha, point=point_lifted)
 
 # %% tags=["nbval-check-output"]
-book.glue("c8_input_tied", (tie8.rows[-1].shape, "tied" if tie8.rows[-1].ok else "FAILED"),
-          "input cotangent {} {} at 1e-10")
-book.glue("r34_input_tied", (tie34.rows[-1].shape, "tied" if tie34.rows[-1].ok else "FAILED"),
-          "input cotangent {} {} at 1e-10")
-for report, s in ((tie8, smooth8), (tie34, smooth34)):
-    inp = report.rows[-1]
-    twins = sum(q.counts["twin tie"] for q in s.pools)
-    print(f"{report.net}: input cotangent {inp.shape} {'tied' if inp.ok else 'FAILED'} at 1e-10; "
-          f"twin ties in the batch: {twins}")
-    assert inp.name == "input" and inp.ok and twins == 0
+inputs = {"ResNet-34, photos": (tie34, smooth34, census.R34_INPUT),
+          "cifar8, randn, β lifted": (tie_lifted, lifted_smooth8, census.C8_INPUT),
+          "cifar8, photos": (tie8, smooth8, census.C8_INPUT)}
+for label, (report, s, hyp) in inputs.items():
+    h = s.hypothesis(hyp)
+    print(f"{label:<24} input {report.row('input').shape}: {'tied' if report.row('input').ok else 'FAILED'}; "
+          f"{h.lean.split(' ')[0]}'s hypothesis {'holds' if h.holds else 'FAILS'}"
+          f"{'' if h.holds else ' (beyond the suite)'}; nodes tied {sum(r.ok for r in report.nodes)}/{len(report.nodes)}")
+assert all(report.row("input").ok and report.ok for report, _, _ in inputs.values())
+assert r34_within or tie34.meta["input_model"] == "frozen"    # h_pool fails only at twin ties: tied frozen at σ
+print(book.glue("r34_input_tied", (tie34.row("input").shape, "tied" if tie34.row("input").ok else "FAILED",
+                                   "hold" if r34_within else "FAIL"),
+                "input cotangent {} {} on photos; h_stem, h_pool {}"))
+print(book.glue("c8_input_smooth", (tie_lifted.row("input").shape,
+                                    "tied" if tie_lifted.row("input").ok else "FAILED"),
+                "input cotangent {} {} where MaxPool2Smooth holds (randn, β lifted)"))
+print(book.glue("c8_input_tied", (tie8.row("input").shape, "tied" if tie8.row("input").ok else "FAILED",
+                                  smooth8.hypothesis(census.C8_INPUT).violated),
+                "input cotangent {} {} on photos, outside MaxPool2Smooth ({} windows break it)"))
+
+# %% [markdown]
+# ## The M = 2 point: limits widen, float32 cannot tell
+#
+# At 32 px the maps reaching `layer4` are 1×1, so with two examples each of its BatchNorm layers
+# normalises M = 2 numbers per channel: x̂ = ±d/√(d² + ε) whatever the input, and the BN backward
+# scales its cotangent by ε/(d² + ε). Everything upstream of `layer4` is a near-total cancellation,
+# so correct float64 evaluations of the gradient (the batch reversed, one-ulp nudges) already part
+# by 1e-9 and more, ten times SPEC's 1e-10: a fixed limit would fail a correct chain. The point is
+# legal (the parameter hypothesis holds); it is ill-conditioned. We take it on flat images, whose
+# twin ties also exercise the frozen input model (`h_pool` fails, so the input row is tied to the
+# model with its pools frozen at σ = argmax, beyond the suite).
+#
+# We expect the float64 tie to pass with its limits widened, most of them by orders of magnitude,
+# and the float32 view to be unable to judge anything: round-off alone moves every node by more
+# than `tolerances.ILL_CONDITIONED_REL` = 1 % of itself, so a bug that size could not be told apart.
+# `gradtie check --dtype float32` exits 2 there, naming the layer, rather than pass.
+
+# %%
+flat_tie = tie(resnet34, params34, flat34, t_flat, cfg34, label_smoothing=alpha, key=jax.random.fold_in(key, 4))
+flat_f32 = float32_view(resnet34, params34, flat34, t_flat, cfg34, label_smoothing=alpha, key=jax.random.fold_in(key, 5))
+
+# %% tags=["nbval-check-output"]
+small = flat_tie.smallest_bn()
+widened = flat_tie.widened()
+print(f"float64: {sum(r.ok for r in flat_tie.nodes)}/{len(flat_tie.nodes)} nodes tied, input "
+      f"{'tied' if flat_tie.row('input').ok else 'FAILED'} (model: {flat_tie.meta['input_model']}); smallest "
+      f"BatchNorm reduction M = {small[1]} ({small[0]})")
+print(f"  limits widened past the 1e-10 floor: more than half the rows: {len(widened) > len(flat_tie.rows) // 2}; "
+      f"widest at least 1e-8: {max(r.limit for r in widened) >= 1e-8}")
+print(f"float32: rows too ill-conditioned to judge: every parameter node: "
+      f"{all(r.ill_conditioned for r in flat_f32.nodes)}; nodes it can judge: "
+      f"{sum(not r.ill_conditioned for r in flat_f32.nodes)}")
+print(book.glue("r34_m2", (small[1], sum(r.ok for r in flat_tie.nodes), len(flat_tie.nodes),
+                           sum(r.ill_conditioned for r in flat_f32.nodes)),
+                "M = {}: float64 {}/{} nodes tied with limits widened by the point's envelope; "
+                "float32: {} nodes too ill-conditioned to judge"))
+assert flat_tie.ok and small == ("layer4.0.bn1", 2) and flat_tie.meta["input_model"] == "frozen"
+assert len(widened) > len(flat_tie.rows) // 2 and max(r.limit for r in widened) >= 1e-8
+assert all(r.ill_conditioned for r in flat_f32.nodes)
+
+# %%
+print(flat_tie.summary())
+print(flat_f32.summary())
+print(f"float32: the tightest node limit is {min(r.limit for r in flat_f32.nodes):.1e} of its scale "
+      f"(ill-conditioned from {tolerances.ILL_CONDITIONED_REL:.0e})")
+
+# %%
+plots.whole_net_tie.tie_nodes([tie8, tie34, flat_tie],
+                              ["cifar8, photos", "ResNet-34, photos", "ResNet-34, flat, batch 2 (M = 2)"])
+plt.show()
 
 # %% [markdown]
 # ## Each node is the derivative of the whole loss
 #
-# The oracle above is autodiff, itself a chain of rules. Finite differences ask the loss directly:
-# along a random unit direction v in one node, (L(θ + h·v) − L(θ − h·v))/2h → ⟨∇L, v⟩ at O(h²).
-# Real batches put kinks close: some pool windows here are within 1e-6 of a tie, and a difference
-# taken across a kink measures the average of two slopes. So each step h starts at 1e-4 and
-# shrinks (÷4) until both ends θ ± h·v lie in the smooth piece of θ: every ReLU input keeps its
-# sign and every pool window its choice. The limit is 1e-5 relative. cifar8: every node;
-# ResNet-34: `fd_nodes` nodes spread over the backward order (all 110 at `fd_nodes = 0`).
+# The oracle above is autodiff, itself a chain of rules. Finite differences ask the loss directly
+# (`cifar8Bbn_net_lossGrad` is a `HasGradAt` statement): along a random unit direction v in one
+# node, (L(θ + h·v) − L(θ − h·v))/2h → ⟨∇L, v⟩ at O(h²). Each step h starts at 1e-4 and shrinks
+# (÷4) until both ends θ ± h·v lie in the smooth piece of θ: every ReLU input keeps its sign and
+# every pool window its choice. Each row is held to 10 × its own envelope (the truncation seen
+# between h and h/2, plus the loss's round-off over h), floored at `tolerances.FD_REL`; a row whose
+# limit reaches 1 % of itself is "no evidence", never a pass. cifar8: every node; ResNet-34:
+# `fd_nodes` nodes spread over the backward order (all 110 at `fd_nodes = 0`).
 
 # %% tags=["nbval-check-output"]
-_, grads8, _ = rendered_nodes(cifar8, params8, x8, t8, cfg8, alpha)
-_, grads34, _ = rendered_nodes(resnet34, params34, x34, t34, cfg34, alpha)
 order34 = list(reversed(list(params34)))
 picked = order34 if p.fd_nodes == 0 else [order34[i] for i in np.linspace(0, 109, min(p.fd_nodes, 110)).astype(int)]
-fd8 = derivatives(cifar8, params8, x8, t8, cfg8, grads8, key=jax.random.fold_in(key, 3), label_smoothing=alpha)
-fd34 = derivatives(resnet34, params34, x34, t34, cfg34, grads34, key=jax.random.fold_in(key, 4),
-                   names=picked, label_smoothing=alpha)
+_, grads8, _ = rendered_nodes(cifar8, params8, x8, t8, cfg8, alpha)
+_, grads34, _ = rendered_nodes(resnet34, params34, x34, t34, cfg34, alpha)
+fd8 = derivatives(cifar8, params8, x8, t8, cfg8, grads8, key=jax.random.fold_in(key, 6), label_smoothing=alpha,
+                  loss_roundoff=point8.envelope.loss)
+fd34 = derivatives(resnet34, params34, x34, t34, cfg34, grads34, key=jax.random.fold_in(key, 7), names=picked,
+                   label_smoothing=alpha, loss_roundoff=point34.envelope.loss)
 for name, rows in (("cifar8", fd8), ("ResNet-34", fd34)):
-    print(f"{name}: {sum(r.ok for r in rows)}/{len(rows)} nodes match central differences "
-          f"to {tolerances.FD_REL:.0e}")
+    print(f"{name}: {len(rows)} nodes; failed {sum(not r.ok for r in rows)}; judged ok (not 'no evidence'): "
+          f"at least half: {sum(r.verdict == 'ok' for r in rows) >= len(rows) / 2}")
 assert all(r.ok for r in fd8 + fd34) and len(fd8) == 38
+assert sum(r.verdict == "ok" for r in fd8) >= len(fd8) / 2
 
 # %%
 for r in fd34:
-    print(f"{r.name:<30} fd {r.fd:+.6e}  rendered {r.rendered:+.6e}  rel {r.rel:.1e}")
+    print(f"{r.name:<30} h {r.h:.1e}  fd {r.fd:+.6e}  rendered {r.rendered:+.6e}  rel {r.rel:.1e} ≤ {r.limit:.1e}  {r.verdict}")
 
 # %% [markdown]
 # ## The float32 view
 #
-# The nets train in float32, where no node ties to 1e-10. How close should a float32 node be? We
-# let the float64 gradient say. Nudge the input by a relative 1e-7, float32's resolution,
-# x·(1 + 1e-7·u) with u ~ N(0, 1) per pixel, and record how far each float64 node moves; the
-# largest move over three draws is that node's **envelope**. A float32 chain rounds every
-# intermediate at about that relative size, so its node should sit within a few envelopes of the
-# float64 node: we require 10, with a floor of 1e-5 of the node's scale (of the net's largest
-# gradient for nodes that are 0 in ℝ, which have no envelope of their own). A well-conditioned
-# node gets a tight envelope; a node near a kink, where a nudge can flip a pool's choice, a wide
-# one. Both sides run at the same float32-rounded point.
-#
-# The control: `drop_batch_divisor` in float32, against the same float64 reference.
+# The nets train in float32, where no node ties to 1e-10 (beyond the suite, whose ties are over ℝ).
+# How close should a float32 node be? We let correct float32 evaluations say: the float32 autodiff
+# oracle at the point, with the batch reversed and at one-ulp nudges of its inputs and parameters,
+# lands some distance from the float64 reference, and the rendered float32 node must lie within 10
+# of those envelopes, floored at `tolerances.F32_FLOOR` = 1e-5 of its scale. Both sides read the
+# float32-rounded point. The control: `drop_batch_divisor` (the head cotangent without its ÷N) in
+# float32, against the same reference. At the M = 2 point above the same view had nothing it could
+# judge.
+
+# %%
+f32_8 = float32_view(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=jax.random.fold_in(key, 8))
+f32_ctl = float32_view(controls.drop_batch_divisor(cifar8), params8, x8, t8, cfg8, label_smoothing=alpha,
+                       key=jax.random.fold_in(key, 8))
 
 # %% tags=["nbval-check-output"]
-f32_8 = float32_view(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=jax.random.fold_in(key, 5))
-f32_34 = float32_view(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, key=jax.random.fold_in(key, 6))
-f32_ctl = float32_view(controls.drop_batch_divisor(cifar8), params8, x8, t8, cfg8, label_smoothing=alpha,
-                       key=jax.random.fold_in(key, 5))
-for v in (f32_8, f32_34, f32_ctl):
-    print(f"{v.net}: {'within' if v.ok else 'OUTSIDE'} the view; "
-          f"{len(v.rows) - len(v.failed)}/{len(v.rows)} rows within 10 envelopes or the floor")
-book.glue("f32_view", (len(f32_8.rows) - len(f32_8.failed), len(f32_8.rows), len(f32_34.rows) - len(f32_34.failed),
-                       len(f32_34.rows), "within" if f32_ctl.ok else "OUTSIDE"),
-          "rows within 10 envelopes or the floor: cifar8 {}/{}, ResNet-34 {}/{}; control drop_batch_divisor {} the view")
-assert f32_8.ok and f32_34.ok
+for v in (f32_8, f32_ctl):
+    print(f"{v.net}: {'within' if v.ok else 'OUTSIDE'} the view; {len(v.rows) - len(v.failed)}/{len(v.rows)} rows "
+          f"within 10 envelopes or the floor; ill-conditioned rows: {len(v.ill_conditioned)}")
+print(book.glue("f32_view", (len(f32_8.rows) - len(f32_8.failed), len(f32_8.rows),
+                             sum(r.ill_conditioned for r in flat_f32.nodes), len(flat_f32.nodes),
+                             "within" if f32_ctl.ok else "OUTSIDE"),
+                "cifar8: {}/{} rows within 10 float32 envelopes or the floor; ResNet-34 at M = 2: {}/{} nodes "
+                "too ill-conditioned to judge; control drop_batch_divisor {} the view"))
+assert f32_8.ok and not f32_8.ill_conditioned
 assert not f32_ctl.ok and len(f32_ctl.failed) > len(f32_ctl.rows) // 2
 
 # %%
-for v in (f32_8, f32_34, f32_ctl):
-    print(v.summary())
+print(f32_8.summary())
+print(f32_ctl.summary())
 
 # %%
-plots.whole_net_tie.float32_envelopes([f32_8, f32_34, f32_ctl])
+plots.whole_net_tie.float32_envelopes([f32_8, f32_ctl], ["cifar8, photos", "cifar8 + drop_batch_divisor"])
 plt.show()
 
 # %% [markdown]
-# ## Must-fail controls
+# ## Stage by stage
 #
-# A check is worth the bugs it is seen to catch. `gradtie.checks.controls` plants one bug each in
-# the rendered side, never in a kernel (the forward stays the real one, so the oracle is
-# untouched):
+# The suite does not tie endpoints only. `r34InputGradB_correct` is eighteen stage ties peeled one
+# by one: the stem (its conv→BN→ReLU, `cbReluStridedBBack_eq_vjp_backward`, then the 3×3/s2 pool),
+# sixteen blocks kept opaque, each entering through its VJP, and the head
+# (`r34HeadBBack_eq_vjp_backward`). A block's input cotangent is its certified VJP's backward:
+# `r34IdCotIn_eq_vjp` for the thirteen identity blocks, `r34DownCotIn_eq_vjp` for the three
+# downsample blocks. cifar8's `cifar8BbnInputGradB_correct` is seventeen CertLayers: eight
+# conv→BN→ReLU layers, four 2×2 pools (`maxPool2Layer`), dense, ReLU, dense, ReLU, dense.
 #
-# - `swap_gamma_beta`: every BN layer hands back dγ as dβ and dβ as dγ (same shape, nothing
-#   complains);
-# - `drop_batch_divisor`: the head cotangent skips `divConstB`, the ÷N;
-# - `smoothing_wrong_k`: `shiftB` subtracts α/(K − 1) instead of α/K;
-# - `pool2x2_backward_on_3x3`: ResNet-34's 3×3/s2 stem pool routed by the 2×2/s2 pool backward
-#   (same shapes on even maps, other windows, no accumulation);
-# - `same_padding_strided`: the strided convs' input backward and weight gradient padded as XLA's
-#   `'SAME'` (0 before, 1 after for 3×3/s2; 2 and 3 for the 7×7/s2 stem) instead of PyTorch's
-#   symmetric padding;
-# - a non-twin tie point: the convs before the first pool reduced to their centre tap, on flat
-#   images. Cells sharing a pixel tie without being twins; the census must refuse the point.
+# `stages.stage_ties` runs the rendered chain once, records the cotangent it hands every stage,
+# and ties each stage's rendered backward (its nodes and the cotangent it hands on) to `jax.vjp` of
+# that stage ALONE at that cotangent, each row within 10 × the stage's own envelope. The loss
+# cotangent (the head's six kit ops) is tied to autodiff of the loss in the logits first.
 #
-# For each we report the first node that breaks in backward order (head first) and the first
-# BN β row: dβ = Σ dy has no weight in the way, so it traces where the cotangent itself goes
-# wrong, and a wiring bug shows there as whole channels wrong.
+# ### ResNet-34's eighteen stages
+
+# %%
+st34 = stages.stage_ties(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, key=jax.random.fold_in(key, 9))
 
 # %% tags=["nbval-check-output"]
-ctl8 = controls.run(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha,
-                    controls=[controls.swap_gamma_beta(cifar8), controls.drop_batch_divisor(cifar8),
-                              controls.smoothing_wrong_k(cifar8)])
-ctl34 = controls.run(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha,
-                     controls=[controls.pool2x2_backward_on_3x3(resnet34),
-                               controls.same_padding_strided(resnet34)])
-nontwin = controls.non_twin_tie(cifar8, params8, flat8, t8, cfg8, label_smoothing=alpha)
-results = ctl8.results + ctl34.results + [nontwin]
-print(controls.format_table(results))
-print(f"real chains at the same points: cifar8 {'tied' if ctl8.real.ok else 'FAILED'}, "
-      f"ResNet-34 {'tied' if ctl34.real.ok else 'FAILED'}")
-print(f"non-twin point: {nontwin.smooth.summary().split(';')[0]}")
-assert ctl8.ok and ctl34.ok and nontwin.red
-first = {r.name: r.first.name for r in results}
-assert first == {"swap_gamma_beta": "bn8.bias", "drop_batch_divisor": "fc3.bias",
-                 "smoothing_wrong_k": "fc3.bias", "pool2x2_backward_on_3x3": "bn1.bias",
-                 "same_padding_strided": "layer4.0.conv1.weight", "non_twin_tie": "conv2.weight"}
-failed = {r.name: {row.name for row in r.report.failed} for r in results}
-gamma_beta = {n for n in params8 if n.startswith("bn")}
-assert failed["swap_gamma_beta"] == gamma_beta                 # beside the chain: nothing else moves
-assert failed["pool2x2_backward_on_3x3"] == {"bn1.bias", "bn1.weight", "conv1.weight", "input"}
-assert ctl34["same_padding_strided"].first_beta.name == "layer3.5.bn2.bias"
-assert {n for n in failed["same_padding_strided"] if n.startswith("layer4")} == {"layer4.0.conv1.weight"}
-assert failed["non_twin_tie"] == {"conv2.weight", "conv1.weight", "input"}
-assert nontwin.first_beta is None                              # no β row can see it (below)
+for kind in ("stem", "identity", "downsample", "head"):
+    ties_ = st34.kind(kind)
+    ins = st34.inputs(kind)
+    print(f"{kind:<10} {len(ties_):>2} stages: {sum(t.ok for t in ties_)}/{len(ties_)} tied to their VJP alone; "
+          f"input cotangents {sum(r.ok for r in ins)}/{len(ins)}; nodes {sum(len(t.nodes) for t in ties_)} "
+          f"({st34.kind(kind)[0].meta['lean']})")
+print(f"loss cotangent (the six-op head fold) {'tied' if st34.cotangent.ok else 'FAILED'}; first parting: "
+      f"{st34.first_parting()}")
+print(book.glue("r34_stage_ties", (sum(t.ok for t in st34.ties), len(st34.ties),
+                                   sum(r.ok for r in st34.inputs("identity")), len(st34.inputs("identity")),
+                                   sum(r.ok for r in st34.inputs("downsample")), len(st34.inputs("downsample"))),
+                "{}/{} stages tied to their VJP alone; block input cotangents: identity {}/{}, downsample {}/{}"))
+assert st34.ok and len(st34.ties) == 18 and st34.first_parting() is None
+assert (len(st34.inputs("identity")), len(st34.inputs("downsample"))) == (13, 3)
+assert sum(len(t.nodes) for t in st34.ties) == 110
+assert st34["stem"].ok and st34["head"].ok
 
 # %% [markdown]
-# Reading the table from the head down:
-#
-# - the two head-cotangent bugs break the very first node, `fc3.bias` = Σ_n dy, and every node
-#   behind it: all of dy is wrong;
-# - `swap_gamma_beta` breaks exactly the γ and β rows and nothing else: the swap sits beside the
-#   chain, not in it, so the cotangent flowing on is still right;
-# - the pool control breaks nothing until the stem, then `bn1.bias` (whole channels of it) and
-#   everything behind: the stem's conv weight and the input cotangent;
-# - `'SAME'` padding first breaks `layer4.0.conv1.weight`, the weight gradient of the last strided
-#   3×3 conv; its input backward then hands a wrong cotangent to `layer3`, whose last β row is the
-#   first to show it. The 1×1/s2 projections read the same cells under both paddings and tie;
-# - at the non-twin point the census refuses the point, and the tie fails, but only at
-#   `conv2.weight`, `conv1.weight` and the input: a tie between cells holding one pixel sends the
-#   cotangent to one cell or (autodiff's max) splits it evenly, and the two cells have the same x̂
-#   in every layer that reads them through centre taps, so no β or γ row, and no bias, can tell.
-#   Only the weights of the off-centre taps, zero but not absent, see the cells' neighbourhoods
-#   differ. That is the non-twin tie: equal now, not equal for every weight.
+# Per stage, in backward order: the largest cotangent it was handed, its input row's error and
+# limit, and its worst row over its limit.
 
 # %%
-plots.whole_net_tie.control_nodes(results, {"cifar8": ctl8.real, "resnet34": ctl34.real})
+print(st34.table())
+
+# %% [markdown]
+# ### The head needs no hypothesis
+#
+# GAP and dense are smooth, and each is a per-example map batched: `r34HeadBHasVJP` is **global**,
+# the one place in the net where the certified backward comes with nothing attached. So the head
+# must tie wherever it is asked, not only at points the body reaches: we tie it at a random GAP
+# input (negative entries, which no ReLU output holds) and at an all-zero one (where every ReLU
+# of the body sits at its kink), each with a random cotangent at the logits. The control is a GAP
+# backward that forgets its 1/(H·W): at 32 px the net's own GAP sees 1×1 maps, where that bug is
+# invisible, so we ask at 2×2 maps.
+
+# %%
+h_any = jax.random.normal(jax.random.fold_in(key, 10), (3, resnet34.WIDTHS[-1], 2, 2), jnp.float64)
+dy_any = stages.random_cotangent(jax.random.fold_in(key, 11), (3, p.num_classes))
+head_any = stages.tie_at(resnet34, params34, "head", h_any, dy_any, cfg34)
+head_zero = stages.tie_at(resnet34, params34, "head", jnp.zeros_like(h_any), dy_any, cfg34)
+head_stage = resnet34.stage_list(cfg34)[-1]                   # the net's own head: forward, rendered backward
+_, head_saved = head_stage.forward(params34, h_any, cfg34)
+head_grads, head_dx = head_stage.backward(params34, head_saved, dy_any, cfg34)
+head_bug = stages.tie_at(resnet34, params34, "head", h_any, dy_any, cfg34,
+                         rendered=(head_grads, head_dx * (h_any.shape[2] * h_any.shape[3])))
+
+# %% tags=["nbval-check-output"]
+for label, rep in (("random GAP input", head_any), ("all-zero GAP input", head_zero),
+                   ("control: GAP backward without 1/(H·W)", head_bug)):
+    print(f"{label:<38} {'tied' if rep.ok else 'FAILED'}: rows {', '.join(r.name for r in rep.rows)}; "
+          f"failing {[r.name for r in rep.failed]}")
+print(book.glue("head_global", (head_any.ok and head_zero.ok, [r.name for r in head_bug.failed]),
+                "head tied at arbitrary GAP inputs and cotangents: {}; control (no 1/(H·W)) fails at {}"))
+assert head_any.ok and head_zero.ok
+assert [r.name for r in head_bug.failed] == ["input"]     # the weights never see the GAP backward
+
+# %% [markdown]
+# ### cifar8's seventeen layers
+#
+# The same at cifar8's CertLayers, at the point where `MaxPool2Smooth` holds (randn, β lifted):
+# every layer, the four pools included, is tied alone at the cotangent the chain hands it, and
+# the layers composed are checked to be each stage (its nodes and the cotangent it hands on).
+#
+# Then **beyond the suite**, at photos: a pool alone has no derivative at a dead window (autodiff's
+# max splits the tie, the render routes it to one cell), so the four pool layers part from their
+# VJPs there, while every stage, whose ReLU kills those cells, still ties. That is exactly why
+# `MaxPool2Smooth` is the hypothesis of the layer-by-layer statement, and why the parameter
+# statement can allow dead windows.
+
+# %%
+layers8 = stages.stage_ties(cifar8, lifted8, randn8, t8, cfg8, label_smoothing=alpha, level="layers",
+                            key=jax.random.fold_in(key, 12))
+layers8_photos = stages.stage_ties(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, level="layers",
+                                   key=jax.random.fold_in(key, 12))
+st8 = stages.stage_ties(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=jax.random.fold_in(key, 12))
+
+# %% tags=["nbval-check-output"]
+print(layers8.summary().split("; worst")[0])
+print(f"  the layers compose to each stage: {all(r.ok for r in layers8.composition)} "
+      f"({len(layers8.composition)} rows: 38 nodes and 5 handed-on cotangents)")
+print(f"photos (beyond the suite): layers parting from their VJP alone: {sorted(t.net for t in layers8_photos.failed)}; "
+      f"stages tied: {sum(t.ok for t in st8.ties)}/{len(st8.ties)}")
+print(book.glue("c8_layer_ties", (sum(t.ok for t in layers8.ties), len(layers8.ties),
+                                  len(layers8_photos.failed)),
+                "{}/{} CertLayers tied to their VJP alone where MaxPool2Smooth holds; on photos {} pools part"))
+assert layers8.ok and len(layers8.ties) == 17 and len(layers8.composition) == 38 + 5
+assert {t.net for t in layers8_photos.failed} == {"pool1", "pool2", "pool3", "pool4"}
+assert st8.ok and len(st8.ties) == 5
+
+# %% [markdown]
+# ## A planted bug: red, and where it parts
+#
+# A check is worth the bugs it is seen to catch. We plant one bug from the catalogue (`checks.bugs`;
+# the chapter "Would the check catch it?" runs them all) in each net's rendered backward, never in
+# the forward or the oracle, and run the same verdicts at the same points:
+#
+# - cifar8, `bn_forget_gamma`: the BatchNorm input backward drops γ (`t = dy` instead of γ·dy).
+#   At the initial weights, γ = 1, this bug is bit for bit the right chain; at drawn weights it
+#   must go red.
+# - ResNet-34, `projection_bn_reads_dn2`: the downsample blocks' projection BatchNorm reads bn₂'s
+#   output cotangent instead of `da`, the wiring `r34DownCotIn_eq_vjp` pins down.
+#
+# The whole-net tie fails from the first node the bug reaches, and every node behind it. The
+# per-stage ties say more: a stage handed a wrong cotangent is still a correct VJP of what it was
+# handed, so only the stages holding the bug part from their VJPs (every conv stage of cifar8, whose
+# BatchNorms all forget γ; ResNet-34's three downsample blocks), and every other stage ties.
+# `first_parting` names the first of them in backward order: where to start looking.
+
+# %%
+bug8, bug34 = bugs.plant("bn_forget_gamma", cifar8), bugs.plant("projection_bn_reads_dn2", resnet34)
+chain8 = stages.chain(bug8, params8, x8, cfg8, targets=t8, label_smoothing=alpha)      # the planted chain, run once
+chain34 = stages.chain(bug34, params34, x34, cfg34, targets=t34, label_smoothing=alpha)
+red8, red34 = stages.whole_tie(chain8, point=point8), stages.whole_tie(chain34, point=point34)
+part8 = stages.stage_ties(bug8, params8, x8, t8, cfg8, label_smoothing=alpha, key=jax.random.fold_in(key, 12),
+                          chain_=chain8)
+part34 = stages.stage_ties(bug34, params34, x34, t34, cfg34, label_smoothing=alpha, key=jax.random.fold_in(key, 9),
+                           chain_=chain34)
+
+# %% tags=["nbval-check-output"]
+for real, red, part in ((tie8, red8, part8), (tie34, red34, part34)):
+    parting = part.first_parting()
+    first = red.first_failure()
+    print(f"{red.net}: whole-net tie {'tied' if red.ok else 'FAILED'} (the real chain at the same point: "
+          f"{'tied' if real.ok else 'FAILED'}); first failing node in backward order: "
+          f"{None if first is None else first.name}")
+    print(f"  per stage: {sum(t.ok for t in part.ties)}/{len(part.ties)} stages tie; first parting: "
+          f"{None if parting is None else (parting.stage, parting.kind, parting.row.name)}")
+print(book.glue("bug_parting", (part8.first_parting().stage, part34.first_parting().stage,
+                                part34.first_parting().kind),
+                "planted bugs red; first parting: bn_forget_gamma at cifar8's {}, projection_bn_reads_dn2 at "
+                "ResNet-34's {} ({})"))
+assert not red8.ok and not red34.ok and tie8.ok and tie34.ok
+assert part8.first_parting().stage == "stage4" and {t.net for t in part8.failed} == {"stage1", "stage2", "stage3", "stage4"}
+assert (part34.first_parting().stage, part34.first_parting().kind) == ("layer4.0", "downsample")
+assert {t.net for t in part34.failed} == {"layer4.0", "layer3.0", "layer2.0"}
+
+# %%
+plots.whole_net_tie.stage_ratios({"ResNet-34, photos: eighteen stages": (st34, part34),
+                                  "cifar8, randn with β lifted: seventeen layers": (layers8, None),
+                                  "cifar8, photos: five stages": (st8, part8)})
 plt.show()
+
+# %% [markdown]
+# ## Every batch size N
+#
+# "At every batch size N" is a quantifier over N, and a tie at one N shows one instance. We tie
+# both nets on photos over a range of N, taking the census at each N first, and state the smallest
+# N from which every N of the sweep keeps each hypothesis and ties (`Sweep.smallest`). With
+# `every_n = True` (the cpu and gpu profiles) both nets run every N from 1 to 8; the ci defaults
+# keep the compile count down (each new N is a new shape to compile) and run N = 1, 2, 4.
+#
+# What to expect: the parameter hypothesis only asks that no ReLU input be exactly 0 and no tie be a
+# non-twin one, which a photo batch meets at every N, even N = 1. Small N is ill-conditioned,
+# not illegal: at N = 1 and 32 px, ResNet-34's layer4 BatchNorm sees M = 1 value per channel,
+# whose x̂ is exactly 0, so everything upstream of it has gradient 0 in ℝ and the tie holds
+# between two round-off-sized answers measured against the net's scale; at N = 2, M = 2 (the point
+# above). `MaxPool2Smooth` fails on photos at every N (dead windows), so for cifar8's input
+# gradient no N of the sweep is smooth: its tie inside the hypothesis is the lifted point above.
+
+# %% tags=["remove-stderr"]
+ns = list(range(1, 9)) if p.every_n else [1, 2, 4]
+sw8 = stages.sweep(cifar8, params8, cfg8, lambda n: check.make_batch("photos", n, 32, p.seed), ns,
+                   label_smoothing=alpha, key=jax.random.fold_in(key, 13), progress=True)
+sw34 = stages.sweep(resnet34, params34, cfg34, lambda n: check.make_batch("photos", n, p.image_size, p.seed), ns,
+                    label_smoothing=alpha, key=jax.random.fold_in(key, 14), progress=True)
+
+# %% tags=["nbval-check-output"]
+for sw, hyps in ((sw8, (census.PARAMETERS, census.C8_INPUT)), (sw34, (census.PARAMETERS, census.R34_INPUT))):
+    print(f"{sw.net}:")
+    for r in sw.rows:
+        verdicts = ", ".join(f"{r.smooth.hypothesis(k).name} {'holds' if r.holds(k) else 'FAILS'}" for k in hyps)
+        tied = "-" if r.tie is None else f"{sum(x.ok for x in r.tie.nodes)}/{len(r.tie.nodes)} tied"
+        small_m = r.tie.smallest_bn()[1] if r.tie is not None else "-"
+        print(f"  N = {r.n}: {verdicts}; {tied}; smallest M = {small_m}")
+    for k in hyps:
+        print(f"  smallest N keeping {sw.rows[0].smooth.hypothesis(k).name}: {sw.smallest(k)}"
+              f"{'' if sw.below(k) is None else '; at ' + sw.below(k).split(';')[0]}")
+print(book.glue("n_sweep", (", ".join(map(str, ns)), sw8.smallest(census.PARAMETERS), sw34.smallest(census.PARAMETERS),
+                            sw34.smallest(census.R34_INPUT)),
+                "both nets tied at N = {}; smallest N keeping the parameter hypothesis: cifar8 {}, ResNet-34 {}; "
+                "keeping h_stem and h_pool: ResNet-34 {}"))
+assert sw8.ok and sw34.ok and [r.n for r in sw8.rows] == [r.n for r in sw34.rows] == ns
+assert all(r.tie is not None and r.tie.ok for sw in (sw8, sw34) for r in sw.rows)
+assert sw8.smallest(census.PARAMETERS) == sw34.smallest(census.PARAMETERS) == 1
+assert sw8.smallest(census.C8_INPUT) is None
+
+# %% [markdown]
+# The worst error over its limit at each N (these numbers move with the machine's round-off; the
+# verdicts do not):
+
+# %%
+print(sw8.table())
+print(sw34.table())
+
+# %%
+plots.whole_net_tie.sweep_ratios([sw8, sw34])
+plt.show()
+
+# %% [markdown]
+# ## Every loss cotangent
+#
+# `r34InputGradB_correct` and `cifar8BbnInputGradB_correct` hold "at every loss cotangent": the
+# chain is the Jacobian-transpose of the forward, whatever cotangent arrives at the logits, not
+# only the smoothed cross-entropy's (p − t̃)/N, whose rows sum to 0 and are small. We start both
+# chains from three cotangents no loss of ours hands them (`stages.random_cotangent`): N(0, 1)
+# entries (rows not summing to 0), one spike of 1e3 per row, and N(0, 1) × 1e6. Each is tied to
+# `jax.vjp` of the whole forward at it, every node and the input, within 10 × the point's envelope.
+# The control runs the planted ResNet-34 chain from the first of them.
+
+# %%
+kinds_ = ("normal", "spike", "scaled")
+cot = {}
+for net_name, mod, params, x, cfg in (("cifar8", cifar8, params8, x8, cfg8), ("ResNet-34", resnet34, params34, x34, cfg34)):
+    for i, kind in enumerate(kinds_):
+        d = stages.random_cotangent(jax.random.fold_in(key, 20 + i), (x.shape[0], cfg.num_classes), kind=kind)
+        cot[net_name, kind] = stages.cotangent_tie(mod, params, x, d, cfg, key=jax.random.fold_in(key, 30 + i))
+cot_bug = stages.cotangent_tie(bug34, params34, x34, stages.random_cotangent(jax.random.fold_in(key, 20),
+                               (p.resnet_batch, p.num_classes)), cfg34, key=jax.random.fold_in(key, 30))
+
+# %% tags=["nbval-check-output"]
+for (net_name, kind), rep in cot.items():
+    print(f"{net_name:<10} {kind:<7} {sum(r.ok for r in rep.nodes)}/{len(rep.nodes)} nodes tied, input "
+          f"{'tied' if rep.row('input').ok else 'FAILED'}")
+print(f"control {bug34.label}, normal cotangent: {'tied' if cot_bug.ok else 'FAILED'}; "
+      f"first failing node {cot_bug.first_failure().name}")
+print(book.glue("cotangent_ties", (sum(rep.ok for rep in cot.values()), len(cot)),
+                "{}/{} ties at random loss cotangents (normal, spike, ×1e6), both nets"))
+assert all(rep.ok for rep in cot.values()) and not cot_bug.ok
 
 # %% [markdown]
 # ## What this chapter showed
 #
-# At a verified smooth point of a real photo batch, every one of cifar8's 38 nodes and ResNet-34's
-# 110 nodes, and both input cotangents, equal autodiff of the forward to round-off in float64;
-# each node is the central-difference derivative of the whole loss; float32 sits within a few
-# perturbation envelopes of float64; and each of the six must-fail controls goes red at the node
-# where its bug enters the chain. `gradtie check --net resnet34 --data photos` runs the same tie
-# from the command line, and the `gpu` profile of this chapter runs ResNet-34 at ImageNet shapes
-# (224 px, batch 64, K = 1000).
+# At drawn weights, at points where each statement's own hypothesis holds: every one of cifar8's
+# 38 and ResNet-34's 110 nodes, and the input cotangents, equal autodiff of the forward within 10 ×
+# the point's round-off envelope; each node is the finite-difference derivative of the whole loss;
+# ResNet-34's eighteen stages and cifar8's seventeen layers each tie to their own VJP at the
+# cotangent the chain hands them, the block input cotangents of identity and downsample blocks
+# included, and the head ties anywhere; the ties hold at every N of the sweep and at cotangents
+# no loss hands them. At the M = 2 point the limits widen with the envelope and float32 can judge
+# nothing. Beyond the suite, cifar8's input gradient ties on photos too, where `MaxPool2Smooth`
+# fails. A planted bug goes red, and the per-stage tie names the stage that holds it.
+# `gradtie check --net resnet34 --data photos` runs the same tie from the command line, and the
+# `gpu` profile of this chapter runs ResNet-34 at ImageNet shapes (224 px, batch 64, K = 1000).

@@ -117,7 +117,7 @@ PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
     "fd_nodes": _int(0, 100_000),      # nodes checked by finite differences (0: every node)
     "cifar10_path": _folder_or_empty,  # CIFAR-10 files (python or binary version); '' skips them
     "weights": _choice("drawn"),       # chapters tie at drawn γ, β, biases: at init (γ = 1, β = 0) some bugs hide
-    "every_n": _bool,                  # a sweep over N: every N of 1…8 (False: 1, 2, 4, 8)
+    "every_n": _bool,                  # a sweep over N: every N of 1…8 (False: 1, 2, 4)
 }
 
 

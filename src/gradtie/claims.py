@@ -66,9 +66,9 @@ SUITE: tuple[Claim, ...] = (
           "IS the certified VJP of its seventeen CertLayers, at every N",
           "`Cifar8BbnSmoothAt`: c8Z₁…c8Z₈ and the two head pre-activations off 0; `MaxPool2Smooth`: "
           "every window's maximum attained once (a dead window is a tie of zeros and breaks it)",
-          (_s("pools", "Three hypotheses, three verdicts", "c8_input_hypothesis"),),
-          pending="the tie at a point where `MaxPool2Smooth` holds: `tests/checks/test_stages.py`, "
-                  "not yet in a chapter"),
+          (_s("pools", "Three hypotheses, three verdicts", "c8_input_hypothesis"),
+           _s("whole_net_tie", "The input gradient", "c8_input_smooth"),
+           _s("whole_net_tie", "cifar8's seventeen layers", "c8_layer_ties"))),
     Claim("maxPoolB_relu_eventuallyEq_sel", "`maxPoolB_relu_eventuallyEq_sel`: the pooled ReLU IS the "
           "gather at σ along any parameter",
           "near a point where every window is dead, strict or tied only between twins",
@@ -90,7 +90,9 @@ SUITE: tuple[Claim, ...] = (
           "`h_stem` (`R34StemSmoothAt`); `h_pool` (`StemPoolSmoothAt`: each stem-pool window's maximum at "
           "one position, or the window all zero); 0 < εs; b1…b16 opaque `HasVJPDiffAt` witnesses (their "
           "ReLU clauses inside)",
-          (_s("whole_net_tie", "The input gradient", "r34_input_tied"),)),
+          (_s("whole_net_tie", "The input gradient", "r34_input_tied"),
+           _s("whole_net_tie", "Every batch size N", "n_sweep"),
+           _s("whole_net_tie", "Every loss cotangent", "cotangent_ties"))),
     Claim("resnet34ForwardBFull_eq_slots", "`resnet34ForwardBFull_eq_slots`: the eighteen slots ARE the "
           "committed forward",
           "none: an equation between definitions",
@@ -98,8 +100,8 @@ SUITE: tuple[Claim, ...] = (
     Claim("r34IdCotIn_eq_vjp", "`r34IdCotIn_eq_vjp` / `r34DownCotIn_eq_vjp`: each block's input "
           "cotangent is its certified VJP's backward",
           "the block's `r34IdBHasVJPAt` / `r34DownBHasVJPAt` at its running activation",
-          pending="per-stage ties (`gradtie.checks.stages`): `tests/checks/test_stages.py`, not yet in a "
-                  "chapter"),
+          (_s("whole_net_tie", "ResNet-34's eighteen stages", "r34_stage_ties"),
+           _s("whole_net_tie", "A planted bug: red, and where it parts", "bug_parting"))),
     Claim("the six-op head fold", "the six-op head fold of `r34_net_tiedB`: `softmaxRow` → `subB` → "
           "`scaleB` → `addVB` → `shiftB` → `divConstB`",
           "target rows summing to 1 (one-hot, mixup, cutmix); α baked at 0.1 (0 in the ls0 variants)",
@@ -113,6 +115,7 @@ SUITE: tuple[Claim, ...] = (
           "each node at the cotangent the render's chain delivers; N a binder; the conv weight nodes on "
           "the bf16 flag",
           (_s("whole_net_tie", "The tie in float64", "r34_nodes_tied"),
+           _s("whole_net_tie", "The M = 2 point: limits widen, float32 cannot tell", "r34_m2"),
            _s("training", "ResNet-34: `r34_net_tiedB`", "r34_step_tied"))),
     Claim("r34_net_syncTiedB", "`r34_net_syncTiedB`: the all-reduced nodes ARE the single-device nodes at "
           "N := R·N",
