@@ -66,7 +66,7 @@ def _compilation_cache(jax) -> None:
     folder = os.environ.get("GRADTIE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gradtie", "jax"))
     try:
         jax.config.update("jax_compilation_cache_dir", folder)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
     except Exception:  # a read-only home: compile every time
         pass
 

@@ -4,11 +4,12 @@ For node θ_k and a random unit direction v in its space, D(h) = (L(θ + h·v) �
 → ⟨∇_k L, v⟩ at O(h²) where L is smooth. The loss is the forward's logits through
 `gradtie.reference`'s loss, never a backward. float64.
 
-Every node's differences run the tie's own compiled forward (nothing new to compile): the loss at
-±h and ±h/2, and whether each end still lies in the point's smooth piece (every ReLU input with the
-same sign, every pool window with the same choice). Real batches hold windows within 1e-6 of a tie, and a difference
-taken across a kink measures nothing: a step whose ends leave the piece is shrunk (÷4) until they
-don't.
+Every node's differences run the net's own stage forwards from the node's stage onward (the stages
+before it do not move: their saved records and the stage input are the point's, computed once), one
+compiled probe per entry stage (`entries`): the loss at ±h and ±h/2, and whether each end still lies in the point's
+smooth piece (every ReLU input with the same sign, every pool window with the same choice). Real
+batches hold windows within 1e-6 of a tie, and a difference taken across a kink measures nothing: a
+step whose ends leave the piece is halved until they don't.
 
 The verdict, like the tie's, is held to the point's own round-off: the envelope of D(h) is the
 truncation seen between h and h/2 (Richardson) plus the round-off ε_L/h, ε_L the loss's spread over
@@ -19,6 +20,7 @@ reaches ILL_CONDITIONED_REL is "no evidence", never a pass. Shown in: Whole-net 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Iterable
 
 import jax
@@ -78,7 +80,58 @@ def convergence(loss, params: dict, name: str, direction: jax.Array, exact: floa
     return np.array([abs(central_difference(loss, params, name, direction, h) - exact) for h in steps])
 
 
-# ---- every node, through the one compiled forward the tie already has --------------------------------
+# ---- every node, from its own stage onward --------------------------------------------------------
+
+def _stage_inputs(net, params, x, cfg):
+    """The point's input to every stage, and every stage's saved record."""
+    inputs, saved = [], {}
+    for stage in net.stage_list(cfg):
+        inputs.append(x)
+        x, saved[stage.name] = stage.forward(params, x, cfg)
+    return inputs, saved
+
+
+_stage_inputs_jit = jax.jit(_stage_inputs, static_argnums=(0, 3))
+
+
+@partial(jax.jit, static_argnums=(0, 1, 4, 5))
+def _suffix_probe(net, start: int, params, h, cfg, moved: tuple, before: dict, targets, alpha, here):
+    """(loss, whether the point lies in the smooth piece `here`) with stages start… run from their
+    input h. `before` holds the earlier stages' saved records, which the perturbation cannot move;
+    only the `moved` (kind, name) entries of the piece are compared."""
+    from .tie import piece_of
+    saved = dict(before)
+    for stage in net.stage_list(cfg)[start:]:
+        h, saved[stage.name] = stage.forward(params, h, cfg)
+    piece = piece_of(net, saved)
+    same = jnp.bool_(True)
+    for kind, name in moved:
+        same = same & jnp.all(piece[kind][name] == here[kind][name])
+    return reference.smoothed_cross_entropy(h, targets, alpha), same
+
+
+def entries(stage_list) -> list[int]:
+    """The stages a probe may start at: the first, and every stage that is not an identity block
+    (ResNet-34: stem, the three downsample blocks, head; cifar8: every stage). One compiled probe
+    each: starting at every stage would save a third of the forwards and cost three times the
+    compilation."""
+    return [i for i, stage in enumerate(stage_list) if i == 0 or stage.kind != "identity"]
+
+
+def _moved(net, saved, stage_list, start: int) -> tuple:
+    """The piece's (kind, name) entries that stages start… compute: those whose array is not one of
+    the earlier stages' saved arrays (an entry a net derives afresh counts as moved: compared, never
+    skipped)."""
+    earlier = {id(a) for stage in stage_list[:start] for a in jax.tree.leaves(saved[stage.name])}
+    kinds = (net.preactivations(saved), net.pool_inputs(saved))
+    return tuple((kind, name) for kind, source in enumerate(kinds) for name, a in source.items()
+                 if id(a) not in earlier)
+
+
+@jax.jit
+def _axpy(a, step, v):
+    return a + step * v
+
 
 def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
                 label_smoothing: float = 0.0, loss_roundoff: float = 0.0,
@@ -86,25 +139,36 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     """One `FDRow` per node in `names` (default: all): D(h) along a random unit direction against
     ⟨rendered node, v⟩, held to FD_FACTOR × (truncation + round-off), floored at FD_REL.
 
-    Every evaluation runs one compiled probe: the forward's logits and whether the perturbed point
-    lies in the same smooth piece (every ReLU sign, every pool choice), compared where the forward
-    ran, so no saved activation comes back to the host.
+    Every evaluation runs one compiled probe from the node's stage onward: the loss and whether the
+    perturbed point lies in the same smooth piece (every ReLU sign, every pool choice), compared
+    where the forward ran, so no saved activation comes back to the host.
     loss_roundoff: ε_L, the loss's round-off spread at the point (`Envelope.loss` of the tie); the
     round-off of D(h) is ε_L/h. targets: rows [N,K]. Directions are drawn on the host.
     """
-    from .tie import _forward, _piece, _probe, host_rng, real_net
+    from .tie import _piece, host_rng, real_net
     net = real_net(net)
     names = list(params) if names is None else list(names)
     params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
     x = jnp.asarray(x, jnp.float64)
     t = jnp.asarray(targets, jnp.float64)
-    _, saved = _forward(net, params, x, cfg)
+    alpha = jnp.float64(label_smoothing)
+    stage_list = net.stage_list(cfg)
+    starts = entries(stage_list)
+    entry_of = {p: max(e for e in starts if e <= i) for i, stage in enumerate(stage_list) for p in stage.params}
+    missing = [n for n in names if n not in entry_of]
+    if missing:
+        raise ValueError(f"fd.derivatives: {missing} are not parameters of any stage of {net.__name__}")
+    inputs, saved = _stage_inputs_jit(net, params, x, cfg)
     here = _piece(net, saved)
-    del saved
+    moved = {start: _moved(net, saved, stage_list, start) for start in starts}
 
-    def evaluate(p):
-        logits, same = _probe(net, p, x, cfg, here)
-        return float(reference.smoothed_cross_entropy(logits, t, label_smoothing)), bool(same)
+    def evaluate(name, step, v):
+        start = entry_of[name]
+        before = {stage.name: saved[stage.name] for stage in stage_list[:start]}
+        p = dict(params, **{name: _axpy(params[name], step, v)})
+        loss, same = jax.device_get(_suffix_probe(net, start, p, inputs[start], cfg, moved[start], before, t,
+                                                  alpha, here))
+        return float(loss), bool(same)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in grads.values())
     rng = host_rng(key)
     rows = []
@@ -112,14 +176,20 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     for name in names:
         v = rng.standard_normal(np.shape(params[name]))
         v = jnp.asarray(v / np.linalg.norm(v))
-        # the nodes of one point keep to similar radii: start one shrink above the last node's step
-        # rather than at FD_STEP, so a point near many kinks costs two rounds a node, not five
-        h = min(tol.FD_STEP, 4 * h_last)
+        # the nodes of one point keep to similar radii: start one halving above the last node's step
+        # rather than at FD_STEP; each halving reuses the ±h/2 ends, so it costs two forwards
+        ends_at: dict[float, tuple[float, bool]] = {}
+
+        def end(step):
+            if step not in ends_at:
+                ends_at[step] = evaluate(name, step, v)
+            return ends_at[step]
+        h = min(tol.FD_STEP, 2 * h_last)
         while True:
-            ends = [evaluate(dict(params, **{name: params[name] + step * v})) for step in (h, -h, h / 2, -h / 2)]
-            if all(same for _, same in ends) or h / 4 < tol.FD_MIN_STEP:
+            ends = [end(step) for step in (h, -h, h / 2, -h / 2)]
+            if all(same for _, same in ends) or h / 2 < tol.FD_MIN_STEP:
                 break
-            h /= 4
+            h /= 2
         h_last = h
         lp, lm, lp2, lm2 = (loss for loss, _ in ends)
         d_h, d_h2 = (lp - lm) / (2 * h), (lp2 - lm2) / h
