@@ -280,15 +280,6 @@ def piece_of(net, saved):
 _piece = jax.jit(piece_of, static_argnums=0)
 
 
-@partial(jax.jit, static_argnums=(0, 3))
-def _probe(net, params, x, cfg, here):
-    """(logits, whether the point lies in the smooth piece `here`): what a finite difference needs
-    of a forward, without handing every saved activation back."""
-    logits, saved = net.forward(params, x, cfg)
-    same = jax.tree.map(lambda a, b: jnp.all(a == b), piece_of(net, saved), here)
-    return logits, jnp.all(jnp.stack(jax.tree.leaves(same)))
-
-
 @partial(jax.jit, static_argnums=0)
 def _tied_windows(net, saved):
     """σ = argmax of every pool, and per pool the windows whose positive maximum is attained twice."""
