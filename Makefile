@@ -4,6 +4,10 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PROFILE ?= ci
 STAMP  := $(VENV)/.installed
+# one on-disk compilation cache for the unit tests, the chapters' kernels under nbval and papermill:
+# a computation one of them compiled is read back by the others (tests/conftest.py uses the same)
+export JAX_COMPILATION_CACHE_DIR ?= $(HOME)/.cache/gradtie/jax-tests
+export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0.5
 
 .PHONY: venv book test test-all unit unit-all nbval notebooks clean
 

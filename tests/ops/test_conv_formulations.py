@@ -123,3 +123,26 @@ def test_formulation_rejects_unknown_names():
     with pytest.raises(ValueError, match="conv.formulation: expected one of 'conv', 'patches'"):
         with conv.formulation("winograd"):
             pass
+
+
+@pytest.mark.parametrize("node", ["forward", "grad_weight"])
+def test_the_product_reads_the_weights_in_place(node):
+    # channel-major patches make W[O, C·k·k] · P a plain product: XLA plans no weight-sized temporary
+    # (a cell-major layout had it transpose, i.e. copy, the weights at every call). Control: the
+    # same product with the weights transposed first plans the copy.
+    x = jnp.ones((2, 64, 2, 2), jnp.float32)
+    w = jnp.ones((256, 64, 3, 3), jnp.float32)
+    dy = jnp.ones((2, 256, 2, 2), jnp.float32)
+    with conv.formulation("patches"):
+        if node == "forward":
+            fn = jax.jit(lambda a, b: conv.forward(a, b)[0]).lower(x, w).compile()
+            copied = jax.jit(lambda a, b: conv.forward(a, jnp.transpose(b, (0, 2, 3, 1)).reshape(b.shape) * 2)[0])
+            copied = copied.lower(x, w).compile()
+            weight_bytes = w.nbytes
+        else:
+            fn = jax.jit(lambda a, d: conv.grad_weight(a, d, kernel_size=3)).lower(x, dy).compile()
+            copied = None
+            weight_bytes = w.nbytes
+    assert fn.memory_analysis().temp_size_in_bytes < weight_bytes / 4
+    if copied is not None:
+        assert copied.memory_analysis().temp_size_in_bytes >= weight_bytes
