@@ -180,3 +180,77 @@ def test_an_untagged_or_bare_glue_is_found(tmp_path):
     bad.write_text('# %%\nx = 1\nprint(book.glue("a", x))\n\n# %% tags=["nbval-check-output"]\nbook.glue("b", 2)\n')
     assert _misplaced_glue([bad]) == ["bad.py: a cell nbval does not compare glues",
                                       "bad.py: a cell ends in a bare book.glue(...)"]
+
+
+# ---- the execution cache: a chapter whose sources changed always re-executes -------------------------
+
+@pytest.fixture
+def one_chapter(tmp_path, monkeypatch):
+    """head_fold alone, its committed notebook copied into a scratch notebooks/ and book/, and
+    papermill replaced by a recorder that writes a stand-in notebook."""
+    import shutil as _shutil
+    import papermill
+
+    notebooks, out = tmp_path / "notebooks", tmp_path / "book"
+    notebooks.mkdir(), out.mkdir()
+    _shutil.copyfile(book.NOTEBOOKS / "head_fold.ipynb", notebooks / "head_fold.ipynb")
+    monkeypatch.setattr(book, "NOTEBOOKS", notebooks)
+    monkeypatch.setattr(book, "BOOK", out)
+    runs = []
+
+    def fake_execute(src, dst, **kwargs):
+        runs.append(kwargs["parameters"])
+        _shutil.copyfile(src, dst)
+    monkeypatch.setattr(papermill, "execute_notebook", fake_execute)
+    return notebooks / "head_fold.ipynb", out / "head_fold.ipynb", runs
+
+
+def test_a_notebook_executed_from_the_present_sources_is_reused(one_chapter, monkeypatch):
+    committed, executed, runs = one_chapter
+    chapter = next(c for c in book.CHAPTERS if c.name == "head_fold")
+    monkeypatch.setattr(book, "source_key", lambda c, p: "k-now")
+    book._stamp(committed, "k-now", {})
+    book.execute("ci", ["head_fold"], progress=False)
+    assert runs == [] and executed.read_bytes() == committed.read_bytes()
+    book.execute("ci", ["head_fold"], progress=False)         # book/ now holds it: still nothing runs
+    assert runs == []
+    book.execute("ci", ["head_fold"], progress=False, force=True)
+    assert runs == [{}]
+    assert chapter.name == "head_fold"
+
+
+def test_a_changed_source_or_other_parameters_re_execute(one_chapter, monkeypatch):
+    committed, executed, runs = one_chapter
+    book._stamp(committed, "k-before", {})
+    monkeypatch.setattr(book, "source_key", lambda c, p: "k-after")   # any source file changed
+    book.execute("ci", ["head_fold"], progress=False)
+    assert runs == [{}]
+    assert book._executed_with(executed, "k-after") and not book._executed_with(committed, "k-after")
+    monkeypatch.setattr(book, "source_key", lambda c, p: f"k-after {sorted(p)}")
+    book.execute("cpu", ["head_fold"], progress=False)          # the cpu profile's parameters
+    assert len(runs) == 2
+
+
+@pytest.mark.parametrize("changed", ["notebooks/a.py", "src/gradtie/ops/x.py", "benchmarks/results/cpu.json",
+                                     "requirements.txt", "pyproject.toml"])
+def test_the_source_key_moves_with_every_input(tmp_path, monkeypatch, changed):
+    for rel in ("notebooks/a.py", "notebooks/b.py", "src/gradtie/ops/x.py", "benchmarks/results/cpu.json",
+                "requirements.txt", "pyproject.toml", "tests/test_x.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("v1")
+    monkeypatch.setattr(book, "ROOT", tmp_path)
+    monkeypatch.setattr(book, "NOTEBOOKS", tmp_path / "notebooks")
+    a, b = book.Chapter("a", "A"), book.Chapter("b", "B")
+    key = book.source_key(a, {})
+    assert key == book.source_key(a, {}) and key != book.source_key(b, {})
+    assert key != book.source_key(a, {"batch": 8})
+    (tmp_path / "tests/test_x.py").write_text("v2")        # not an input of any chapter
+    assert book.source_key(a, {}) == key
+    (tmp_path / changed).write_text("v2")
+    assert book.source_key(a, {}) != key
+
+
+def test_a_missing_or_corrupt_notebook_is_never_reused(tmp_path):
+    assert not book._executed_with(tmp_path / "absent.ipynb", "k")
+    (tmp_path / "bad.ipynb").write_text("{not json")
+    assert not book._executed_with(tmp_path / "bad.ipynb", "k")

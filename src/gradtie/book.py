@@ -2,10 +2,18 @@
 
 `make book` calls `execute` (papermill runs every chapter notebook into `book/` with the profile's
 parameters) and then `render` (Jupyter Book 1.x, failing on any warning).
+
+An executed notebook carries the key of what it was computed from (`source_key`: its chapter's
+source, the package, the committed results, the pinned requirements, the parameters). `execute`
+reuses a notebook whose key is the chapter's key now, and runs every other one: a chapter whose
+source, or any code it can reach, changed always re-executes. The committed notebooks/ carry the
+ci key, so a fresh clone's `make book` renders them without running them again.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 import shutil
@@ -174,8 +182,49 @@ def chapter_parameters(chapter: Chapter, profile: str) -> dict[str, Any]:
     return dict(chapter.profiles.get(profile, {}))
 
 
-def execute(profile: str = "ci", chapters: Optional[Iterable[str]] = None, *, progress: bool = True) -> list[Path]:
-    """Run every chapter notebook with papermill into book/ at the profile's parameters."""
+SOURCE_KEY = "gradtie"   # notebook metadata: {"source_key": ..., "parameters": ...}
+
+
+def source_key(chapter: Chapter, parameters: dict[str, Any]) -> str:
+    """A hash of everything a chapter's outputs are computed from: notebooks/<name>.py, every module
+    of the package, the committed benchmark results (the Performance appendix reads them), the
+    pinned requirements and pyproject, and the parameters. Equal keys, same computation."""
+    files = [NOTEBOOKS / f"{chapter.name}.py", ROOT / "requirements.txt", ROOT / "pyproject.toml"]
+    files += sorted((ROOT / "src" / "gradtie").rglob("*.py"))
+    files += sorted(f for f in (ROOT / "benchmarks" / "results").glob("*") if f.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
+    h.update(json.dumps(parameters, sort_keys=True, default=str).encode())
+    return h.hexdigest()
+
+
+def _stamp(path: Path, key: str, parameters: dict[str, Any]) -> None:
+    import nbformat
+    nb = nbformat.read(path, as_version=4)
+    strip_volatile(nb)
+    nb.metadata[SOURCE_KEY] = {"source_key": key, "parameters": parameters}
+    nbformat.write(nb, path)
+
+
+def _executed_with(path: Path, key: str) -> bool:
+    """Whether `path` is a notebook executed from exactly the sources and parameters `key` hashes."""
+    if not path.is_file():
+        return False
+    try:
+        meta = json.loads(path.read_text()).get("metadata", {}).get(SOURCE_KEY, {})
+    except (OSError, ValueError):
+        return False
+    return meta.get("source_key") == key
+
+
+def execute(profile: str = "ci", chapters: Optional[Iterable[str]] = None, *, progress: bool = True,
+            force: bool = False) -> list[Path]:
+    """Run every chapter notebook with papermill into book/ at the profile's parameters.
+
+    A chapter already executed from its present sources at these parameters (book/<name>.ipynb, or
+    the committed notebooks/<name>.ipynb when those are its parameters) is reused, not re-run,
+    unless `force`."""
     import papermill
     from tqdm.auto import tqdm
 
@@ -184,8 +233,16 @@ def execute(profile: str = "ci", chapters: Optional[Iterable[str]] = None, *, pr
     for chapter in tqdm(chosen, desc=f"chapters ({profile})", disable=not progress):
         src = NOTEBOOKS / f"{chapter.name}.ipynb"
         dst = BOOK / f"{chapter.name}.ipynb"
-        papermill.execute_notebook(str(src), str(dst), parameters=chapter_parameters(chapter, profile),
-                                   kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False)
+        parameters = chapter_parameters(chapter, profile)
+        key = source_key(chapter, parameters)
+        if not force and _executed_with(dst, key):
+            pass
+        elif not force and _executed_with(src, key):
+            shutil.copyfile(src, dst)
+        else:
+            papermill.execute_notebook(str(src), str(dst), parameters=parameters,
+                                       kernel_name="python3", cwd=str(NOTEBOOKS), progress_bar=False)
+            _stamp(dst, key, parameters)
         written.append(dst)
     return written
 
@@ -218,9 +275,8 @@ def refresh(name: str) -> Path:
     nbformat.write(nb, dst)
     papermill.execute_notebook(str(dst), str(dst), kernel_name="python3", cwd=str(NOTEBOOKS),
                                progress_bar=False)
-    nb = nbformat.read(dst, as_version=4)
-    strip_volatile(nb)
-    nbformat.write(nb, dst)
+    chapter = next((c for c in CHAPTERS if c.name == name), Chapter(name, name))
+    _stamp(dst, source_key(chapter, {}), {})
     return dst
 
 

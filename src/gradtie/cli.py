@@ -154,7 +154,7 @@ def _train(args: argparse.Namespace) -> int:
 
 def _book(args: argparse.Namespace) -> int:
     from . import book
-    book.execute(args.profile)
+    book.execute(args.profile, force=args.force)
     book.render()
     return 0
 
@@ -314,6 +314,9 @@ def parser() -> argparse.ArgumentParser:
     b = sub.add_parser("book", help="execute every chapter with papermill, then render the book")
     b.add_argument("--profile", choices=("ci", "cpu", "gpu"), default="ci",
                    help="chapter sizes: ci (2-core CPU, ~1 min a chapter), cpu, gpu (ImageNet shapes)")
+    b.add_argument("--force", action="store_true",
+                   help="re-execute every chapter, even one already executed from its present sources "
+                        "at these parameters")
     b.set_defaults(func=_book)
     return p
 
