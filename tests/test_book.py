@@ -240,14 +240,16 @@ def test_the_source_key_moves_with_every_input(tmp_path, monkeypatch, changed):
         (tmp_path / rel).write_text("v1")
     monkeypatch.setattr(book, "ROOT", tmp_path)
     monkeypatch.setattr(book, "NOTEBOOKS", tmp_path / "notebooks")
-    a, b = book.Chapter("a", "A"), book.Chapter("b", "B")
-    key = book.source_key(a, {})
+    a, b = book.Chapter("a", "A", reads=("benchmarks/results",)), book.Chapter("b", "B")
+    key, key_b = book.source_key(a, {}), book.source_key(b, {})
     assert key == book.source_key(a, {}) and key != book.source_key(b, {})
     assert key != book.source_key(a, {"batch": 8})
     (tmp_path / "tests/test_x.py").write_text("v2")        # not an input of any chapter
     assert book.source_key(a, {}) == key
     (tmp_path / changed).write_text("v2")
     assert book.source_key(a, {}) != key
+    # b reads no results: only its own source, the package and the pins move it
+    assert (book.source_key(b, {}) == key_b) == (changed in ("notebooks/a.py", "benchmarks/results/cpu.json"))
 
 
 def test_a_missing_or_corrupt_notebook_is_never_reused(tmp_path):

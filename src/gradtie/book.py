@@ -4,7 +4,7 @@
 parameters) and then `render` (Jupyter Book 1.x, failing on any warning).
 
 An executed notebook carries the key of what it was computed from (`source_key`: its chapter's
-source, the package, the committed results, the pinned requirements, the parameters). `execute`
+source, the package, the pinned requirements, the files it reads, the parameters). `execute`
 reuses a notebook whose key is the chapter's key now, and runs every other one: a chapter whose
 source, or any code it can reach, changed always re-executes. The committed notebooks/ carry the
 ci key, so a fresh clone's `make book` renders them without running them again.
@@ -34,6 +34,7 @@ class Chapter:
     name: str                       # notebooks/<name>.ipynb -> book/<name>.ipynb
     title: str
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)  # profile -> overrides
+    reads: tuple[str, ...] = ()     # files or folders (from the root) the chapter reads: in its source key
 
 
 # In book order; each chapter's notebook holds the ci defaults in its parameters cell, and a
@@ -57,7 +58,8 @@ CHAPTERS: list[Chapter] = [
     Chapter("training", "Training with the rendered step",
             {"cpu": {"batch": 64, "epochs": 8}, "gpu": {"net": "resnet34", "batch": 64, "epochs": 8}}),
     Chapter("performance", "Performance",
-            {"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 64, "image_size": 224}}),
+            {"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 64, "image_size": 224}},
+            reads=("benchmarks/results",)),
 ]
 PROFILES = ("ci", "cpu", "gpu")
 
@@ -187,11 +189,14 @@ SOURCE_KEY = "gradtie"   # notebook metadata: {"source_key": ..., "parameters": 
 
 def source_key(chapter: Chapter, parameters: dict[str, Any]) -> str:
     """A hash of everything a chapter's outputs are computed from: notebooks/<name>.py, every module
-    of the package, the committed benchmark results (the Performance appendix reads them), the
-    pinned requirements and pyproject, and the parameters. Equal keys, same computation."""
+    of the package, the pinned requirements and pyproject, the files it reads (`Chapter.reads`: the
+    Performance appendix reads the committed benchmark results), and the parameters. Equal keys,
+    same computation."""
     files = [NOTEBOOKS / f"{chapter.name}.py", ROOT / "requirements.txt", ROOT / "pyproject.toml"]
     files += sorted((ROOT / "src" / "gradtie").rglob("*.py"))
-    files += sorted(f for f in (ROOT / "benchmarks" / "results").glob("*") if f.is_file())
+    for read in chapter.reads:
+        path = ROOT / read
+        files += sorted(f for f in path.rglob("*") if f.is_file()) if path.is_dir() else [path]
     h = hashlib.sha256()
     for f in files:
         h.update(f.relative_to(ROOT).as_posix().encode() + b"\0" + f.read_bytes() + b"\0")
