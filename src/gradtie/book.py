@@ -240,9 +240,10 @@ def execute(profile: str = "ci", chapters: Optional[Iterable[str]] = None, *, pr
         dst = BOOK / f"{chapter.name}.ipynb"
         parameters = chapter_parameters(chapter, profile)
         key = source_key(chapter, parameters)
-        if not force and _executed_with(dst, key):
-            pass
-        elif not force and _executed_with(src, key):
+        if not force and _executed_with(dst, key):     # book/ holds it from these sources already
+            written.append(dst)
+            continue
+        if not force and _executed_with(src, key):     # the committed chapter is current
             shutil.copyfile(src, dst)
         else:
             papermill.execute_notebook(str(src), str(dst), parameters=parameters,

@@ -61,9 +61,12 @@ def _counts(text: str) -> tuple[int, ...]:
 
 
 def _compilation_cache(jax) -> None:
-    """JAX's persistent compilation cache, so a second check of the same shapes skips compiling."""
+    """JAX's persistent compilation cache, so a second check of the same shapes skips compiling: the
+    folder JAX_COMPILATION_CACHE_DIR names (the Makefile's, shared with the tests and the chapters),
+    else $GRADTIE_CACHE, else ~/.cache/gradtie/jax."""
     import os
-    folder = os.environ.get("GRADTIE_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "gradtie", "jax"))
+    folder = (os.environ.get("JAX_COMPILATION_CACHE_DIR") or os.environ.get("GRADTIE_CACHE")
+              or os.path.join(os.path.expanduser("~"), ".cache", "gradtie", "jax"))
     try:
         jax.config.update("jax_compilation_cache_dir", folder)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)

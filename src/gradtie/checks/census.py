@@ -281,18 +281,11 @@ def hypotheses(report: SmoothReport) -> list[Hypothesis]:
 # ---- the census --------------------------------------------------------------------------------
 
 def random_weights(net, params: dict, cfg, key) -> dict:
-    """A fresh draw of every weight: init's conv and dense weights, γ ~ U(0.5, 1.5), β and biases ~ N(0, 1)."""
-    drawn = net.init(key, cfg)
-    out = {}
-    for i, (name, value) in enumerate(drawn.items()):
-        k = jax.random.fold_in(key, i + 1)
-        dtype = params[name].dtype
-        if value.ndim == 1 and name.endswith(".weight"):      # γ
-            value = jax.random.uniform(k, value.shape, minval=0.5, maxval=1.5)
-        elif value.ndim == 1:                                   # β and biases
-            value = jax.random.normal(k, value.shape)
-        out[name] = value.astype(dtype)
-    return out
+    """A fresh draw of every weight, in params' dtypes: init's drawn weights (conv and dense weights
+    as at init, γ ~ U(0.5, 1.5), β and biases nonzero). Twins are told apart by any generic draw;
+    this one is the compiled program that drew the point's weights, at another key."""
+    drawn = net.init(key, cfg, weights="drawn")
+    return {name: value.astype(params[name].dtype) for name, value in drawn.items()}
 
 
 def classify(z: np.ndarray, draws: list[np.ndarray], spec: maxpool.PoolSpec, rel: float):

@@ -99,15 +99,14 @@ def _suffix_probe(net, start: int, params, h, cfg, moved: tuple, before: dict, t
     """(loss, whether the point lies in the smooth piece `here`) with stages start… run from their
     input h. `before` holds the earlier stages' saved records, which the perturbation cannot move;
     only the `moved` (kind, name) entries of the piece are compared."""
+    from ..nets.stages import fold_forward
     from .tie import piece_of
-    saved = dict(before)
-    for stage in net.stage_list(cfg)[start:]:
-        h, saved[stage.name] = stage.forward(params, h, cfg)
-    piece = piece_of(net, saved)
+    logits, suffix = fold_forward(net.stage_list(cfg)[start:], params, h, cfg)
+    piece = piece_of(net, {**before, **suffix})
     same = jnp.bool_(True)
     for kind, name in moved:
         same = same & jnp.all(piece[kind][name] == here[kind][name])
-    return reference.smoothed_cross_entropy(h, targets, alpha), same
+    return reference.smoothed_cross_entropy(logits, targets, alpha), same
 
 
 def entries(stage_list) -> list[int]:
@@ -126,11 +125,6 @@ def _moved(net, saved, stage_list, start: int) -> tuple:
     kinds = (net.preactivations(saved), net.pool_inputs(saved))
     return tuple((kind, name) for kind, source in enumerate(kinds) for name, a in source.items()
                  if id(a) not in earlier)
-
-
-@jax.jit
-def _axpy(a, step, v):
-    return a + step * v
 
 
 def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
@@ -161,13 +155,14 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     inputs, saved = _stage_inputs_jit(net, params, x, cfg)
     here = _piece(net, saved)
     moved = {start: _moved(net, saved, stage_list, start) for start in starts}
+    before = {start: {stage.name: saved[stage.name] for stage in stage_list[:start]} for start in starts}
 
-    def evaluate(name, step, v):
+    def evaluate(name, base, step, v):
+        # θ + step·v on the host: no compiled program per node shape
         start = entry_of[name]
-        before = {stage.name: saved[stage.name] for stage in stage_list[:start]}
-        p = dict(params, **{name: _axpy(params[name], step, v)})
-        loss, same = jax.device_get(_suffix_probe(net, start, p, inputs[start], cfg, moved[start], before, t,
-                                                  alpha, here))
+        p = dict(params, **{name: jnp.asarray(base + step * v)})
+        loss, same = jax.device_get(_suffix_probe(net, start, p, inputs[start], cfg, moved[start], before[start],
+                                                  t, alpha, here))
         return float(loss), bool(same)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in grads.values())
     rng = host_rng(key)
@@ -175,14 +170,15 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     h_last = tol.FD_STEP
     for name in names:
         v = rng.standard_normal(np.shape(params[name]))
-        v = jnp.asarray(v / np.linalg.norm(v))
+        v = v / np.linalg.norm(v)
+        base = np.asarray(params[name])
         # the nodes of one point keep to similar radii: start one halving above the last node's step
         # rather than at FD_STEP; each halving reuses the ±h/2 ends, so it costs two forwards
         ends_at: dict[float, tuple[float, bool]] = {}
 
         def end(step):
             if step not in ends_at:
-                ends_at[step] = evaluate(name, step, v)
+                ends_at[step] = evaluate(name, base, step, v)
             return ends_at[step]
         h = min(tol.FD_STEP, 2 * h_last)
         while True:
@@ -193,7 +189,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
         h_last = h
         lp, lm, lp2, lm2 = (loss for loss, _ in ends)
         d_h, d_h2 = (lp - lm) / (2 * h), (lp2 - lm2) / h
-        dot = float(jnp.vdot(jnp.asarray(grads[name], jnp.float64), v))
+        dot = float(np.vdot(np.asarray(grads[name], np.float64), v))
         scale = max(abs(d_h), abs(dot), tol.ZERO_NODE_FLOOR * gnorm)
         envelope = (4 / 3 * abs(d_h - d_h2) + loss_roundoff / h) / scale
         limit = max(factor * envelope, tol.FD_REL)

@@ -39,6 +39,7 @@ import numpy as np
 
 from .. import reference
 from ..ops import head, maxpool
+from .tie import QUICK
 from .tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FLATNESS, GERM_KINK_FRACTION, GERM_KINK_STEPS,
                          GERM_MIN_WINDOW, GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS,
                          GERM_ROUNDOFF_NUDGE, GERM_SHARP_REL, GERM_SLOPE_TOL, GERM_TRUNCATION_REL,
@@ -58,9 +59,8 @@ H_GRID = np.logspace(-13, -1, 37)
 # the eight cifar8 germs, one per pre-activation c8Zₖ (the output of bnₖ)
 C8_GERMS = {f"c8Z{k}": f"bn{k}" for k in range(1, 9)}
 # The germ programs run once or a few times per walk and are compile-bound on CPU: LLVM optimisation
-# off. It changes no IEEE result that is compared (S and G share every compiled program; the finite
-# differences and ε_L share theirs).
-QUICK = {"xla_backend_optimization_level": 0}
+# off (tie.QUICK). It changes no IEEE result that is compared (S and G share every compiled program;
+# the finite differences and ε_L share theirs).
 _S3 = "S'''"   # a column header
 
 
