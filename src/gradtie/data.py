@@ -101,16 +101,34 @@ def _as_key(op: str, seed: Seed) -> jax.Array:
 
 # ---- shipped images -----------------------------------------------------------------------------
 
+SKLEARN_PHOTOS = ("china", "flower")
+
+
+def _sklearn_photo(name: str) -> np.ndarray:
+    """scikit-learn's sample photo `name` as uint8 [H,W,3], decoded as `load_sample_images` does
+    (PIL), read from the installed package without importing scikit-learn (1.7 s of imports)."""
+    import importlib.util
+
+    from PIL import Image
+
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("data.photos: scikit-learn is not installed (its sample photos china, flower)")
+    path = Path(spec.submodule_search_locations[0]) / "datasets" / "images" / f"{name}.jpg"
+    if not path.is_file():
+        raise FileNotFoundError(f"data.photos: scikit-learn's sample photo {path} is missing")
+    with Image.open(path) as img:
+        return np.asarray(img)
+
+
 @functools.lru_cache(maxsize=None)
 def source_photos() -> tuple[np.ndarray, ...]:
     """The seven shipped RGB photos as float64 [H,W,3] in [0,1], in `PHOTO_NAMES` order (read-only)."""
     import skimage.data
-    from sklearn.datasets import load_sample_images
 
-    sample = dict(zip(("china", "flower"), load_sample_images().images))
     out = []
     for name in PHOTO_NAMES:
-        img = sample[name] if name in sample else getattr(skimage.data, name)()
+        img = _sklearn_photo(name) if name in SKLEARN_PHOTOS else getattr(skimage.data, name)()
         arr = np.asarray(img, dtype=np.float64) / 255.0
         arr.setflags(write=False)
         out.append(arr)

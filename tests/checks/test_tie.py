@@ -159,6 +159,20 @@ def test_nodes_are_derivatives_of_the_whole_loss_f64(params8):
     assert all(r.ok for r in rows), [(r.name, r.rel) for r in rows]
 
 
+def test_census_tie_and_finite_differences_share_one_compiled_forward(params8):
+    """The census, the rendered chain and the finite differences of one point read one compiled
+    forward (`gradtie check`'s first run compiled it three times)."""
+    from gradtie.checks import census
+    from gradtie.checks.tie import _forward
+    x, t = images("photos", 4, 32), labels(4)
+    _, grads, _ = rendered_nodes(cifar8, params8, x, t, CFG8, ALPHA)
+    compiled = _forward._cache_size()
+    assert census.smoothness(cifar8, params8, x, CFG8).ok
+    rows = derivatives(cifar8, params8, x, t, CFG8, grads, key=jax.random.key(2), names=["fc3.bias"],
+                       label_smoothing=ALPHA)
+    assert rows[0].ok and _forward._cache_size() == compiled
+
+
 def test_finite_differences_see_a_planted_bug(params8):
     x, t = images("photos", 4, 32), labels(4)
     _, grads, _ = rendered_nodes(controls.drop_batch_divisor(cifar8), params8, x, t, CFG8, ALPHA)

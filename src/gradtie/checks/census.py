@@ -318,10 +318,12 @@ def _locations(mask: np.ndarray) -> list[tuple[int, ...]]:
     return [tuple(int(i) for i in idx) for idx in np.argwhere(mask)[:MAX_LISTED]]
 
 
-@partial(jax.jit, static_argnums=(0, 3))
 def _read(net, params, x, cfg):
-    """(pool inputs, pre-activations) from one compiled forward, shared by every census call."""
-    _, saved = net.forward(params, x, cfg)
+    """(pool inputs, pre-activations) from the tie's compiled forward (`tie._forward`): the census,
+    the tie and the finite differences of one point share one program."""
+    from .tie import _forward, real_net
+    net = real_net(net)
+    _, saved, _ = _forward(net, params, x, cfg)
     return net.pool_inputs(saved), net.preactivations(saved)
 
 

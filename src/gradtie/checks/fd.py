@@ -82,18 +82,6 @@ def convergence(loss, params: dict, name: str, direction: jax.Array, exact: floa
 
 # ---- every node, from its own stage onward --------------------------------------------------------
 
-def _stage_inputs(net, params, x, cfg):
-    """The point's input to every stage, and every stage's saved record."""
-    inputs, saved = [], {}
-    for stage in net.stage_list(cfg):
-        inputs.append(x)
-        x, saved[stage.name] = stage.forward(params, x, cfg)
-    return inputs, saved
-
-
-_stage_inputs_jit = jax.jit(_stage_inputs, static_argnums=(0, 3))
-
-
 @partial(jax.jit, static_argnums=(0, 1, 4, 5))
 def _suffix_probe(net, start: int, params, h, cfg, moved: tuple, before: dict, targets, alpha, here):
     """(loss, whether the point lies in the smooth piece `here`) with stages start… run from their
@@ -139,7 +127,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     loss_roundoff: ε_L, the loss's round-off spread at the point (`Envelope.loss` of the tie); the
     round-off of D(h) is ε_L/h. targets: rows [N,K]. Directions are drawn on the host.
     """
-    from .tie import _piece, host_rng, real_net
+    from .tie import _forward, _piece, host_rng, real_net
     net = real_net(net)
     names = list(params) if names is None else list(names)
     params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
@@ -152,7 +140,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     missing = [n for n in names if n not in entry_of]
     if missing:
         raise ValueError(f"fd.derivatives: {missing} are not parameters of any stage of {net.__name__}")
-    inputs, saved = _stage_inputs_jit(net, params, x, cfg)
+    _, saved, inputs = _forward(net, params, x, cfg)   # the tie's and the census's program
     here = _piece(net, saved)
     moved = {start: _moved(net, saved, stage_list, start) for start in starts}
     before = {start: {stage.name: saved[stage.name] for stage in stage_list[:start]} for start in starts}

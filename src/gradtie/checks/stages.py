@@ -254,7 +254,7 @@ def chain(net, params, x, cfg, *, targets=None, label_smoothing: float = 0.0, dl
     if (targets is None) == (dlogits is None):
         raise ValueError("chain: give targets (the loss's own cotangent) or dlogits (any cotangent), not both")
     real = real_net(net)
-    logits, saved = _forward(real, params, x, cfg)
+    logits, saved, _ = _forward(real, params, x, cfg)
     loss = None
     if dlogits is None:
         targets = targets_matrix(targets, cfg.num_classes, x.dtype)

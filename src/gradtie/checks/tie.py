@@ -245,9 +245,12 @@ def rendered(net, params, x, targets, cfg, label_smoothing: float = 0.0):
 
 # Compiled once per (net, config, shapes) and shared by every call: the forward and the backward
 # apart, so that controls planting only the cotangent reuse both, and one oracle serves many ties.
+# The forward is also the census's and the finite differences' (hence every stage's input too):
+# one program where there were three.
 @partial(jax.jit, static_argnums=(0, 3))
 def _forward(net, params, x, cfg):
-    return net.forward(params, x, cfg)
+    """(logits, saved, [every stage's input]) of the train-mode forward."""
+    return net.forward(params, x, cfg, stage_inputs=True)
 
 
 def _backward_of(backward, params, saved, dlogits, cfg):
@@ -268,7 +271,7 @@ _oracle = jax.jit(oracle, static_argnums=(0, 4, 5))
 
 def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0):
     """`rendered`, compiled: (loss, grads, dx). targets: rows [N,K] in x's dtype."""
-    logits, saved = _forward(real_net(net), params, x, cfg)
+    logits, saved, _ = _forward(real_net(net), params, x, cfg)
     dlogits = head_cotangent(net)(logits, targets, label_smoothing)
     backward = _backward if real_net(net) is net else _backward_control
     grads, dx = backward(net.backward, params, saved, dlogits, cfg)
@@ -305,7 +308,7 @@ def frozen_selections(net, params, x, cfg) -> tuple[Optional[dict], int]:
     """(σ = argmax of every pool, windows tied at a positive maximum) when there are such ties, else
     (None, 0): the input gradient is then tied to the model frozen at σ."""
     net = real_net(net)
-    _, saved = _forward(net, params, x, cfg)
+    _, saved, _ = _forward(net, params, x, cfg)
     sel, ties = _tied_windows(net, saved)
     count = sum(int(v) for v in ties.values())
     return (sel, count) if count else (None, 0)

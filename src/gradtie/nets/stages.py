@@ -41,10 +41,14 @@ class Stage:
     params: tuple[str, ...]
 
 
-def fold_forward(stage_list: Sequence[Stage], params, x, cfg, *, selections=None, running=None):
-    """x through every stage in order -> (y, {stage name: saved record})."""
+def fold_forward(stage_list: Sequence[Stage], params, x, cfg, *, selections=None, running=None,
+                 inputs: Optional[list] = None):
+    """x through every stage in order -> (y, {stage name: saved record}); `inputs`, a list, gets
+    every stage's input appended."""
     saved = {}
     for stage in stage_list:
+        if inputs is not None:
+            inputs.append(x)
         x, saved[stage.name] = stage.forward(params, x, cfg, selections=selections, running=running)
     return x, saved
 
@@ -119,8 +123,9 @@ class NetDef:
         check_params(self.name, params, self.param_specs(cfg))
         return callables(self.stage_list(cfg), params, cfg)
 
-    def forward(self, params, x, cfg=None, *, selections=None):
-        """Train-mode forward (batch statistics) -> (logits [N,K], saved).
+    def forward(self, params, x, cfg=None, *, selections=None, stage_inputs: bool = False):
+        """Train-mode forward (batch statistics) -> (logits [N,K], saved), and with `stage_inputs`
+        the list of every stage's input as a third element.
 
         saved: {stage name: that stage's saved record}, arrays only (a pytree): exactly what the
         rendered backward reads. With `selections` {pool name: σ}, those pools are the gather model
@@ -130,7 +135,9 @@ class NetDef:
         self._check(params, x, cfg)
         check_selections(self.name, selections, self.pools)
         x = as_input(self.name, x, params)
-        return fold_forward(self.stage_list(cfg), params, x, cfg, selections=selections)
+        inputs = [] if stage_inputs else None
+        logits, saved = fold_forward(self.stage_list(cfg), params, x, cfg, selections=selections, inputs=inputs)
+        return (logits, saved, inputs) if stage_inputs else (logits, saved)
 
     def backward(self, params, saved, dlogits, cfg=None):
         """The rendered chain -> (grads with params' keys in their order, dx at the input)."""
