@@ -29,8 +29,6 @@ venv: $(STAMP)
 book: $(STAMP)
 	$(PY) -m gradtie book --profile $(PROFILE)
 
-NBVAL_OPTS := --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg
-
 # the unit tests, then nbval; both print their ten slowest items (one pytest session for both,
 # whole files to each worker, measured slower: 1754 s against 864 + 803 s on an empty cache)
 test: unit nbval
@@ -48,7 +46,7 @@ unit-all: $(STAMP)
 # contents and the notebooks must agree first (nothing collected is a failure, never a pass)
 nbval: $(STAMP)
 	$(PY) -c "from gradtie import book; print(len(book.chapter_notebooks()), 'chapter notebooks')"
-	$(PY) -m pytest $(NBVAL_OPTS) notebooks/*.ipynb -n 2 --dist loadfile --durations=10
+	$(PY) -m pytest --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg notebooks/*.ipynb -n 2 --dist loadfile --durations=10
 
 # re-execute each chapter's reviewed source (notebooks/*.py) into the committed notebooks/*.ipynb
 notebooks: $(STAMP)

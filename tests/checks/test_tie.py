@@ -159,18 +159,30 @@ def test_nodes_are_derivatives_of_the_whole_loss_f64(params8):
     assert all(r.ok for r in rows), [(r.name, r.rel) for r in rows]
 
 
-def test_census_tie_and_finite_differences_share_one_compiled_forward(params8):
+def test_census_tie_and_finite_differences_share_one_compiled_forward(params8, monkeypatch):
     """The census, the rendered chain and the finite differences of one point read one compiled
     forward (`gradtie check`'s first run compiled it three times)."""
+    import importlib
+
     from gradtie.checks import census
-    from gradtie.checks.tie import _forward
+    tie_module = importlib.import_module("gradtie.checks.tie")
+    forward = tie_module._forward
     x, t = images("photos", 4, 32), labels(4)
     _, grads, _ = rendered_nodes(cifar8, params8, x, t, CFG8, ALPHA)
-    compiled = _forward._cache_size()
+    compiled = forward._cache_size()
+    calls = []
+
+    def counted(*args):
+        calls.append(args[0])
+        return forward(*args)
+    monkeypatch.setattr(tie_module, "_forward", counted)
     assert census.smoothness(cifar8, params8, x, CFG8).ok
+    census_calls = len(calls)
     rows = derivatives(cifar8, params8, x, t, CFG8, grads, key=jax.random.key(2), names=["fc3.bias"],
                        label_smoothing=ALPHA)
-    assert rows[0].ok and _forward._cache_size() == compiled
+    assert rows[0].ok
+    assert census_calls >= 1 and len(calls) > census_calls     # both read the tie's forward …
+    assert forward._cache_size() == compiled                   # … compiled once, for the tie
 
 
 def test_finite_differences_see_a_planted_bug(params8):

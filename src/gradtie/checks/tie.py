@@ -271,9 +271,10 @@ _oracle = jax.jit(oracle, static_argnums=(0, 4, 5))
 
 def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0):
     """`rendered`, compiled: (loss, grads, dx). targets: rows [N,K] in x's dtype."""
-    logits, saved, _ = _forward(real_net(net), params, x, cfg)
+    real = real_net(net)
+    logits, saved, _ = _forward(real, params, x, cfg)
     dlogits = head_cotangent(net)(logits, targets, label_smoothing)
-    backward = _backward if real_net(net) is net else _backward_control
+    backward = _backward if real is net else _backward_control
     grads, dx = backward(net.backward, params, saved, dlogits, cfg)
     return head.forward(logits, targets, label_smoothing), grads, dx
 

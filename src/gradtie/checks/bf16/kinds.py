@@ -17,14 +17,13 @@ import numpy as np
 from jax import lax
 
 from ...ops import conv
-from ..tie import rendered, targets_matrix
+from ..tie import QUICK, rendered, targets_matrix
 
 U_BF16 = 2.0 ** -8    # bf16 unit roundoff, round to nearest (8 significant bits)
 U_F32 = 2.0 ** -24    # float32 unit roundoff
 
-# The checks are compile-bound on CPU: LLVM optimisation off. It changes no IEEE result (no
-# fast-math either way), and the site identity is checked across separately compiled programs.
-QUICK = {"xla_backend_optimization_level": 0}
+# The checks are compile-bound on CPU: LLVM optimisation off (tie.QUICK). It changes no IEEE result
+# (no fast-math either way), and the site identity is checked across separately compiled programs.
 
 OPS = ("forward", "backward", "grad_weight")
 OP_LABELS = {"forward": "forward", "backward": "input backward", "grad_weight": "weight grad"}
