@@ -59,7 +59,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, plots
+from gradtie import book, plots, prng
 from gradtie.checks import bf16, check, tolerances
 from gradtie.checks.tie import targets_matrix
 from gradtie.nets import cifar8, resnet34, stages
@@ -81,7 +81,7 @@ points = {}
 for name, (net, cfg, size) in nets.items():
     params = net.init(key, cfg, weights="drawn")                                     # float32
     x = check.make_batch(p.data, p.batch, size, p.seed).astype(jnp.float32)
-    labels = jax.random.randint(jax.random.fold_in(key, 1), (p.batch,), 0, cfg.num_classes)
+    labels = prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, cfg.num_classes)
     points[name] = (net, cfg, params, x, targets_matrix(labels, cfg.num_classes, jnp.float32))
     gammas = np.concatenate([np.asarray(v) for k, v in params.items() if v.ndim == 1 and k.endswith("weight")
                              and not k.startswith("fc")])

@@ -61,7 +61,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, plots
+from gradtie import book, plots, prng
 from gradtie.checks import head as head_checks
 from gradtie.checks import tolerances
 from gradtie.ops import head
@@ -73,8 +73,8 @@ seed = 0
 # %%
 p = book.validated(num_classes=num_classes, seed=seed)
 key = jax.random.key(p.seed)
-labels3 = jax.random.randint(jax.random.fold_in(key, 0), (3,), 0, p.num_classes)
-z3 = 2.0 * jax.random.normal(jax.random.fold_in(key, 1), (3, p.num_classes), jnp.float64)
+labels3 = prng.randint(jax.random.fold_in(key, 0), (3,), 0, p.num_classes)
+z3 = 2.0 * prng.normal(jax.random.fold_in(key, 1), (3, p.num_classes), jnp.float64)
 t3 = head.one_hot(labels3, p.num_classes, jnp.float64)
 
 # %% [markdown]
@@ -163,7 +163,7 @@ assert plain.ok
 # only as good as the point it runs at.
 
 # %%
-z6 = 3.0 * jax.random.normal(jax.random.fold_in(key, 2), (6, p.num_classes), jnp.float64)
+z6 = 3.0 * prng.normal(jax.random.fold_in(key, 2), (6, p.num_classes), jnp.float64)
 t6 = head_checks.batch_targets("mixup", 6, p.num_classes, jax.random.fold_in(key, 3))
 controls = head_checks.control_cases(z6, t6, 0.1)
 print(controls.table())

@@ -60,7 +60,7 @@ jax.config.update("jax_enable_x64", True)
 
 from jax import lax
 
-from gradtie import book, cli, plots
+from gradtie import book, cli, plots, prng
 from gradtie.checks import census, check, tolerances
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import head, maxpool
@@ -82,7 +82,7 @@ flat8 = check.make_batch("flat", p.batch, 32, p.seed)
 flat34 = check.make_batch("flat", p.batch, p.image_size, p.seed)
 randn8 = check.make_batch("randn", p.batch, 32, p.seed)         # N(0, 1) pixels: no two receptive fields alike
 randn34 = check.make_batch("randn", p.batch, p.image_size, p.seed)
-labels = jax.random.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10)
+labels = prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10)
 targets = head.one_hot(labels, 10, jnp.float64)
 bn_scales = [(net, k) for net, ps in (("cifar8", params8), ("ResNet-34", params34))
              for k, v in ps.items() if v.ndim == 1 and k.endswith(".weight")]        # every BN's γ
@@ -166,7 +166,7 @@ inputs = {**{("cifar8", k): v for k, v in census.pool_inputs(cifar8, params8, x8
 for i, ((net_name, pool), r) in enumerate(inputs.items()):
     spec = (cifar8.POOLS | resnet34.POOLS)[pool]
     y, saved = maxpool.forward(r, spec)
-    dy = jax.random.normal(jax.random.fold_in(key, 100 + i), y.shape, jnp.float64)
+    dy = prng.normal(jax.random.fold_in(key, 100 + i), y.shape, jnp.float64)
     sigma = maxpool.select(r, spec)
     back = maxpool.backward(saved, dy)
     same_back = bool(jnp.array_equal(back, maxpool.scatter(sigma, dy, r.shape, spec)))

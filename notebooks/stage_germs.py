@@ -57,7 +57,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, plots
+from gradtie import book, plots, prng
 from gradtie.checks import census, check, germs, tolerances
 from gradtie.nets import cifar8
 from gradtie.ops import head
@@ -74,7 +74,7 @@ key = jax.random.key(p.seed)
 cfg8 = cifar8.Config()
 params8 = {k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights="drawn").items()}
 x8 = check.make_batch(p.data, p.batch, 32, p.seed)
-targets = head.one_hot(jax.random.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10), 10, jnp.float64)
+targets = head.one_hot(prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10), 10, jnp.float64)
 grads8 = germs.rendered_nodes(cifar8, params8, x8, targets, cfg8)
 smooth8 = census.smoothness(cifar8, params8, x8, cfg8)
 gammas = np.concatenate([np.asarray(params8[f"bn{k}.weight"]) for k in range(1, 9)])

@@ -53,7 +53,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, plots
+from gradtie import book, plots, prng
 from gradtie.checks import bugs, census, check, controls, stages, tolerances
 from gradtie.checks.fd import derivatives
 from gradtie.checks.float32 import float32_view
@@ -468,7 +468,7 @@ print(st34.table())
 # invisible, so we ask at 2×2 maps.
 
 # %%
-h_any = jax.random.normal(jax.random.fold_in(key, 10), (3, resnet34.WIDTHS[-1], 2, 2), jnp.float64)
+h_any = prng.normal(jax.random.fold_in(key, 10), (3, resnet34.WIDTHS[-1], 2, 2), jnp.float64)
 dy_any = stages.random_cotangent(jax.random.fold_in(key, 11), (3, p.num_classes))
 head_any = stages.tie_at(resnet34, params34, "head", h_any, dy_any, cfg34)
 head_zero = stages.tie_at(resnet34, params34, "head", jnp.zeros_like(h_any), dy_any, cfg34)

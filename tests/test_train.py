@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 
-from gradtie import data, train
+from gradtie import data, prng, train
 from gradtie.ops import batchnorm, dense, head, maxpool
 
 OPTAX_TOL = 1e-12     # float64: the two sides differ only in the order of a few roundings
@@ -21,9 +21,9 @@ TIE_TOL = 1e-10       # float64 relative error, rendered step vs autodiff step (
 
 def random_tree(key):
     k1, k2, k3 = jax.random.split(key, 3)
-    return {"conv1.weight": jax.random.normal(k1, (4, 3, 3, 3), jnp.float64),
-            "bn1.weight": 1 + 0.1 * jax.random.normal(k2, (4,), jnp.float64),
-            "fc.bias": jax.random.normal(k3, (5,), jnp.float64)}
+    return {"conv1.weight": prng.normal(k1, (4, 3, 3, 3), jnp.float64),
+            "bn1.weight": 1 + 0.1 * prng.normal(k2, (4,), jnp.float64),
+            "fc.bias": prng.normal(k3, (5,), jnp.float64)}
 
 
 def run_ours(opt, lr, steps=5, seed=0):
@@ -153,7 +153,7 @@ def _tiny_forward_eval(params, running, x, cfg):
 tiny = SimpleNamespace(
     NAME="tiny",
     init=lambda key, cfg: {"bn1.weight": jnp.ones(3, jnp.float32), "bn1.bias": jnp.zeros(3, jnp.float32),
-                           "fc.weight": 0.3 * jax.random.normal(key, (cfg.num_classes, 48), jnp.float32),
+                           "fc.weight": 0.3 * prng.normal(key, (cfg.num_classes, 48), jnp.float32),
                            "fc.bias": jnp.zeros(cfg.num_classes, jnp.float32)},
     init_running=lambda params, cfg: {"bn1.running_mean": jnp.zeros(3, params["bn1.weight"].dtype),
                                       "bn1.running_var": jnp.ones(3, params["bn1.weight"].dtype)},
@@ -165,8 +165,8 @@ TINY = TinyConfig()
 
 def tiny_batch(n=8, seed=0, dtype=jnp.float64):
     k1, k2 = jax.random.split(jax.random.key(seed))
-    x = 2.0 + 3.0 * jax.random.normal(k1, (n, 3, 4, 4), dtype)
-    return x, jax.random.randint(k2, (n,), 0, TINY.num_classes)
+    x = 2.0 + 3.0 * prng.normal(k1, (n, 3, 4, 4), dtype)
+    return x, prng.randint(k2, (n,), 0, TINY.num_classes)
 
 
 def tiny_state(opt, dtype=jnp.float64):

@@ -33,6 +33,8 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 
+from . import prng
+
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -245,8 +247,8 @@ def inputs(config: BenchConfig, *, abstract: bool = False, dtype=jnp.float32):
                 jax.ShapeDtypeStruct((n, cfg.num_classes), dtype))
     key = jax.random.key(0)
     params = net.init(key, cfg, weights="drawn")
-    x = jax.random.uniform(jax.random.fold_in(key, 1), x_shape, dtype)
-    labels = jax.random.randint(jax.random.fold_in(key, 2), (n,), 0, cfg.num_classes)
+    x = prng.uniform(jax.random.fold_in(key, 1), x_shape, dtype)
+    labels = prng.randint(jax.random.fold_in(key, 2), (n,), 0, cfg.num_classes)
     return params, x, jax.nn.one_hot(labels, cfg.num_classes, dtype=dtype)
 
 

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradtie import cli, data
+from gradtie import cli, data, prng
 from gradtie.checks import bf16
 from gradtie.checks.check import EXIT_TIED, run_check
 from gradtie.checks.tie import targets_matrix
@@ -25,7 +25,7 @@ K = 10
 def point(net, cfg, n, size):
     params = net.init(jax.random.key(0), cfg, weights="drawn")
     x = jnp.asarray(data.photos(n, size, seed=0), jnp.float32)
-    t = targets_matrix(jax.random.randint(jax.random.key(1), (n,), 0, K), K, jnp.float32)
+    t = targets_matrix(prng.randint(jax.random.key(1), (n,), 0, K), K, jnp.float32)
     return params, x, t
 
 

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradtie import data
+from gradtie import data, prng
 from gradtie.checks import census
 from gradtie.checks.tie import rendered, targets_matrix
 from gradtie.nets import cifar8, resnet34
@@ -96,7 +96,7 @@ def photos():
 
 @pytest.fixture(scope="module")
 def randn():
-    return jax.random.normal(jax.random.key(0), (2, 3, 32, 32), jnp.float64)
+    return prng.normal(jax.random.key(0), (2, 3, 32, 32), jnp.float64)
 
 
 @pytest.fixture(scope="module")
@@ -355,7 +355,7 @@ def test_resnet34_non_twin_tie_breaks_both(params34):
 
 
 def test_resnet34_lifted_randn_point_holds_both(params34):
-    x = jax.random.normal(jax.random.key(1), (2, 3, 32, 32), jnp.float64)
+    x = prng.normal(jax.random.key(1), (2, 3, 32, 32), jnp.float64)
     lifted = census.lift_dead_windows(resnet34, params34, x, CFG34)
     r = _census34(lifted, x)
     assert r.pools[0].counts["dead"] == 0 and r.pools[0].counts["twin tie"] == 0

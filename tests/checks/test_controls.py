@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from jax import lax
 
-from gradtie import data
+from gradtie import data, prng
 from gradtie.checks import census, controls
 from gradtie.checks.tie import TieReport, targets_matrix, tie
 from gradtie.nets import cifar8, resnet34
@@ -88,7 +88,7 @@ def test_drop_batch_divisor_control_goes_red(report8):
 def test_smoothing_wrong_k_control_goes_red(report8):
     r = report8["smoothing_wrong_k"]
     assert r.red and r.first.name == "fc3.bias" and r.first_beta.name == "bn8.bias"
-    logits = jax.random.normal(jax.random.key(1), (4, 10), jnp.float64)
+    logits = prng.normal(jax.random.key(1), (4, 10), jnp.float64)
     t = targets_matrix(jnp.arange(4), 10, jnp.float64)
     planted = controls.smoothing_wrong_k(cifar8).head_cotangent(logits, t, ALPHA)
     # t̃ with α/(K−1) sums to 1 + α/(K−1): each row of dy sums to −α/((K−1)·N) instead of 0
@@ -167,8 +167,8 @@ def test_planted_restores_the_module_even_on_error():
 
 @pytest.mark.parametrize("size,k", [(2, 3), (16, 7), (8, 1)])
 def test_same_pads_are_xlas(size, k):
-    x = jax.random.normal(jax.random.key(0), (1, 2, size, size), jnp.float64)
-    w = jax.random.normal(jax.random.key(1), (3, 2, k, k), jnp.float64)
+    x = prng.normal(jax.random.key(0), (1, 2, size, size), jnp.float64)
+    w = prng.normal(jax.random.key(1), (3, 2, k, k), jnp.float64)
     dims = ("NCHW", "OIHW", "NCHW")
     same = lax.conv_general_dilated(x, w, (2, 2), "SAME", dimension_numbers=dims)
     pads = controls.same_pads(size, k, 2)
@@ -178,12 +178,12 @@ def test_same_pads_are_xlas(size, k):
 
 def test_same_padding_backward_is_the_vjp_of_a_same_forward():
     """The planted backward is a correct backward, of the wrong forward: the vjp of a 'SAME' conv."""
-    x = jax.random.normal(jax.random.key(0), (2, 3, 8, 8), jnp.float64)
-    w = jax.random.normal(jax.random.key(1), (4, 3, 3, 3), jnp.float64)
+    x = prng.normal(jax.random.key(0), (2, 3, 8, 8), jnp.float64)
+    w = prng.normal(jax.random.key(1), (4, 3, 3, 3), jnp.float64)
     dims = ("NCHW", "OIHW", "NCHW")
     y, pullback = jax.vjp(lambda x_, w_: lax.conv_general_dilated(x_, w_, (2, 2), "SAME", dimension_numbers=dims),
                           x, w)
-    dy = jax.random.normal(jax.random.key(2), y.shape, jnp.float64)
+    dy = prng.normal(jax.random.key(2), y.shape, jnp.float64)
     dx_ref, dw_ref = pullback(dy)
     dx = controls._same_input_backward(conv.backward)(w, dy, input_shape=x.shape, stride=2)
     dw = controls._same_grad_weight(conv.grad_weight)(x, dy, kernel_size=3, stride=2)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from gradtie import prng
 from gradtie.checks import head as hc
 from gradtie.checks import tolerances
 from gradtie.ops import head
@@ -16,8 +17,8 @@ from gradtie.ops import head
 
 def _batch(n, k, seed=0, scale=3.0):
     key = jax.random.key(seed)
-    z = scale * jax.random.normal(key, (n, k), jnp.float64)
-    labels = jax.random.randint(jax.random.fold_in(key, 1), (n,), 0, k)
+    z = scale * prng.normal(key, (n, k), jnp.float64)
+    labels = prng.randint(jax.random.fold_in(key, 1), (n,), 0, k)
     return z, labels, head.one_hot(labels, k, jnp.float64)
 
 

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradtie import data
+from gradtie import data, prng
 from gradtie.checks import bugs, census, check, controls, stages, tolerances
 from gradtie.checks.tie import compare, targets_matrix, zero_in_reals
 from gradtie.nets import cifar8, resnet34
@@ -57,7 +57,7 @@ def stages8(params8, chain8):
 @pytest.fixture(scope="module")
 def smooth_point8(params8):
     """randn images with every pool-feeding β lifted: no dead window, so MaxPool2Smooth holds."""
-    x = jax.random.uniform(jax.random.key(3), (N, 3, 32, 32), jnp.float64)
+    x = prng.uniform(jax.random.key(3), (N, 3, 32, 32), jnp.float64)
     p = census.lift_dead_windows(cifar8, params8, x, CFG8)
     return p, x, census.smoothness(cifar8, p, x, CFG8)
 
@@ -161,8 +161,8 @@ def test_resnet34_projection_bug_parts_at_a_downsample_block(params34):
 
 def test_head_ties_at_any_point(params34):
     """r34HeadBHasVJP is global: any GAP input (negative values, no point of the net) ties."""
-    h = jax.random.normal(jax.random.key(7), (3, 512, 2, 2), jnp.float64)
-    dy = jax.random.normal(jax.random.key(8), (3, 10), jnp.float64)
+    h = prng.normal(jax.random.key(7), (3, 512, 2, 2), jnp.float64)
+    dy = prng.normal(jax.random.key(8), (3, 10), jnp.float64)
     rep = stages.tie_at(resnet34, params34, "head", h, dy, CFG34)
     assert rep.ok and [r.name for r in rep.rows] == ["fc.weight", "fc.bias", "input"]
     grads, dx = stages._stage_at(stages._stage_records(resnet34, CFG34)["head"], params34, h, dy, CFG34)

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gradtie import prng
 from gradtie.nets import cifar8, stages
 from gradtie.ops import head, maxpool
 
@@ -108,7 +109,7 @@ def test_gather_model_at_argmax_is_the_net_bit_for_bit(params, x):
 
 def _random_selections(saved, seed=5):
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-    return {name: jax.random.randint(k, maxpool.select(r, cifar8.POOLS[name]).shape, 0, 4)
+    return {name: prng.randint(k, maxpool.select(r, cifar8.POOLS[name]).shape, 0, 4)
             for k, (name, r) in zip(keys, cifar8.pool_inputs(saved).items())}
 
 

@@ -13,7 +13,7 @@ import skimage.data
 import skimage.transform
 from sklearn.datasets import load_digits
 
-from gradtie import reference
+from gradtie import prng, reference
 from gradtie.checks import tolerances
 from gradtie.checks.tie import compare, zero_in_reals as zero_nodes
 
@@ -60,7 +60,7 @@ def flat_images(n: int, size: int = 32) -> np.ndarray:
 
 
 def randn(key: int, shape) -> jax.Array:
-    return jax.random.normal(jax.random.PRNGKey(key), shape, jnp.float64)
+    return prng.normal(jax.random.PRNGKey(key), shape, jnp.float64)
 
 
 # ---- targets ------------------------------------------------------------------------------------

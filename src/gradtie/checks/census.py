@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import prng
 from ..ops import head, maxpool
 from .tolerances import RADIUS_FRACTION, ROUTE_REL, SLOPE_REL, TWIN_REL  # noqa: F401 (the old names)
 
@@ -558,7 +559,7 @@ def planted_tie(net, params: dict) -> dict:
 
 def direction(params: dict, names: Sequence[str], key) -> dict:
     """A random direction in the named parameters (zero elsewhere), unit Euclidean norm overall."""
-    v = {name: jax.random.normal(jax.random.fold_in(key, i), params[name].shape, params[name].dtype)
+    v = {name: prng.normal(jax.random.fold_in(key, i), params[name].shape, params[name].dtype)
          for i, name in enumerate(names)}
     norm = jnp.sqrt(sum(jnp.sum(a * a) for a in v.values()))
     return {name: (v[name] / norm if name in v else jnp.zeros_like(p)) for name, p in params.items()}

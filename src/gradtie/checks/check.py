@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import prng
 from . import tolerances as tol
 from .tie import TieReport, reference_at, report, targets_matrix, tie
 
@@ -125,7 +126,7 @@ def make_batch(data: str, batch: int, image_size: int, seed: int):
     """Images in [0,1] (photos, flat) or standard normal (randn), as float64 NumPy-backed arrays."""
     from .. import data as data_
     if data == "randn":
-        return jax.random.normal(jax.random.key(seed), (batch, 3, image_size, image_size), jnp.float64)
+        return prng.normal(jax.random.key(seed), (batch, 3, image_size, image_size), jnp.float64)
     if data == "photos":
         return jnp.asarray(data_.photos(batch, image_size, seed=seed), jnp.float64)
     if data == "flat":
@@ -265,7 +266,7 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
     params = {k: jnp.asarray(np.asarray(v, dtype)) for k, v in params.items()}
     x = make_batch(data, batch, image_size, seed) if x is None else jnp.asarray(x)
     x = jnp.asarray(np.asarray(x, dtype))
-    labels = jax.random.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
+    labels = prng.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
     targets = targets_matrix(labels, cfg.num_classes, dt)
     settings = dict(net=net, batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16,
                     seed=seed, label_smoothing=label_smoothing, plant_tie=plant_tie,

@@ -63,11 +63,6 @@ def loss_fn(net, x, targets, cfg, label_smoothing: float = 0.0):
     return loss
 
 
-def unit_direction(key, shape, dtype) -> jax.Array:
-    v = jax.random.normal(key, shape, dtype)
-    return v / jnp.linalg.norm(v.ravel())
-
-
 def central_difference(loss, params: dict, name: str, direction: jax.Array, h: float) -> float:
     plus = dict(params, **{name: params[name] + h * direction})
     minus = dict(params, **{name: params[name] - h * direction})

@@ -37,8 +37,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import reference
+from .. import prng, reference
 from ..ops import head, maxpool
+from . import census
 from .tie import QUICK
 from .tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FLATNESS, GERM_KINK_FRACTION, GERM_KINK_STEPS,
                          GERM_MIN_WINDOW, GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS,
@@ -323,11 +324,7 @@ def unit_direction(params: dict, names: Sequence[str], key) -> dict:
     missing = [n for n in names if n not in params]
     if missing or not names:
         raise ValueError(f"unit_direction: names must be parameters, got {list(names)} (missing {missing})")
-    v = {}
-    for i, name in enumerate(names):
-        v[name] = jax.random.normal(jax.random.fold_in(key, i), params[name].shape, params[name].dtype)
-    norm = jnp.sqrt(sum(jnp.sum(a * a) for a in v.values()))
-    return {name: (v[name] / norm if name in v else jnp.zeros_like(p)) for name, p in params.items()}
+    return census.direction(params, names, key)
 
 
 class Path(NamedTuple):
@@ -693,7 +690,7 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key
     w = _zero_w(path.w, path.v)
     derivs = tuple(float(d) for d in _derivatives(net, params, path.v, w, x, targets, cfg,
                                                    jnp.asarray(label_smoothing, x.dtype)))
-    seed = int(jax.random.randint(jax.random.fold_in(key, 20_000), (), 0, 2 ** 31 - 1))
+    seed = int(prng.randint(jax.random.fold_in(key, 20_000), (), 0, 2 ** 31 - 1))
     eps_l, _ = loss_roundoff(net, params, x, targets, cfg, path, seed=seed, label_smoothing=label_smoothing)
     return GermReport(label, where, path.kind, names, ts, diff, measured, bracket, predicted, kinks, hs,
                       (plus - minus) / (2 * hs), exact, float(s0[0]), derivs, (plus - s0[0]) / hs,

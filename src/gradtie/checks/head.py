@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import data, reference
+from .. import data, prng, reference
 from ..ops import dense, gap, head
 from . import tolerances as tol
 
@@ -198,11 +198,11 @@ def batch_targets(kind: str, n: int, k: int, key) -> jax.Array:
     """[N,K] float64 targets: one-hot rows of random labels, or their mixup / cutmix over a photo
     batch (`gradtie.data`); every row sums to 1."""
     k_lab, k_mix = jax.random.split(key)
-    labels = jax.random.randint(k_lab, (n,), 0, k)
+    labels = prng.randint(k_lab, (n,), 0, k)
     t = head.one_hot(labels, k, jnp.float64)
     if kind == "one-hot":
         return t
-    x = jnp.asarray(data.photos(n, 32, seed=int(jax.random.randint(k_mix, (), 0, 2**30))), jnp.float64)
+    x = jnp.asarray(data.photos(n, 32, seed=int(prng.randint(k_mix, (), 0, 2**30))), jnp.float64)
     if kind == "mixup":
         return data.mixup(x, t, k_mix).targets
     if kind == "cutmix":
@@ -222,7 +222,7 @@ def fold_cases(key, *, alphas: Sequence[float] = (0.0, 0.1), batches: Sequence[i
     ties = []
     for i, (alpha, n, kind) in enumerate((a, n, k) for a in alphas for n in batches for k in kinds):
         kz, kt = jax.random.split(jax.random.fold_in(key, i))
-        z = logit_scale * jax.random.normal(kz, (n, num_classes), jnp.float64)
+        z = logit_scale * prng.normal(kz, (n, num_classes), jnp.float64)
         t = batch_targets(kind, n, num_classes, kt)
         ties.append(tie_fold(z, t, alpha, label=f"α={alpha:g} N={n} {kind}"))
     return TieTable(ties)
@@ -331,8 +331,8 @@ def tied_head_input(key, n: int = 3, channels: int = 8, size: int = 4) -> jax.Ar
     constant small integers (equal features across channels and examples), and the last example
     repeats the first."""
     kx, ki = jax.random.split(key)
-    x = jax.random.normal(kx, (n, channels, size, size), jnp.float64)
-    ints = jnp.round(jax.random.normal(ki, (n, channels // 2, 1, 1), jnp.float64))
+    x = prng.normal(kx, (n, channels, size, size), jnp.float64)
+    ints = jnp.round(prng.normal(ki, (n, channels // 2, 1, 1), jnp.float64))
     x = x.at[:, : channels // 2].set(jnp.broadcast_to(ints, (n, channels // 2, size, size)))
     return x.at[-1].set(x[0]) if n > 1 else x
 
@@ -363,9 +363,9 @@ def linear_head_cases(key, *, n: int = 3, channels: int = 8, size: int = 4, num_
     a planted bug (`gap_without_area`)."""
     kx, kw, kb, kg = jax.random.split(key, 4)
     x = tied_head_input(kx, n, channels, size)
-    w = jax.random.normal(kw, (num_classes, channels), jnp.float64) / np.sqrt(channels)
-    b = jax.random.normal(kb, (num_classes,), jnp.float64)
-    dlogits = jax.random.normal(kg, (n, num_classes), jnp.float64)
+    w = prng.normal(kw, (num_classes, channels), jnp.float64) / np.sqrt(channels)
+    b = prng.normal(kb, (num_classes,), jnp.float64)
+    dlogits = prng.normal(kg, (n, num_classes), jnp.float64)
     g, shape = gap.forward(x)
     dg = dense.backward(w, dlogits)
     dg_o, dw_o, db_o = reference.dense_vjp(g, w, b, dlogits)

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import reference
+from .. import prng, reference
 from ..nets import stages as net_stages
 from ..ops import batchnorm, conv, dense, head, maxpool, relu
 from . import controls
@@ -645,13 +645,13 @@ def tie_at(net, params, stage: str, h, dy, cfg, *, key: Optional[jax.Array] = No
 def random_cotangent(key, shape, dtype=jnp.float64, kind: str = "normal") -> jax.Array:
     """A cotangent at the logits no loss of ours would hand the chain: "normal" (N(0,1) entries,
     rows not summing to 0), "spike" (one large entry per row), "scaled" (normal × 1e6)."""
-    z = jax.random.normal(key, shape, dtype)
+    z = prng.normal(key, shape, dtype)
     if kind == "normal":
         return z
     if kind == "scaled":
         return 1e6 * z
     if kind == "spike":
-        cls = jax.random.randint(jax.random.fold_in(key, 1), (shape[0],), 0, shape[1])
+        cls = prng.randint(jax.random.fold_in(key, 1), (shape[0],), 0, shape[1])
         return jax.nn.one_hot(cls, shape[1], dtype=dtype) * 1e3 + 1e-3 * z
     raise ValueError(f"random_cotangent: kind {kind!r}: expected normal, spike or scaled")
 

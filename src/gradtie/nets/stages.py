@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Mapping, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
+from .. import prng
 from ..ops import batchnorm, conv, head, maxpool
 
 
@@ -216,33 +217,39 @@ def _is_beta(spec: ParamSpec, specs: Sequence[ParamSpec]) -> bool:
     return spec.name.endswith(".bias") and any(s.name == gamma and s.init == "ones" for s in specs)
 
 
-@partial(jax.jit, static_argnums=(1, 2))
 def _draw(key: jax.Array, specs: tuple[ParamSpec, ...], drawn: bool) -> dict[str, jax.Array]:
-    # one standard-normal draw for all weights, cut into tensors: one small program to compile
-    # instead of a random-number kernel per tensor shape
+    # one standard-normal draw for all weights (and one uniform, one normal for the vectors), cut
+    # into tensors on the host: the random-number programs compile once per size class
+    # (`gradtie.prng`), not once per net or tensor shape, and the values are jax.random's. Under a
+    # trace (eval_shape, a caller's jit) the same arithmetic is traced instead.
     weights = [spec for spec in specs if spec.init in ("conv", "dense")]
-    z = jax.random.normal(key, (sum(math.prod(spec.shape) for spec in weights),), jnp.float32)
+    z = prng.normal(key, (sum(math.prod(spec.shape) for spec in weights),), jnp.float32)
+    traced = isinstance(z, jax.core.Tracer)
+    xp = jnp if traced else np
+    host = (lambda a: a) if traced else np.asarray
+    z = host(z)
     vectors = [spec for spec in specs if spec.init in ("ones", "zeros")]
-    u = jax.random.uniform(jax.random.fold_in(key, 1), (sum(math.prod(s.shape) for s in vectors),), jnp.float32)
-    zv = jax.random.normal(jax.random.fold_in(key, 2), u.shape, jnp.float32)
+    nv = sum(math.prod(s.shape) for s in vectors)
+    u = host(prng.uniform(jax.random.fold_in(key, 1), (nv,), jnp.float32)) if drawn else None
+    zv = host(prng.normal(jax.random.fold_in(key, 2), (nv,), jnp.float32)) if drawn else None
     params, offset, voffset = {}, 0, 0
     lo, hi = DRAWN_GAMMA
+    f32 = np.float32
     for spec in specs:
-        if spec.init in ("conv", "dense"):
-            size = math.prod(spec.shape)
-            params[spec.name] = _std(spec) * z[offset:offset + size].reshape(spec.shape)
-            offset += size
-            continue
         size = math.prod(spec.shape)
-        cut = slice(voffset, voffset + size)
-        voffset += size
-        if spec.init == "ones":
-            params[spec.name] = (lo + (hi - lo) * u[cut] if drawn else jnp.ones(size, jnp.float32)).reshape(spec.shape)
-        elif drawn:
-            std = DRAWN_BETA_STD if _is_beta(spec, specs) else DRAWN_BIAS_STD
-            params[spec.name] = (std * zv[cut]).reshape(spec.shape)
+        if spec.init in ("conv", "dense"):
+            value = f32(_std(spec)) * z[offset:offset + size]
+            offset += size
         else:
-            params[spec.name] = jnp.zeros(spec.shape, jnp.float32)
+            cut = slice(voffset, voffset + size)
+            voffset += size
+            if spec.init == "ones":
+                value = f32(lo) + f32(hi - lo) * u[cut] if drawn else xp.ones(size, f32)
+            elif drawn:
+                value = f32(DRAWN_BETA_STD if _is_beta(spec, specs) else DRAWN_BIAS_STD) * zv[cut]
+            else:
+                value = xp.zeros(size, f32)
+        params[spec.name] = jnp.asarray(value.reshape(spec.shape))
     return params
 
 

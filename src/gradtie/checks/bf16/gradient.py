@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ... import reference
+from ... import prng, reference
 from ...ops import batchnorm, conv, dense
 from ..tie import rendered, targets_matrix, zero_in_reals
 from ..tolerances import (BF16_F32_DISTANCE_DRAWS, BF16_F32_DISTANCE_NUDGE, BF16_GRADIENT_DRAWS, BF16_GRADIENT_FACTOR,
@@ -336,7 +336,7 @@ def f32_distance(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, 
                  nudge: float = BF16_F32_DISTANCE_NUDGE) -> list[F32DistanceRow]:
     """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the same point, each
     with the f32 chain's spread under `draws` random relative nudges of every weight and pixel."""
-    seed = int(jax.random.randint(jax.random.key(0) if key is None else key, (), 0, 2 ** 31 - 1))
+    seed = int(prng.randint(jax.random.key(0) if key is None else key, (), 0, 2 ** 31 - 1))
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     cfg32 = replace(cfg, bf16=False)
     _, g32, dx32 = _chain(net, params, x, t, cfg32, label_smoothing)

@@ -11,6 +11,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
+from ... import prng
 from ...nets import stages
 from ..tie import targets_matrix
 from ..tolerances import BF16_GRADIENT_FACTOR
@@ -104,6 +105,6 @@ def check(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, key: Op
     erasure = chain_erasure(net, params, x, t, cfg, label_smoothing=label_smoothing)
     sites, (loss, _, _) = conv_sites(net, params, x, t, cfg, label_smoothing=label_smoothing)
     rows = site_rows(sites, stages.rounding(cfg))
-    seed = int(jax.random.randint(jax.random.key(0) if key is None else key, (), 0, 2 ** 31 - 1))
+    seed = int(prng.randint(jax.random.key(0) if key is None else key, (), 0, 2 ** 31 - 1))
     nodes = gradient_rows(net, params, x, t, cfg, label_smoothing=label_smoothing, seed=seed)
     return Bf16Report(erasure.net, rounding_name(cfg), erasure, rows, nodes, {"loss": float(loss)})
