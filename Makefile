@@ -33,7 +33,7 @@ book: $(STAMP)
 # whole files to each worker, measured slower: 1754 s against 864 + 803 s on an empty cache)
 test: unit nbval
 
-# everything, with the large-shape repeats that `make test` leaves to the chapters (tests/conftest.py)
+# everything, with the repeats that `make test` leaves to the chapters (tests/conftest.py)
 test-all: unit-all nbval
 
 unit: $(STAMP)

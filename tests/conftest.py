@@ -1,5 +1,5 @@
 """Float64 on, fixed seeds, quick hypothesis profile, one persistent compilation cache, and the
-`slow` mark on the few large-shape cases a chapter also shows (run them with `make test-all`)."""
+`slow` mark on the cases a chapter also shows (run them with `make test-all`)."""
 
 import os
 from pathlib import Path
@@ -21,8 +21,9 @@ jax.config.update("jax_enable_x64", True)
 settings.register_profile("gradtie", max_examples=15, deadline=None, derandomize=True)
 settings.load_profile("gradtie")
 
-# Large-shape repeats of claims a smaller case here already checks, and a chapter shows again under
-# nbval at its own shapes; `make test` leaves them to `make test-all`.
+# Repeats of claims a chapter shows under nbval: large-shape cases a smaller one here already
+# checks, and cases a chapter runs at the same point with the same verdict; `make test` leaves them
+# to `make test-all`.
 SLOW = {
     # the mesh tie at R·N = 8: the Data-parallel chapter sweeps ResNet-34's R·N (R = 2, 4; 8 in its
     # cpu profile) and ties cifar8 on a mesh; the mesh step, uneven counts, the per-replica control
@@ -50,7 +51,7 @@ SLOW = {
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "slow: a large-shape repeat that a chapter also shows (make test-all)")
+    config.addinivalue_line("markers", "slow: a repeat of a case a chapter also shows (make test-all)")
 
 
 def pytest_collection_modifyitems(config, items):
