@@ -263,12 +263,12 @@ def replica_step(net, cfg, label_smoothing: float, sync_bn: bool, replicas: int,
 
 @functools.lru_cache(maxsize=64)
 def _compiled(net, cfg, mesh: Mesh, label_smoothing: float, sync_bn: bool, with_dx: bool,
-              masked: bool) -> Callable:
+              masked: bool, options: tuple = ()) -> Callable:
     step = replica_step(net, cfg, label_smoothing, sync_bn, replica_count(mesh), with_dx, masked)
     in_specs = (P(), P(AXIS), P(AXIS)) + ((P(AXIS),) if masked else ())
     sharded = jax.shard_map(step, mesh=mesh, in_specs=in_specs,
                             out_specs=(P(), P(), P(AXIS) if with_dx else None, P(), P()))
-    return jax.jit(sharded)
+    return jax.jit(sharded, compiler_options=dict(options) or None)
 
 
 def _targets(op: str, targets, batch: int, num_classes: int, dtype):
@@ -307,7 +307,7 @@ def _check_batch(op: str, x, mesh: Mesh) -> int:
 
 def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothing: float = 0.0,
                      sync_bn: bool = True, with_dx: bool = True, counts: Optional[Sequence[int]] = None,
-                     valid=None) -> ReplicaStep:
+                     valid=None, compiler_options: Optional[Mapping[str, Any]] = None) -> ReplicaStep:
     """The data-parallel rendered step: loss, gradients of the global loss, input gradient, batch stats.
 
     x [R·N,C,H,W] and targets (int labels [R·N] or rows [R·N,K]) hold the global batch; replica r
@@ -318,6 +318,8 @@ def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothin
     (replica r's rows one after another); dx comes back in the same rows. Or `valid` [R·N]: x is
     already padded (replica r's rows r·N … (r+1)·N − 1, valid[i] = 1 for a real example, 0 for
     padding; a multi-process global batch pads this way); dx then comes back padded, 0 on padding.
+    compiler_options: XLA's, for the compiled step (a check evaluating it once passes
+    `checks.tie.QUICK`).
     """
     op = "parallel.forward_backward"
     if counts is not None and valid is not None:
@@ -330,11 +332,12 @@ def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothin
         xs, ts, valid_ = padded(x, t, counts)
         out = forward_backward(net, params, jnp.asarray(xs), jnp.asarray(ts), cfg, mesh=mesh,
                                label_smoothing=label_smoothing, sync_bn=sync_bn, with_dx=with_dx,
-                               valid=jnp.asarray(valid_))
+                               valid=jnp.asarray(valid_), compiler_options=compiler_options)
         return out._replace(dx=None if out.dx is None else out.dx[valid_rows(counts)])
     batch = _check_batch(op, x, mesh)
     t = _targets(op, targets, batch, cfg.num_classes, jnp.result_type(x))
-    fn = _compiled(net, cfg, mesh, float(label_smoothing), bool(sync_bn), bool(with_dx), valid is not None)
+    fn = _compiled(net, cfg, mesh, float(label_smoothing), bool(sync_bn), bool(with_dx), valid is not None,
+                   tuple(sorted((compiler_options or {}).items())))
     args = (dict(params), x, t) if valid is None else (dict(params), x, t, _mask(op, valid, batch, x))
     out = ReplicaStep(*fn(*args))
     # jit hands dicts back sorted by key; `list(grads)` is the signature order, as in `params`

@@ -226,16 +226,19 @@ def _rendered_loss_and_grads(net, cfg, alpha: float):
 
 
 def make_step(net, cfg, opt: Optimizer, *, grads: str = "rendered", label_smoothing: float = 0.0,
-              jit: bool = True) -> Callable[[TrainState, Any, Any, Any], tuple[TrainState, dict]]:
+              jit: bool = True, compiler_options: Optional[Mapping[str, Any]] = None,
+              ) -> Callable[[TrainState, Any, Any, Any], tuple[TrainState, dict]]:
     """A train step `step(state, x, targets, lr) -> (state, metrics)`, jitted.
 
     targets: int labels [N] or rows summing to 1 [N,K]. grads="rendered" uses the net's rendered
     chain; grads="autodiff" differentiates the same forward with `jax.value_and_grad` (the peer the
     rendered step is compared against). metrics: loss, accuracy (argmax of logits against argmax
-    of targets), grad_norm (global L2), lr.
+    of targets), grad_norm (global L2), lr. compiler_options: XLA's, for the jitted step (a
+    control taken a step or two compiles with `checks.tie.QUICK`).
     """
+    options = tuple(sorted((compiler_options or {}).items()))
     try:
-        key = (id(net), hash(cfg), cfg, id(opt), grads, label_smoothing, jit)
+        key = (id(net), hash(cfg), cfg, id(opt), grads, label_smoothing, jit, options)
     except TypeError:       # an unhashable config: no reuse
         key = object()
     hit = _STEPS.get(key)
@@ -265,7 +268,7 @@ def make_step(net, cfg, opt: Optimizer, *, grads: str = "rendered", label_smooth
         return TrainState(params, opt_state, running, state.step + 1), metrics
 
     if jit:
-        jitted = jax.jit(step)
+        jitted = jax.jit(step, compiler_options=dict(options) or None)
 
         def ordered_step(state: TrainState, x, targets, lr):
             new, metrics = jitted(state, x, targets, lr)

@@ -90,3 +90,18 @@ def test_unknown_or_inapplicable_bug_is_a_clear_error():
         bugs.plant("bn_typo", cifar8)
     with pytest.raises(ValueError, match="applies to resnet34 only"):
         bugs.plant("residual_skip_dropped", cifar8)
+
+
+def test_run_plants_op_by_op_with_the_compiled_verdict(points):
+    """`bugs.run` (the chapter's catalogue) runs each planted backward op by op: the same verdict as
+    the compiled control, a hiding entry still ties at init weights, and the real chain ties."""
+    net, cfg, params, x, t, alpha, pt = point(points, "cifar8")
+    rep = bugs.run(net, params, x, t, cfg, label_smoothing=alpha, point=pt, names=("bn_no_mean_term",))
+    assert rep.real.ok and [c.bug for c in rep.caught] == ["bn_no_mean_term"]
+    c = rep.caught[0]
+    compiled = tie(bugs.plant(c.bug, net), params, x, t, cfg, label_smoothing=alpha, point=pt).first_failure()
+    assert c.red and c.first.name == compiled.name
+    assert c.ratio == pytest.approx(compiled.rel / compiled.limit, rel=1e-6)
+    net, cfg, params, x, t, alpha, pt = point(points, "cifar8", "init")
+    hidden = bugs.run(net, params, x, t, cfg, label_smoothing=alpha, point=pt, names=("bn_forget_gamma",))
+    assert hidden.real.ok and not hidden.caught[0].red and hidden.caught[0].report.ok

@@ -449,8 +449,9 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names=Non
         point=None) -> CatalogueReport:
     """Every catalogue entry that applies to `net` (or `names`) planted in turn, each tied at the
     same point against one shared reference and envelope. replicas > 1: the data-parallel entries,
-    through the mesh step (`check.tie_replicas`). label_smoothing > 0 so that every head entry
-    plants something."""
+    through the mesh step (`check.tie_replicas`); else each planted backward runs op by op (the
+    entries share their ops, not their programs: `tie.rendered_nodes`). label_smoothing > 0 so that
+    every head entry plants something."""
     from .check import tie_replicas
     from .tie import net_label, reference_at, tie, targets_matrix
     label = net_label(net)
@@ -464,7 +465,7 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names=Non
             counts = uneven_split(x.shape[0], replicas) if uneven else None
             return tie_replicas(n, params, x, t, cfg, replicas=replicas, label_smoothing=label_smoothing, point=point,
                                 counts=counts)
-        return tie(n, params, x, t, cfg, label_smoothing=label_smoothing, point=point)
+        return tie(n, params, x, t, cfg, label_smoothing=label_smoothing, point=point, op_by_op=True)
 
     real = verdict(net)
     caught = [Caught(b.name, b.family, label, verdict(b.make(net), b.needs_uneven)) for b in chosen]

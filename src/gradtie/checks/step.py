@@ -47,7 +47,7 @@ import optax
 from .. import data as data_
 from .. import reference, train
 from . import tolerances as tol
-from .tie import (NodeRow, bn_cells, bn_of, compare, host_rng, is_beta, net_label, targets_matrix,
+from .tie import (QUICK, NodeRow, bn_cells, bn_of, compare, host_rng, is_beta, net_label, targets_matrix,
                   zero_in_reals)
 
 RECIPES = ("sgd", "nesterov", "heavy-ball")
@@ -636,7 +636,9 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
                          f"not {recipe} at lr {lr}")
     opt = train.make_optimizer(recipe) if control is None else control.optimizer
     stepper = net if control is None else control.net
-    step = train.make_step(stepper, cfg, opt, grads="rendered", label_smoothing=reference.label_smoothing)
+    # a control's step runs once per batch: LLVM's optimisation off halves its compile (tie.QUICK)
+    step = train.make_step(stepper, cfg, opt, grads="rendered", label_smoothing=reference.label_smoothing,
+                           compiler_options=None if control is None else QUICK)
     state = train.init_state(stepper, cfg, reference.start, opt)
     cells_of = {name: reference.bn_cells[b] for name in reference.start
                 if (b := bn_of(name, reference.bn_cells)) is not None}
