@@ -14,6 +14,9 @@ from gradtie.nets import cifar8, stages
 
 KEY = jax.random.fold_in(jax.random.key(3), 7)
 SHAPES = [(), (1,), (5,), (3, 4, 5, 7), (64, 3, 3, 3), (2, 3, 32, 32)]
+# every dtype and function at a 1-D and a 4-D shape; float64 normals at all six (each jax.random
+# draw compared compiles its own program: 0.4–3 s)
+EVERY_KIND = [(5,), (64, 3, 3, 3)]
 
 
 def same(a, b):
@@ -22,13 +25,17 @@ def same(a, b):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_values_are_jax_randoms_bit_for_bit(shape):
-    for dtype in (jnp.float64, jnp.float32, None):
+    assert same(prng.normal(KEY, shape, jnp.float64), jax.random.normal(KEY, shape, jnp.float64))
+    old = jax.random.PRNGKey(1)                       # raw uint32 keys too
+    assert same(prng.normal(old, shape, jnp.float64), jax.random.normal(old, shape, jnp.float64))
+    if shape not in EVERY_KIND:
+        return
+    for dtype in (jnp.float32, None):
         assert same(prng.normal(KEY, shape, dtype), jax.random.normal(KEY, shape, dtype))
+    for dtype in (jnp.float64, jnp.float32, None):
         assert same(prng.uniform(KEY, shape, dtype, 0.5, 1.5), jax.random.uniform(KEY, shape, dtype, 0.5, 1.5))
     for dtype in (jnp.int32, None):
         assert same(prng.randint(KEY, shape, 3, 2**31 - 1, dtype), jax.random.randint(KEY, shape, 3, 2**31 - 1, dtype))
-    old = jax.random.PRNGKey(1)                       # raw uint32 keys too
-    assert same(prng.normal(old, shape, jnp.float64), jax.random.normal(old, shape, jnp.float64))
 
 
 def test_a_wrong_value_would_show():
