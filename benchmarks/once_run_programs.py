@@ -1,0 +1,107 @@
+"""What the checks' run-once programs cost cold: the catalogue compiled or op by op, and the mesh tie.
+
+    .venv/bin/python benchmarks/once_run_programs.py catalogue --net resnet34 --mode op-by-op
+    .venv/bin/python benchmarks/once_run_programs.py catalogue --net resnet34 --mode compiled
+    .venv/bin/python benchmarks/once_run_programs.py mesh
+
+Each invocation is one configuration in a fresh process with an empty compilation cache of its own
+(set before jax starts), so run the modes one after the other and compare. `catalogue` times
+`bugs.run` at Would the check catch it?'s point for the net (the shared reference apart);
+"compiled" swaps the op-by-op planted backward for the compiled one (`tie._backward_control`).
+`mesh` times the Data-parallel chapter's ci R·N sweep step by step (census, reference, mesh tie),
+with the seconds XLA spent compiling in each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+import time
+
+os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="gradtie-bench-cache-")
+os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import importlib  # noqa: E402
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax._src import monitoring  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+
+from gradtie import data  # noqa: E402
+from gradtie.checks import bugs  # noqa: E402
+from gradtie.checks import census as census_  # noqa: E402
+from gradtie.checks import data_parallel as dp  # noqa: E402
+from gradtie.checks.check import tie_replicas  # noqa: E402
+from gradtie.checks.tie import reference_at, targets_matrix  # noqa: E402
+from gradtie.nets import cifar8, resnet34  # noqa: E402
+
+tie_module = importlib.import_module("gradtie.checks.tie")
+COMPILES: list[tuple[str, float]] = []
+
+
+def _listen(event: str, duration: float, **kw) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        COMPILES.append((kw.get("fun_name", "?"), duration))
+
+
+def timed(label: str, f):
+    start, first = time.perf_counter(), len(COMPILES)
+    out = f()
+    print(f"{label:<30} {time.perf_counter() - start:7.1f} s, compiling {sum(d for _, d in COMPILES[first:]):7.1f} s",
+          flush=True)
+    return out
+
+
+def catalogue(net_name: str, mode: str) -> None:
+    if mode == "compiled":
+        real_nodes = tie_module.rendered_nodes
+        tie_module.rendered_nodes = lambda *a, op_by_op=False, **k: real_nodes(*a, **k)
+    net, cfg, images, n = {"cifar8": (cifar8, cifar8.Config(), data.photos, 4),
+                           "resnet34": (resnet34, resnet34.Config(num_classes=10), data.flat_images, 2)}[net_name]
+    params = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in net.init(jax.random.key(0), cfg, weights="drawn").items()}
+    x = jnp.asarray(images(n, 32, seed=0), jnp.float64)
+    t = targets_matrix(jnp.arange(n) * 3 % 10, 10, jnp.float64)
+    point = timed("reference and envelope", lambda: reference_at(net, params, x, t, cfg, label_smoothing=0.1))
+    rep = timed(f"catalogue ({mode})", lambda: bugs.run(net, params, x, t, cfg, label_smoothing=0.1, point=point))
+    print(rep.summary())
+
+
+def mesh() -> None:
+    cfg = resnet34.Config(num_classes=10)
+    params = {k: v.astype(jnp.float64) for k, v in resnet34.init(jax.random.key(0), cfg, weights="drawn").items()}
+    points = {}
+    for r, n in dp.splits(4, 2):
+        b = r * n
+        if b not in points:
+            x, t = dp.photo_batch(b, 32, cfg.num_classes, seed=0)
+            timed(f"census R·N = {b}", lambda: census_.smoothness(resnet34, params, x, cfg))
+            points[b] = x, t, timed(f"reference R·N = {b}",
+                                    lambda: reference_at(resnet34, params, x, t, cfg, label_smoothing=0.1))
+        x, t, point = points[b]
+        rep = timed(f"mesh tie R = {r}, N = {n}", lambda: tie_replicas(
+            resnet34, params, x, t, cfg, replicas=r, label_smoothing=0.1, point=point, devices=jax.devices("cpu")))
+        assert rep.ok, rep.summary()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="what", required=True)
+    c = sub.add_parser("catalogue", help="bugs.run at Would the check catch it?'s point")
+    c.add_argument("--net", choices=("cifar8", "resnet34"), default="resnet34")
+    c.add_argument("--mode", choices=("op-by-op", "compiled"), default="op-by-op")
+    sub.add_parser("mesh", help="the Data-parallel chapter's ci R·N sweep, step by step")
+    args = parser.parse_args()
+    monitoring.register_event_duration_secs_listener(_listen)
+    if args.what == "catalogue":
+        catalogue(args.net, args.mode)
+    else:
+        mesh()
+
+
+if __name__ == "__main__":
+    main()
