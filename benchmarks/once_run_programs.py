@@ -8,8 +8,8 @@ Each invocation is one configuration in a fresh process with an empty compilatio
 (set before jax starts), so run the modes one after the other and compare. `catalogue` times
 `bugs.run` at Would the check catch it?'s point for the net (the shared reference apart);
 "compiled" swaps the op-by-op planted backward for the compiled one (`tie._backward_control`).
-`mesh` times the Data-parallel chapter's ci R·N sweep step by step (census, reference, mesh tie),
-with the seconds XLA spent compiling in each.
+`mesh` times the Data-parallel chapter's ci R·N sweep (`data_parallel.sweep`) and lists the seconds
+XLA spent compiling each program (`jit(even)`: the mesh tie of one R, N).
 """
 
 from __future__ import annotations
@@ -34,9 +34,7 @@ jax.config.update("jax_enable_x64", True)
 
 from gradtie import data  # noqa: E402
 from gradtie.checks import bugs  # noqa: E402
-from gradtie.checks import census as census_  # noqa: E402
 from gradtie.checks import data_parallel as dp  # noqa: E402
-from gradtie.checks.check import tie_replicas  # noqa: E402
 from gradtie.checks.tie import reference_at, targets_matrix  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402
 
@@ -74,18 +72,15 @@ def catalogue(net_name: str, mode: str) -> None:
 def mesh() -> None:
     cfg = resnet34.Config(num_classes=10)
     params = {k: v.astype(jnp.float64) for k, v in resnet34.init(jax.random.key(0), cfg, weights="drawn").items()}
-    points = {}
-    for r, n in dp.splits(4, 2):
-        b = r * n
-        if b not in points:
-            x, t = dp.photo_batch(b, 32, cfg.num_classes, seed=0)
-            timed(f"census R·N = {b}", lambda: census_.smoothness(resnet34, params, x, cfg))
-            points[b] = x, t, timed(f"reference R·N = {b}",
-                                    lambda: reference_at(resnet34, params, x, t, cfg, label_smoothing=0.1))
-        x, t, point = points[b]
-        rep = timed(f"mesh tie R = {r}, N = {n}", lambda: tie_replicas(
-            resnet34, params, x, t, cfg, replicas=r, label_smoothing=0.1, point=point, devices=jax.devices("cpu")))
-        assert rep.ok, rep.summary()
+    first = len(COMPILES)
+    sweep = timed("R·N sweep", lambda: dp.sweep(resnet34, params, cfg, dp.splits(4, 2), label_smoothing=0.1,
+                                                devices=jax.devices("cpu"), progress=False))
+    print(sweep.summary())
+    by_program: dict[str, list] = {}
+    for name, seconds in COMPILES[first:]:
+        by_program.setdefault(name, []).append(seconds)
+    for name, seconds in sorted(by_program.items(), key=lambda kv: -sum(kv[1]))[:6]:
+        print(f"  {name:<28} compiled {len(seconds)}×: " + ", ".join(f"{t:.1f}" for t in seconds) + " s")
 
 
 def main() -> None:
@@ -94,7 +89,7 @@ def main() -> None:
     c = sub.add_parser("catalogue", help="bugs.run at Would the check catch it?'s point")
     c.add_argument("--net", choices=("cifar8", "resnet34"), default="resnet34")
     c.add_argument("--mode", choices=("op-by-op", "compiled"), default="op-by-op")
-    sub.add_parser("mesh", help="the Data-parallel chapter's ci R·N sweep, step by step")
+    sub.add_parser("mesh", help="the Data-parallel chapter's ci R·N sweep, compile seconds by program")
     args = parser.parse_args()
     monitoring.register_event_duration_secs_listener(_listen)
     if args.what == "catalogue":
