@@ -35,8 +35,11 @@ SLOW = {
     # one through the command's exit code
     "tests/test_parallel.py::test_synchronised_bn_catalogue_entries_exit_1_through_the_check[resnet34]",
     "tests/test_parallel.py::test_synchronised_bn_catalogue_entries_exit_1_through_the_check[cifar8]",
-    # the 146-tensor heavy-ball step stays; the Training chapter ties the 110-tensor step
+    # the ResNet-34 step ties: the Training chapter ties its heavy-ball step (110 tensors, two steps,
+    # float64, drawn weights, photos); the 146-tensor case adds conv biases, nodes that are 0 in ℝ,
+    # which cifar8's step ties here already hold to their limits
     "tests/checks/test_step.py::test_resnet34_step_tied_to_optax_f64[False-sgd-110]",
+    "tests/checks/test_step.py::test_resnet34_step_tied_to_optax_f64[True-heavy-ball-146]",
     # three 32 px cases stay; 64 px is the chapters' cpu profile
     "tests/nets/test_resnet34.py::test_loss_and_grads_equal_autodiff_f64[photos-64px-labels-a0.1]",
     # the Training chapter follows the same 100 steps side by side, with the bound shown

@@ -142,15 +142,16 @@ def test_replica_mean_grads_equal_single_device_f64(net):
 
 
 def test_uneven_replica_batches_tie_to_one_device_and_the_plain_mean_goes_red():
+    """Four replicas holding 1, 2, 0 and 1 examples (one holding nothing) tie; the plain mean of
+    replica means goes red at 3+1. The Data-parallel chapter ties ResNet-34 at 3+1 and shows the
+    same bug red there and green at 2+2, where it is exactly right."""
     out = run_mesh_worker("uneven")
-    for split in ("3+1", "1+2+0+1"):          # a replica holding nothing included
-        assert out[split]["ok"] and out[split]["ill"] == 0, out[split]["summary"]
+    tied = out["1+2+0+1"]
+    assert tied["ok"] and tied["ill"] == 0 and tied["input_ok"], tied["summary"]
     bug = out["bug 3+1"]
     # not round-off: more than 1 % off, beyond what any envelope of a judgeable point allows
     assert not bug["ok"] and bug["worst_rel"] > tolerances.ILL_CONDITIONED_REL, bug["summary"]
     assert bug["first"] is not None and "input" in bug["failed"]
-    # the same bug is exactly right where every replica holds the same count
-    assert out["bug 2+2"]["ok"], out["bug 2+2"]["summary"]
     assert out["junk_changes_no_bit"] and out["padded_dx_zero"]
     assert out["valid_dx_rows"] == 4
 
