@@ -65,7 +65,7 @@ from gradtie.nets import cifar8, resnet34
 # %% tags=["parameters"]
 net = "resnet34"      # the suite's data-parallel net; "cifar8" runs it beyond the suite
 batch = 2             # the largest N (examples per replica) of the R·N sweep
-replicas = 4          # the largest R of the sweep (R = 2, 4, …; at most 8 host devices)
+replicas = 2          # the largest R of the sweep (R = 2, 4, …; at most 8 host devices; cpu profile: 8)
 image_size = 32
 head_width = 64       # cifar8 only: 64 is the narrow head, 512 the wide one
 seed = 0
