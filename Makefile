@@ -44,12 +44,12 @@ unit-all: $(STAMP)
 
 # nbval re-executes the committed chapter notebooks, every one of them: the chapters, the table of
 # contents and the notebooks must agree first (nothing collected is a failure, never a pass)
-# The longest chapters go first, so that the two workers finish together: worker seconds under nbval,
-# empty cache, 2-core CPU: data_parallel 317, training 289, whole_net_tie 288, would_it_catch 269,
-# stage_germs 128, bf16_erasure 105, pools 69, performance 33, head_fold 11 (in cell-count order,
-# xdist's default, Would the check catch it? started last and ran alone for about 270 s).
+# The longest chapters go first, so that the two workers finish together: worker seconds under nbval
+# after the unit tests filled the cache, 2-core CPU: data_parallel 329 (its R·N sweep since cut to
+# R = 2 in the ci profile, about 80 s less), whole_net_tie 325, training 315, would_it_catch 192,
+# stage_germs 160, bf16_erasure 113, pools 72, performance 26, head_fold 10.
 # A chapter missing from the list goes first; every chapter is always collected.
-NBVAL_ORDER := data_parallel training whole_net_tie would_it_catch stage_germs bf16_erasure pools performance head_fold
+NBVAL_ORDER := whole_net_tie training data_parallel would_it_catch stage_germs bf16_erasure pools performance head_fold
 nbval: $(STAMP)
 	$(PY) -c "from gradtie import book; print(len(book.chapter_notebooks()), 'chapter notebooks')"
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
