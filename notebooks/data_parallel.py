@@ -114,7 +114,8 @@ print(f"{p.net}: {len(params)} parameter tensors at drawn weights; {len(devices)
 # %% [markdown]
 # ## The tie at every split R × N
 #
-# `r34_net_syncTiedB` holds at every R and N. We sweep R = 2, 4, … and N = 1, 2, … Each global
+# `r34_net_syncTiedB` holds at every R and N. We sweep R = 2, 4, … up to `replicas` (2 in the ci
+# profile, 8 in the cpu and gpu profiles) and N = 1, 2, … up to `batch`. Each global
 # batch R·N of photo crops (labelled by the photo they come from) gets its own float64 oracle,
 # envelope and smoothness census. Every split of it is tied through `checks.check.tie_replicas`,
 # the verdict path `gradtie check --replicas` uses.
