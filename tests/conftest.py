@@ -25,9 +25,9 @@ settings.load_profile("gradtie")
 # checks, and cases a chapter runs at the same point with the same verdict; `make test` leaves them
 # to `make test-all`.
 SLOW = {
-    # the mesh tie at R·N = 8: the Data-parallel chapter sweeps ResNet-34's R·N (R = 2, 4; 8 in its
-    # cpu profile) and ties cifar8 on a mesh; the mesh step, uneven counts, the per-replica control
-    # and two processes stay here
+    # the mesh tie at R·N = 8: the Data-parallel chapter sweeps ResNet-34's R·N (R = 2 in its ci
+    # profile, up to 8 in its cpu profile) and ties cifar8 on a mesh; the mesh step and uneven counts
+    # (both at R = 4), the per-replica control and two processes stay here
     "tests/test_parallel.py::test_replica_mean_grads_equal_single_device_f64[resnet34]",
     "tests/test_parallel.py::test_replica_mean_grads_equal_single_device_f64[cifar8]",
     # the three sync entries through `gradtie check`: Would the check catch it? runs them on cifar8
