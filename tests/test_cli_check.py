@@ -13,7 +13,9 @@ import sys
 import pytest
 
 from gradtie import cli
+from gradtie.checks import check
 from gradtie.checks.check import EXIT_FAILED, EXIT_NOT_SMOOTH, EXIT_TIED
+from gradtie.checks.tie import NodeRow, TieReport
 
 QUICK = ["check", "--net", "cifar8", "--batch", "2"]
 
@@ -146,3 +148,28 @@ def test_float32_at_the_degenerate_point_cannot_be_judged_and_says_so(capsys):
     out = capsys.readouterr().out
     assert code == EXIT_NOT_SMOOTH, out[-3000:]
     assert "too ill-conditioned to judge" in out and "smallest BatchNorm reduction is M = 2" in out
+
+
+def _m2_report(*, bad_fc: bool) -> check.CheckReport:
+    """The verdict `gradtie check` got at ResNet-34's M = 2 point in float32 (the Whole-net tie
+    chapter shows that point's own rows): layer4's node moves by round-off alone past 1 % of itself."""
+    def row(name, shape, rel, limit, cells=None):
+        return NodeRow(name, shape, rel, 1.0, rel, limit, False, int(rel > limit), limit / 10, 1e-5, cells)
+    rows = [row("loss", (), 0.0, 1e-5), row("bn1.weight", (64,), 2e-6, 1e-5, 2048),
+            row("layer4.0.bn1.weight", (512,), 0.3, 0.4, 2),
+            row("fc.weight", (10, 512), 0.5 if bad_fc else 1e-6, 1e-5), row("input", (2, 3, 32, 32), 1e-6, 1e-5)]
+    tie = TieReport("resnet34", "float32", rows, 2.3, 2.3,
+                    meta={"input_model": "real", "bn_cells": {"bn1": 2048, "layer4.0.bn1": 2}})
+    return check.CheckReport(tie=tie, fd_rows=[], settings={"weights": "drawn"})
+
+
+@pytest.mark.parametrize("bad_fc", [False, True])
+def test_an_ill_conditioned_point_exits_2_naming_the_layer(capsys, monkeypatch, bad_fc):
+    """Round-off past 1 % of a node: exit 2, naming the layer and its M, rather than a pass no bug
+    could fail; a node off beyond a limit that can judge it still exits 1."""
+    monkeypatch.setattr(check, "run_check", lambda *a, **k: _m2_report(bad_fc=bad_fc))
+    code = cli.main(["check", "--net", "resnet34", "--batch", "2", "--dtype", "float32", "--no-fd"])
+    out = capsys.readouterr().out
+    assert code == (EXIT_FAILED if bad_fc else EXIT_NOT_SMOOTH), out[-3000:]
+    assert "too ill-conditioned to judge: 1 rows" in out and "first: layer4.0.bn1.weight" in out
+    assert "smallest BatchNorm reduction is M = 2 at layer layer4.0.bn1" in out

@@ -209,5 +209,8 @@ def test_sweep_ties_every_n_and_states_the_smallest(params8):
     assert sw.smallest(census.C8_INPUT) is None          # photos hold dead windows at every N
     assert "MaxPool2Smooth" in sw.below(census.C8_INPUT)
     assert all(0 < r.ratio <= 1 for r in sw.rows)
+
+
+def test_sweep_refuses_a_batch_size_below_one(params8):
     with pytest.raises(ValueError, match="positive"):
         stages.sweep(cifar8, params8, CFG8, photos, [0])
