@@ -81,14 +81,16 @@ def test_resnet34_ties_every_node_and_the_input_at_photos_f64(ties34):
 
 
 @pytest.mark.parametrize("net", ["cifar8", "resnet34"])
-def test_twin_ties_tie_every_node_and_the_input_of_the_frozen_model(net, ties8, ties34, params8, params34):
+def test_twin_ties_tie_every_node_and_the_input_of_the_frozen_model(net, request):
     """Flat images: twin ties route to either twin with the same parameter gradient; moving the
     image breaks twins, so the input gradient is tied to the model frozen at σ = argmax. Control:
     the real net's autodiff input gradient (its max splits a tie) is not what the chain computes."""
-    report = (ties8 if net == "cifar8" else ties34)["flat"]
+    # only the net's own fixtures: the cifar8 case must not build the ResNet-34 ties
+    report = request.getfixturevalue("ties8" if net == "cifar8" else "ties34")["flat"]
     assert report.ok, report.summary()
     assert report.meta["input_model"] == "frozen" and report.meta["tied_windows"] > 0
-    mod, params, cfg = (cifar8, params8, CFG8) if net == "cifar8" else (resnet34, params34, CFG34)
+    mod, cfg = (cifar8, CFG8) if net == "cifar8" else (resnet34, CFG34)
+    params = request.getfixturevalue("params8" if net == "cifar8" else "params34")
     x, t = images("flat", 4, 32), labels(4)
     _, _, dx_real = oracle_nodes(mod, params, x, t, cfg, ALPHA)
     _, _, dx = rendered_nodes(mod, params, x, t, cfg, ALPHA)
