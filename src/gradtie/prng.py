@@ -23,6 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .host import to_device
+
 __all__ = ["normal", "uniform", "randint", "size_class"]
 
 _FINE = 1 << 22     # above this, classes are multiples of 2**20 rather than powers of two
@@ -44,7 +46,7 @@ def _partitionable() -> bool:
 
 def _cut(flat: jax.Array, shape: tuple[int, ...]) -> jax.Array:
     n = math.prod(shape)
-    return jnp.asarray(np.asarray(flat)[:n].reshape(shape))
+    return to_device(np.asarray(flat)[:n].reshape(shape))
 
 
 def _traced(a) -> bool:

@@ -358,3 +358,18 @@ def test_bad_input_raises_value_error_naming_op_and_shapes():
     with pytest.raises(ValueError, match=msg("maxpool.scatter: sigma and dy must have the same shape",
                                              (2, 3, 4, 4), (2, 3, 4, 3))):
         maxpool.scatter(np.zeros((2, 3, 4, 4), int), np.ones((2, 3, 4, 3)), x.shape)
+
+
+@pytest.mark.parametrize("spec, shape", [(POOL2, (2, 3, 8, 6)), (POOL3S2, (2, 3, 8, 8)), (POOL3S2, (1, 2, 7, 5))])
+def test_windows_on_the_host_are_the_device_windows(spec, shape):
+    """A NumPy array in, the same windows out (−∞ padding included), with no program to compile."""
+    x = np.asarray(jax.random.normal(jax.random.key(0), shape, jnp.float64))
+    compiled = []
+    listener = lambda event, duration, **kw: compiled.append(event) if "backend_compile" in event else None  # noqa: E731
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        host = maxpool.windows(x, spec)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    assert isinstance(host, np.ndarray) and not compiled
+    np.testing.assert_array_equal(host, np.asarray(maxpool.windows(jnp.asarray(x), spec)))

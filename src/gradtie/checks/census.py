@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import prng
+from ..host import to_device
 from ..ops import head, maxpool
 from .tolerances import RADIUS_FRACTION, ROUTE_REL, SLOPE_REL, TWIN_REL  # noqa: F401 (the old names)
 
@@ -286,18 +287,18 @@ def random_weights(net, params: dict, cfg, key) -> dict:
     as at init, γ ~ U(0.5, 1.5), β and biases nonzero). Twins are told apart by any generic draw;
     this one is the compiled program that drew the point's weights, at another key."""
     drawn = net.init(key, cfg, weights="drawn")
-    return {name: value.astype(params[name].dtype) for name, value in drawn.items()}
+    return {name: to_device(value, params[name].dtype) for name, value in drawn.items()}
 
 
 def classify(z: np.ndarray, draws: list[np.ndarray], spec: maxpool.PoolSpec, rel: float):
     """Classes [N,C,H',W'], the live margin and the dead margin, from pre-activations z and draws."""
-    win = np.asarray(maxpool.windows(jnp.asarray(z), spec))                    # [N,C,H',W',k²]
+    win = maxpool.windows(np.asarray(z), spec)                                 # [N,C,H',W',k²]
     first = np.argmax(win, axis=-1)[..., None]
     top = np.take_along_axis(win, first, axis=-1)
     # a cell is the max's twin when it equals the max under the actual weights and every draw
     twin = np.abs(win - top) <= rel * np.maximum(np.abs(top), 1e-300)
     for zr in draws:
-        wr = np.asarray(maxpool.windows(jnp.asarray(zr), spec))
+        wr = maxpool.windows(np.asarray(zr), spec)
         scale = np.max(np.abs(zr), axis=(0, 2, 3))[None, :, None, None, None]   # per channel
         twin &= np.abs(wr - np.take_along_axis(wr, first, axis=-1)) <= rel * scale
     exact_tie = (win == top) & ~twin
@@ -428,7 +429,7 @@ def lift_dead_windows(net, params: dict, x: jax.Array, cfg, *, margin: float = L
     for pool, spec in net.POOLS.items():
         layer = net.POOL_PREACTIVATIONS[pool]
         z = preactivations(net, out, x, cfg)[layer]
-        lowest = np.asarray(maxpool.windows(jnp.asarray(z), spec)).max(-1).min(axis=(0, 2, 3))   # [C]
+        lowest = maxpool.windows(np.asarray(z), spec).max(-1).min(axis=(0, 2, 3))   # [C]
         gamma = np.abs(np.asarray(out[f"{layer}.weight"]))
         shift = np.maximum(0.0, margin * gamma - lowest)
         out[f"{layer}.bias"] = out[f"{layer}.bias"] + jnp.asarray(shift, out[f"{layer}.bias"].dtype)
@@ -584,8 +585,8 @@ def kink_radius(net, params: dict, x: jax.Array, cfg, v: dict) -> float:
             z, dz = np.asarray(pre[layer]), np.asarray(dpre[layer])
             radius = min(radius, float(np.min(np.where((z != 0) & (dz != 0), np.abs(z / dz), np.inf))))
         for pool, spec in net.POOLS.items():
-            w = np.asarray(maxpool.windows(pools[pool], spec))
-            dw = np.nan_to_num(np.asarray(maxpool.windows(dpools[pool], spec)), nan=0.0, posinf=0.0, neginf=0.0)
+            w = maxpool.windows(np.asarray(pools[pool]), spec)
+            dw = np.nan_to_num(maxpool.windows(np.asarray(dpools[pool]), spec), nan=0.0, posinf=0.0, neginf=0.0)
             first = np.argmax(w, axis=-1)[..., None]
             top, dtop = np.take_along_axis(w, first, -1), np.take_along_axis(dw, first, -1)
             gap, dgap = top - w, dtop - dw

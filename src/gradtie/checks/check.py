@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import prng
+from ..host import to_device
 from . import tolerances as tol
 from .tie import QUICK, TieReport, reference_at, report, targets_matrix, tie
 
@@ -128,9 +129,9 @@ def make_batch(data: str, batch: int, image_size: int, seed: int):
     if data == "randn":
         return prng.normal(jax.random.key(seed), (batch, 3, image_size, image_size), jnp.float64)
     if data == "photos":
-        return jnp.asarray(data_.photos(batch, image_size, seed=seed), jnp.float64)
+        return to_device(data_.photos(batch, image_size, seed=seed), np.float64)
     if data == "flat":
-        return jnp.asarray(data_.flat_images(batch, image_size, seed=seed), jnp.float64)
+        return to_device(data_.flat_images(batch, image_size, seed=seed), np.float64)
     raise ValueError(f"data {data!r}: expected one of randn, photos, flat")
 
 
@@ -246,7 +247,7 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
     else:
         loaded, ckpt = checkpoint_params(weights, mod)
         cfg = mod.Config(bf16=bf16, **ckpt)
-        params = {k: jnp.asarray(v) for k, v in loaded.items()}
+        params = {k: to_device(v) for k, v in loaded.items()}
     if plant_bug is not None:
         checked_net = bugs.plant(plant_bug, mod)   # ValueError: unknown, or not for this net
         planted = bugs.CATALOGUE[plant_bug]
@@ -263,9 +264,8 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
     if replicas > 1 and batch % replicas and replica_counts is None:
         raise ValueError(f"batch {batch} (= R·N) must be divisible by replicas {replicas}")
     dt = jnp.dtype(dtype)
-    params = {k: jnp.asarray(np.asarray(v, dtype)) for k, v in params.items()}
-    x = make_batch(data, batch, image_size, seed) if x is None else jnp.asarray(x)
-    x = jnp.asarray(np.asarray(x, dtype))
+    params = {k: to_device(v, dtype) for k, v in params.items()}
+    x = to_device(make_batch(data, batch, image_size, seed) if x is None else x, dtype)
     labels = prng.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
     targets = targets_matrix(labels, cfg.num_classes, dt)
     settings = dict(net=net, batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16,
@@ -281,8 +281,8 @@ def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] 
             with _phase(timings, "census"):
                 # the point's smoothness is the real loss's, read in float64: a bf16 chain rounds conv
                 # outputs to 8 bits, which makes exact ties between cells that are not twins
-                p64 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
-                smooth = census.smoothness(mod, p64, jnp.asarray(np.asarray(x, np.float64)), replace(cfg, bf16=False))
+                p64 = {k: to_device(v, np.float64) for k, v in params.items()}
+                smooth = census.smoothness(mod, p64, to_device(x, np.float64), replace(cfg, bf16=False))
             if not smooth.ok:
                 return CheckReport(None, [], smooth, settings, timings)
         if bf16:  # a bf16 chain does not tie to float64 autodiff: check SPEC §7's claims instead

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from ..host import to_device, tree_to_device
 from . import tolerances as tol
 
 
@@ -46,8 +46,6 @@ def _host(tree, dtype):
     return jax.tree.map(lambda a: np.asarray(a, dtype), tree)
 
 
-def _device(tree):
-    return jax.tree.map(jnp.asarray, tree)
 
 
 def samples(params: dict, x, targets, selections: Optional[dict], *, dtype: str, key,
@@ -88,8 +86,8 @@ def measure(oracle, params: dict, x, targets, reference, *, dtype: str, key,
     loss_worst, labels = 0.0, []
     for label, p, xs, t, sel, order in samples(params, x, targets, selections, dtype=dtype, key=key,
                                                nudges=nudges):
-        loss, g, dx = oracle(_device(p), jnp.asarray(xs), jnp.asarray(t),
-                             None if sel is None else _device(sel))
+        loss, g, dx = oracle(tree_to_device(p), to_device(xs), to_device(t),
+                             None if sel is None else tree_to_device(sel))
         dx = np.asarray(dx, np.float64)
         if order is not None:
             dx = dx[np.argsort(order)]

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import reference
+from ..host import to_device
 from . import tolerances as tol
 
 
@@ -143,7 +144,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     def evaluate(name, base, step, v):
         # θ + step·v on the host: no compiled program per node shape
         start = entry_of[name]
-        p = dict(params, **{name: jnp.asarray(base + step * v)})
+        p = dict(params, **{name: to_device(base + step * v)})
         loss, same = jax.device_get(_suffix_probe(net, start, p, inputs[start], cfg, moved[start], before[start],
                                                   t, alpha, here))
         return float(loss), bool(same)

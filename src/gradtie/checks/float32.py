@@ -14,9 +14,9 @@ from __future__ import annotations
 from typing import Optional
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from ..host import to_device
 from .tie import TieReport, tie
 
 
@@ -26,6 +26,6 @@ def float32_view(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
     point's float32 envelope. params, x: any float dtype; both sides read the float32-rounded point
     (the reference widens it exactly), so the error is the float32 chain's own. Needs
     `jax_enable_x64`. A control (`checks.controls`) runs its planted float32 chain."""
-    p32 = {k: jnp.asarray(np.asarray(v, np.float32)) for k, v in params.items()}
-    x32 = jnp.asarray(np.asarray(x, np.float32))
+    p32 = {k: to_device(v, np.float32) for k, v in params.items()}
+    x32 = to_device(x, np.float32)
     return tie(net, p32, x32, targets, cfg, label_smoothing=label_smoothing, key=key)

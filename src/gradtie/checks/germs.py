@@ -38,6 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import prng, reference
+from ..host import to_device
 from ..ops import head, maxpool
 from . import census
 from .tie import QUICK
@@ -411,7 +412,7 @@ def loss_roundoff(net, params, x, targets, cfg, path: Path, *, seed: int = 0, la
     devs = []
     for d in range(draws):
         delta = _nudge(params, path.names, seed + d, nudge)
-        up, down = (dict(params, **{n: jnp.asarray(np.asarray(params[n]) + sign * delta[n], params[n].dtype)
+        up, down = (dict(params, **{n: to_device(np.asarray(params[n]) + sign * delta[n], params[n].dtype)
                                     for n in path.names}) for sign in (1, -1))
         devs.append((s(up) + s(down)) / 2 - s0)
     devs = np.array(devs)
@@ -499,7 +500,7 @@ def predicted_radius(net, params, x, cfg, path: Path, sigma: dict, *,
     radius = np.inf
     for name, spec in net.POOLS.items():
         layer = net.POOL_PREACTIVATIONS[name]
-        zw, z1w, z2w = (np.asarray(maxpool.windows(jnp.asarray(a[layer]), spec)) for a in (z0, z1, z2))
+        zw, z1w, z2w = (maxpool.windows(np.asarray(a[layer]), spec) for a in (z0, z1, z2))
         finite = np.isfinite(zw)                       # the stem pool's −∞ padding is never a competitor
         z1w, z2w = np.where(finite, z1w, 0.0), np.where(finite, z2w, 0.0)
         idx = np.asarray(sigma[name])[..., None]

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import prng, reference
+from ..host import to_device
 from ..nets import stages as net_stages
 from ..ops import batchnorm, conv, dense, head, maxpool, relu
 from . import controls
@@ -349,9 +350,9 @@ def _tie_pieces(piece_list, params, inputs, dys, rendered, cfg, *, dtype: str, k
                 cells: dict, factor: float, zero_nodes: set) -> list[TieReport]:
     """One TieReport per piece: the rendered (grads, dx) against the piece's float64 VJP at the same
     (exactly widened) input and cotangent, each row within factor × the piece's envelope."""
-    p64 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
-    i64 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in inputs.items()}
-    d64 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in dys.items()}
+    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
+    i64 = {k: to_device(v, np.float64) for k, v in inputs.items()}
+    d64 = {k: to_device(v, np.float64) for k, v in dys.items()}
     ref = _piece_vjps(piece_list, p64, i64, d64, selections, cfg)
     worst = {p.name: dict.fromkeys(list(p.params) + ["input"], 0.0) for p in piece_list}
     labels = []
@@ -526,8 +527,8 @@ def _check_dtype(op: str, x) -> str:
 def _point(net, params, x, cfg):
     """σ at the float64 point (where a window ties at a positive maximum), and M per BN layer."""
     real = real_net(net)
-    p64 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
-    x64 = jnp.asarray(np.asarray(x, np.float64))
+    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
+    x64 = to_device(x, np.float64)
     sel, ties = frozen_selections(real, p64, x64, cfg)
     bn = bn_cells(real, p64, x64, cfg)
     cells = {name: bn[b] for name in params if (b := bn_of(name, bn)) is not None}
@@ -738,10 +739,10 @@ def sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int
     if progress:
         from tqdm.auto import tqdm
         it = tqdm(ns, desc=f"{net_label(net)}: N sweep")
-    p64 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
+    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
     for n in it:
         x = images(n)
-        smooth = census.smoothness(real_net(net), p64, jnp.asarray(np.asarray(x, np.float64)), cfg)
+        smooth = census.smoothness(real_net(net), p64, to_device(x, np.float64), cfg)
         rep = None
         if smooth.ok:
             rep = tie(net, params, x, labels(n), cfg, label_smoothing=label_smoothing,

@@ -46,6 +46,7 @@ import optax
 
 from .. import data as data_
 from .. import reference, train
+from ..host import to_device
 from . import tolerances as tol
 from .tie import (QUICK, NodeRow, bn_cells, bn_of, compare, host_rng, is_beta, net_label, targets_matrix,
                   zero_in_reals)
@@ -336,7 +337,7 @@ def _reference_step(net, cfg, recipe: str, lr: float, alpha: float):
 def _nudged(tree: Mapping, rng: np.random.Generator, u: float) -> dict:
     """Every entry moved by a relative u·ξ, ξ ~ N(0, 1) per entry (`checks.envelope`'s nudge), drawn
     on the host (one NumPy stream: no program to compile per tensor shape)."""
-    return {k: jnp.asarray(np.asarray(v) * (1 + u * rng.standard_normal(np.shape(v)))) for k, v in tree.items()}
+    return {k: to_device(np.asarray(v) * (1 + u * rng.standard_normal(np.shape(v)))) for k, v in tree.items()}
 
 
 def _max_abs_diff(a: Mapping, b: Mapping) -> dict[str, float]:
@@ -373,7 +374,7 @@ class StepReference:
 
 
 def _float64(tree):
-    return {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in tree.items()}
+    return {k: to_device(v, np.float64) for k, v in tree.items()}
 
 
 def _checked_batches(op: str, batches, cfg) -> list[tuple[jax.Array, jax.Array]]:
@@ -383,7 +384,7 @@ def _checked_batches(op: str, batches, cfg) -> list[tuple[jax.Array, jax.Array]]
     for i, b in enumerate(batches):
         if len(b) != 2:
             raise ValueError(f"{op}: batch {i} must be an (x, targets) pair")
-        x = jnp.asarray(np.asarray(b[0], np.float64))
+        x = to_device(b[0], np.float64)
         if x.ndim != 4:
             raise ValueError(f"{op}: batch {i}'s images must be [N,3,H,W], got shape {tuple(x.shape)}")
         t = targets_matrix(jnp.asarray(b[1]), cfg.num_classes, jnp.float64)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import reference
+from ..host import to_device
 from ..ops import head, maxpool
 from . import envelope as env_
 from . import tolerances as tol
@@ -269,6 +270,13 @@ _backward_control = jax.jit(_backward_of, static_argnums=(0, 4), compiler_option
 _oracle = jax.jit(oracle, static_argnums=(0, 4, 5))
 
 
+@partial(jax.jit, static_argnums=(0, 3))
+def _head(cotangent, logits, targets, label_smoothing):
+    """(loss, dlogits): the head's forward and the cotangent the chain starts from, one program
+    (op by op they were a dozen small ones to compile). The targets are checked before the trace."""
+    return head.forward(logits, targets, label_smoothing), cotangent(logits, targets, label_smoothing)
+
+
 def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, *, op_by_op: bool = False):
     """`rendered`, compiled: (loss, grads, dx). targets: rows [N,K] in x's dtype.
 
@@ -279,10 +287,11 @@ def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, *
     the ops are compiled. The real chain is always the compiled one."""
     real = real_net(net)
     logits, saved, _ = _forward(real, params, x, cfg)
-    dlogits = head_cotangent(net)(logits, targets, label_smoothing)
+    head.check_targets("head.cotangent", logits, targets)
+    loss, dlogits = _head(head_cotangent(net), logits, targets, float(label_smoothing))
     backward = _backward if real is net else (_backward_of if op_by_op else _backward_control)
     grads, dx = backward(net.backward, params, saved, dlogits, cfg)
-    return head.forward(logits, targets, label_smoothing), grads, dx
+    return loss, grads, dx
 
 
 def oracle_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, selections=None):
@@ -456,8 +465,8 @@ def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
                          "(jax.config.update('jax_enable_x64', True))")
     dtype = np.dtype(x.dtype).name
     key = jax.random.key(0) if key is None else key
-    p64 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in params.items()}
-    x64 = jnp.asarray(np.asarray(x, np.float64))
+    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
+    x64 = to_device(x, np.float64)
     t64 = targets_matrix(targets, cfg.num_classes, jnp.float64)
     real = real_net(net)
     sel, ties = frozen_selections(real, p64, x64, cfg) if freeze_ties else (None, 0)

@@ -20,6 +20,7 @@ import numpy as np
 from jax import lax
 
 from .. import prng
+from ..host import to_device
 from ..ops import batchnorm, conv, head, maxpool
 
 
@@ -249,7 +250,7 @@ def _draw(key: jax.Array, specs: tuple[ParamSpec, ...], drawn: bool) -> dict[str
                 value = f32(DRAWN_BETA_STD if _is_beta(spec, specs) else DRAWN_BIAS_STD) * zv[cut]
             else:
                 value = xp.zeros(size, f32)
-        params[spec.name] = jnp.asarray(value.reshape(spec.shape))
+        params[spec.name] = value.reshape(spec.shape) if traced else to_device(value.reshape(spec.shape))
     return params
 
 

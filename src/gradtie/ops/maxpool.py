@@ -13,6 +13,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import _validate
@@ -51,12 +52,14 @@ def _check(op: str, x, spec: PoolSpec) -> None:
 def windows(x: jax.Array, spec: PoolSpec) -> jax.Array:
     """x [N,C,H,W] -> [N,C,H',W',k·k]: each window's cells in row-major order (−∞ in the padding).
 
-    Window (i,j) covers rows s·i−p … s·i−p+k−1 and the same columns.
+    Window (i,j) covers rows s·i−p … s·i−p+k−1 and the same columns. A NumPy array in, a NumPy
+    array out: a census reads its windows on the host, with no program to compile.
     """
-    return jnp.stack(_cells(x, spec), axis=-1)
+    xp = np if isinstance(x, np.ndarray) else jnp
+    return xp.stack(_cells(x, spec, xp), axis=-1)
 
 
-def _cells(x: jax.Array, spec: PoolSpec) -> list[jax.Array]:
+def _cells(x: jax.Array, spec: PoolSpec, xp=jnp) -> list[jax.Array]:
     """The k·k cells of every window, in row-major window order: k·k arrays [N,C,H',W'].
 
     Read through a blocked view where one exists (contiguous slices, which the CPU compiler fuses
@@ -69,13 +72,13 @@ def _cells(x: jax.Array, spec: PoolSpec) -> list[jax.Array]:
         x6 = x.reshape(n, c, ho, k, wo, k)
         return [x6[:, :, :, kh, :, kw] for kh in range(k) for kw in range(k)]
     if _overlapping_3s2(spec):  # 3×3/s2 pad 1: the padded input viewed as [N,C,H'+1,2,W'+1,2]
-        xpad = jnp.pad(x, ((0, 0), (0, 0), (p, p + h % 2), (p, p + w % 2)), constant_values=-jnp.inf)
+        xpad = xp.pad(x, ((0, 0), (0, 0), (p, p + h % 2), (p, p + w % 2)), constant_values=-np.inf)
         x6 = xpad.reshape(n, c, ho + 1, 2, wo + 1, 2)
         # window i reads padded rows 2i, 2i+1, 2i+2: block i parity 0, block i parity 1, block i+1 parity 0
         rows = [(slice(0, ho), 0), (slice(0, ho), 1), (slice(1, ho + 1), 0)]
         cols = [(slice(0, wo), 0), (slice(0, wo), 1), (slice(1, wo + 1), 0)]
         return [x6[:, :, bi, pi, bj, pj] for bi, pi in rows for bj, pj in cols]
-    xpad = jnp.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=-jnp.inf) if p else x
+    xpad = xp.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=-np.inf) if p else x
     return [xpad[:, :, kh:kh + s * (ho - 1) + 1:s, kw:kw + s * (wo - 1) + 1:s]
             for kh in range(k) for kw in range(k)]
 

@@ -1,0 +1,27 @@
+"""Host arrays onto the device without compiling anything.
+
+`jnp.asarray(numpy_array)` stages the copy as a program of its own, compiled once per shape and
+dtype in each process (a `jit(stage)`); `jax.device_put` is a plain transfer. A check that moves
+a net's parameters, a batch and a few random draws to the device meets dozens of shapes, so the
+difference is a second or more of compilation on a first run. Values are the same bits either
+way, in the dtype JAX gives the host array (float64 needs `jax_enable_x64`, as with `jnp.asarray`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+
+def to_device(a: Any, dtype: Any = None) -> jax.Array:
+    """`a` (a NumPy array, a scalar or a `jax.Array`) as a `jax.Array`, in `dtype` when given."""
+    if isinstance(a, jax.Array) and (dtype is None or a.dtype == np.dtype(dtype)):
+        return a
+    return jax.device_put(np.asarray(a, dtype))
+
+
+def tree_to_device(tree: Any, dtype: Any = None) -> Any:
+    """`to_device` on every leaf of a tree (a dict of parameters, a selection per pool)."""
+    return jax.tree.map(lambda a: to_device(a, dtype), tree)
