@@ -46,8 +46,6 @@ def _host(tree, dtype):
     return jax.tree.map(lambda a: np.asarray(a, dtype), tree)
 
 
-
-
 def samples(params: dict, x, targets, selections: Optional[dict], *, dtype: str, key,
             nudges: int = tol.ENVELOPE_NUDGES):
     """The correct evaluations the envelope is the spread of: (label, params, x, targets,
