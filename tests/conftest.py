@@ -103,6 +103,23 @@ SLOW = {
 }
 
 
+@pytest.fixture
+def compilations():
+    """`compilations(f)` -> (f(), how many programs JAX compiled or read from the cache meanwhile)."""
+    def run(f):
+        events = []
+
+        def listener(event, duration, **kw):
+            if "backend_compile" in event:
+                events.append(event)
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        try:
+            return f(), len(events)
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listener)
+    return run
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a repeat of a case a chapter also shows (make test-all)")
 

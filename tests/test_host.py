@@ -7,24 +7,13 @@ import numpy as np
 from gradtie.host import to_device, tree_to_device
 
 
-def _compiles(f):
-    events = []
-    listener = lambda event, duration, **kw: events.append(event) if "backend_compile" in event else None  # noqa: E731
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        out = f()
-    finally:
-        jax.monitoring.unregister_event_duration_listener(listener)
-    return out, len(events)
-
-
-def test_a_new_shape_moves_without_compiling_and_keeps_its_bits():
+def test_a_new_shape_moves_without_compiling_and_keeps_its_bits(compilations):
     a = np.random.default_rng(0).standard_normal((3, 5, 7))          # a shape no test compiles
-    got, n = _compiles(lambda: to_device(a))
+    got, n = compilations(lambda: to_device(a))
     assert n == 0 and isinstance(got, jax.Array) and got.dtype == jnp.float64
     np.testing.assert_array_equal(np.asarray(got), a)
     # the control: the staged copy this replaces compiles a program for a fresh shape
-    _, staged = _compiles(lambda: jnp.asarray(np.ones((3, 5, 11))))
+    _, staged = compilations(lambda: jnp.asarray(np.ones((3, 5, 11))))
     assert staged >= 1
 
 
