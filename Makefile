@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PROFILE ?= ci
+# the slowest tests (and chapter cells) each pytest run prints
+DURATIONS ?= 10
 STAMP  := $(VENV)/.installed
 # one on-disk compilation cache for the unit tests, the chapters' kernels under nbval and papermill:
 # a computation one of them compiled is read back by the others (tests/conftest.py uses the same).
@@ -18,8 +20,9 @@ export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps -e .
+	# no byte-compiling at install: it took 50 of the 87 s; Python compiles what it imports, once
+	$(PY) -m pip install -q --no-compile -r requirements.txt
+	$(PY) -m pip install -q --no-compile --no-deps -e .
 	$(PY) -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $(STAMP)
 
@@ -37,10 +40,10 @@ test: unit nbval
 test-all: unit-all nbval
 
 unit: $(STAMP)
-	$(PY) -m pytest tests -n 2 -m "not slow" --durations=10
+	$(PY) -m pytest tests -n 2 -m "not slow" --durations=$(DURATIONS)
 
 unit-all: $(STAMP)
-	$(PY) -m pytest tests -n 2 --durations=10
+	$(PY) -m pytest tests -n 2 --durations=$(DURATIONS)
 
 # nbval re-executes the committed chapter notebooks, every one of them: the chapters, the table of
 # contents and the notebooks must agree first (nothing collected is a failure, never a pass)
@@ -52,7 +55,7 @@ unit-all: $(STAMP)
 NBVAL_ORDER := whole_net_tie training data_parallel would_it_catch stage_germs bf16_erasure pools performance head_fold
 nbval: $(STAMP)
 	$(PY) -c "from gradtie import book; print(len(book.chapter_notebooks()), 'chapter notebooks')"
-	$(PY) -m pytest --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg -n 2 --dist loadfile --no-loadscope-reorder --durations=10 \
+	$(PY) -m pytest --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg -n 2 --dist loadfile --no-loadscope-reorder --durations=$(DURATIONS) \
 	    $$($(PY) -c "import sys; from gradtie import book; order = sys.argv[1:]; print(*(p.relative_to(book.ROOT) for p in sorted(book.chapter_notebooks(), key=lambda p: order.index(p.stem) if p.stem in order else -1)))" $(NBVAL_ORDER))
 
 # re-execute each chapter's reviewed source (notebooks/*.py) into the committed notebooks/*.ipynb
