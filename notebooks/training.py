@@ -58,13 +58,13 @@ steps = 88            # steps the rendered and autodiff runs are followed side b
 lr = 0.02             # Nesterov's base rate (the upstream cifar8 recipe)
 seed = 0
 cifar10_path = ""     # the cifar-10-batches-py or cifar-10-batches-bin folder; empty skips CIFAR-10
-resnet_batch = 4      # photos per step in the ResNet-34 step tie (the last section)
+tie_batch = 4         # photos per step in the two step ties (the last section)
 image_size = 32       # their side in pixels
 conv_bias = False     # True ties the 146-tensor ResNet-34 step (a bias on every conv)
 
 # %%
 p = book.validated(net=net, batch=batch, epochs=epochs, steps=steps, lr=lr, seed=seed,
-                   cifar10_path=cifar10_path, resnet_batch=resnet_batch, image_size=image_size,
+                   cifar10_path=cifar10_path, tie_batch=tie_batch, image_size=image_size,
                    conv_bias=conv_bias)
 assert p.epochs >= 2, "the chapter interrupts its run after epoch 1 and resumes it: epochs ≥ 2"
 model = {"cifar8": cifar8, "resnet34": resnet34}[p.net]
@@ -353,7 +353,7 @@ assert d != 0.0
 # envelope widens past the floor, and the printed table says so.
 
 # %%
-r34_batches = step.photo_batches(2, p.resnet_batch, p.image_size, seed=p.seed)
+r34_batches = step.photo_batches(2, p.tie_batch, p.image_size, seed=p.seed)
 r34_reference = step.reference_run(resnet34, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball")
 r34_tie = step.tie_step(resnet34, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball",
                         reference=r34_reference)
@@ -364,7 +364,7 @@ print(f"{len(widened)} of {len(r34_tie.rows())} rows have limits the envelope wi
 
 # %% tags=["nbval-check-output"]
 print(f"r34_net_tiedB: ResNet-34, {r34_tie.recipe} ({r34_tie.optax}, lr {r34_tie.lr:g}), "
-      f"{len(r34_tie.steps)} steps at batch {p.resnet_batch}, {p.image_size} px, float64, drawn weights")
+      f"{len(r34_tie.steps)} steps at batch {p.tie_batch}, {p.image_size} px, float64, drawn weights")
 for line in r34_tie.verdict_lines():
     print(line)
 print(f"tied: {r34_tie.ok}; rows too ill-conditioned to judge: {len(r34_tie.ill_conditioned)}")
@@ -395,12 +395,12 @@ assert r34_control.steps[1].within("params")[0] == 0
 # %% [markdown]
 # ### cifar8-BN: `cifar8Bbn_train_step_tiedB`
 #
-# The same tie for cifar8's Nesterov step (lr 0.02, no smoothing), at the chapter's batch size.
+# The same tie for cifar8's Nesterov step (lr 0.02, no smoothing), on the same number of photos.
 # Its control steps with Nesterov's buffer but drops the look-ahead, θ ← θ − lr·v. That is the
 # plain heavy ball, the formulation a Nesterov step is most easily confused with.
 
 # %%
-c8_batches = step.photo_batches(2, p.batch, 32, seed=p.seed)
+c8_batches = step.photo_batches(2, p.tie_batch, 32, seed=p.seed)
 c8_reference = step.reference_run(cifar8, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov")
 c8_tie = step.tie_step(cifar8, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov", reference=c8_reference)
 c8_control = step.tie_step(cifar8, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov",
@@ -410,7 +410,7 @@ print(c8_control.summary())
 
 # %% tags=["nbval-check-output"]
 print(f"cifar8Bbn_train_step_tiedB: cifar8-BN, {c8_tie.recipe} ({c8_tie.optax}, lr {c8_tie.lr:g}), "
-      f"{len(c8_tie.steps)} steps at batch {p.batch}, float64, drawn weights")
+      f"{len(c8_tie.steps)} steps at batch {p.tie_batch}, float64, drawn weights")
 for line in c8_tie.verdict_lines():
     print(line)
 print(f"tied: {c8_tie.ok}; rows too ill-conditioned to judge: {len(c8_tie.ill_conditioned)}")

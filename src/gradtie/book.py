@@ -125,6 +125,7 @@ PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
     "bf16": _bool,
     "conv_bias": _bool,
     "resnet_batch": _int(1, 4096),     # ResNet-34 examples where a chapter runs both nets
+    "tie_batch": _int(1, 4096),        # examples per step in a step tie (Training)
     "fd_nodes": _int(0, 100_000),      # nodes checked by finite differences (0: every node)
     "cifar10_path": _folder_or_empty,  # CIFAR-10 files (python or binary version); '' skips them
     "weights": _choice("drawn"),       # chapters tie at drawn γ, β, biases: at init (γ = 1, β = 0) some bugs hide

@@ -782,13 +782,13 @@ class GermSurvey:
                 f"{len(self.windows)} with an O(h²) window")
 
 
-DIRECTION_KINDS = ("straight", "straight", "curved")   # per germ: directions cycle through these
+DIRECTION_KINDS = ("straight", "curved", "straight")   # per germ: directions cycle through these
 
 
 def survey(net, params, x, targets, cfg, grads: Optional[dict], germs: dict[str, str], *, key,
            directions: int = 3, progress: bool = False, **kwargs) -> GermSurvey:
-    """`germ` for each {label: where} and `directions` paths (cycling straight, straight, curved;
-    keys folded from `key`)."""
+    """`germ` for each {label: where} and `directions` paths (cycling straight, curved, straight:
+    two directions already walk both kinds; keys folded from `key`)."""
     from tqdm.auto import tqdm
 
     reports = []
