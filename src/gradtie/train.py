@@ -988,11 +988,17 @@ def zero_in_reals(params: Mapping) -> set[str]:
             and jnp.ndim(params.get(name[:-len("bias")] + "weight", jnp.zeros(()))) == 4}
 
 
+@jax.jit
+def _squared_norms(a: Params, b: Params) -> tuple[list, list]:
+    """Per tensor, Σ(a − b)² and Σb², in the tensors' dtype: one program and one transfer for the
+    whole tree (one eager reduction and one host read per tensor took half of side_by_side's time)."""
+    return [jnp.sum(jnp.square(x - y)) for x, y in zip(a, b)], [jnp.sum(jnp.square(y)) for y in b]
+
+
 def _relative_distance(a: Params, b: Params, skip=frozenset()) -> float:
     keys = [k for k in b if k not in skip]
-    num = sum(float(jnp.sum(jnp.square(a[k] - b[k]))) for k in keys)
-    den = sum(float(jnp.sum(jnp.square(b[k]))) for k in keys)
-    return math.sqrt(num / den)
+    num, den = jax.device_get(_squared_norms([a[k] for k in keys], [b[k] for k in keys]))
+    return math.sqrt(sum(float(v) for v in num) / sum(float(v) for v in den))
 
 
 def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps: int = 100,
