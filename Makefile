@@ -38,9 +38,14 @@ venv: $(STAMP)
 book: $(STAMP)
 	$(PY) -m gradtie book --profile $(PROFILE)
 
-# the unit tests, then nbval; both print their ten slowest items (one pytest session for both,
-# whole files to each worker, measured slower: 1754 s against 864 + 803 s on an empty cache)
-test: unit nbval
+# nbval and the unit tests in one session, which prints its ten slowest items: each chapter, and
+# each test file, runs on one worker; the chapters first and longest first, then the test files
+# (tests/conftest.py), so that the short ones fill both workers' tails (as two sessions, `make unit
+# nbval`, each ended with one worker waiting on the other)
+test: $(STAMP)
+	$(CHAPTER_COUNT)
+	$(PY) -m pytest tests $(CHAPTERS_IN_ORDER) -n 2 --dist loadscope --no-loadscope-reorder -m "not slow" \
+	    --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg --durations=$(DURATIONS)
 
 # everything, with the repeats that `make test` leaves to the chapters (tests/conftest.py)
 test-all: unit-all nbval
@@ -59,10 +64,12 @@ unit-all: $(STAMP)
 # stage_germs 160, bf16_erasure 113, pools 72, performance 26, head_fold 10.
 # A chapter missing from the list goes first; every chapter is always collected.
 NBVAL_ORDER := whole_net_tie training data_parallel would_it_catch stage_germs bf16_erasure pools performance head_fold
+CHAPTER_COUNT := $(PY) -c "from gradtie import book; print(len(book.chapter_notebooks()), 'chapter notebooks')"
+CHAPTERS_IN_ORDER = $$($(PY) -c "import sys; from gradtie import book; order = sys.argv[1:]; print(*(p.relative_to(book.ROOT) for p in sorted(book.chapter_notebooks(), key=lambda p: order.index(p.stem) if p.stem in order else -1)))" $(NBVAL_ORDER))
 nbval: $(STAMP)
-	$(PY) -c "from gradtie import book; print(len(book.chapter_notebooks()), 'chapter notebooks')"
+	$(CHAPTER_COUNT)
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg -n 2 --dist loadfile --no-loadscope-reorder --durations=$(DURATIONS) \
-	    $$($(PY) -c "import sys; from gradtie import book; order = sys.argv[1:]; print(*(p.relative_to(book.ROOT) for p in sorted(book.chapter_notebooks(), key=lambda p: order.index(p.stem) if p.stem in order else -1)))" $(NBVAL_ORDER))
+	    $(CHAPTERS_IN_ORDER)
 
 # re-execute each chapter's reviewed source (notebooks/*.py) into the committed notebooks/*.ipynb
 notebooks: $(STAMP)

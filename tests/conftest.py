@@ -133,10 +133,16 @@ FIRST = ("tests/test_parallel.py", "tests/nets/test_resnet34.py", "tests/checks/
          "tests/checks/test_census.py", "tests/test_cli_check.py", "tests/test_cli.py")
 
 
+# `make test` runs nbval's chapters and the unit tests in one session (`--dist loadscope`: each
+# chapter's cells in order on one worker, each test file on one worker). The chapters go first, in
+# the order the command line gives them (longest first), then the test files, longest first, so
+# that the short ones fill both workers' tails. Run as two sessions, one after the other, each
+# ended with one worker waiting on the other.
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in SLOW:
             item.add_marker(pytest.mark.slow)
     # a stable sort: within a file, and among the files not listed, collection order stays
     rank = {name: i for i, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(FIRST)))
+    path = lambda item: item.nodeid.split("::")[0]  # noqa: E731
+    items.sort(key=lambda item: -1 if path(item).endswith(".ipynb") else rank.get(path(item), len(FIRST)))

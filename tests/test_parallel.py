@@ -19,6 +19,8 @@ import pytest
 
 from gradtie import parallel
 from gradtie.checks import tolerances
+from gradtie.checks.tie import reference_at, report
+from gradtie.nets import cifar8
 from gradtie.ops import batchnorm
 
 HERE = Path(__file__).resolve().parent
@@ -241,7 +243,7 @@ def free_port() -> int:
 
 def test_two_processes_give_the_single_device_gradient(tmp_path):
     port = free_port()
-    outs = [tmp_path / f"process{i}.json" for i in range(2)]
+    outs = [tmp_path / f"process{i}.npz" for i in range(2)]
     procs = [subprocess.Popen([sys.executable, str(TWO_PROCESS_WORKER), str(i), str(port), str(outs[i]), "2"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(),
                               cwd=HERE.parent) for i in range(2)]
@@ -254,8 +256,18 @@ def test_two_processes_give_the_single_device_gradient(tmp_path):
                 p.wait()
     for p, (_, err) in zip(procs, logs):
         assert p.returncode == 0, err[-4000:]
-    for path in outs:
-        out = json.loads(path.read_text())
-        assert out["process_count"] == 2 and out["replicas"] == 4 and out["nodes"] == 38
-        assert out["ok"], out["summary"]
-        assert out["loss_ok"] and out["input_ok"], out["summary"]
+    first, second = (dict(np.load(path)) for path in outs)
+    assert [int(o["process_id"]) for o in (first, second)] == [0, 1]
+    assert all(int(o["process_count"]) == 2 and int(o["replicas"]) == 4 for o in (first, second))
+    # both processes hold the same replicated gradients and the same gathered input gradient
+    assert first.keys() == second.keys()
+    assert all(np.array_equal(first[k], second[k]) for k in first if k != "process_id")
+    # ... which tie to the single-device float64 oracle at the whole batch, once
+    cfg = cifar8.Config(head_width=64)
+    params = {k[len("param:"):]: jnp.asarray(v) for k, v in first.items() if k.startswith("param:")}
+    grads = {k[len("grad:"):]: v for k, v in first.items() if k.startswith("grad:")}
+    point = reference_at(cifar8, params, jnp.asarray(first["x"]), jnp.asarray(first["labels"]), cfg)
+    rep = report("cifar8 on 4 replicas in 2 processes", params, (first["loss"], grads, first["dx"]), point)
+    assert len(rep.nodes) == 38 and list(params) == list(cifar8.init(jax.random.key(0), cfg))
+    assert rep.ok, rep.summary()
+    assert rep.row("loss").ok and rep.row("input").ok, rep.summary()
