@@ -1,0 +1,97 @@
+"""Build the project's venv from a venv of its requirements that every clone on this machine shares.
+
+    python3 tools/venv.py .venv
+
+Installing requirements.txt takes most of a minute (jaxlib, scipy, scikit-learn, Sphinx…, about
+34,000 files) and gives every clone the same files. So they are installed once per interpreter and
+requirements.txt, into ~/.cache/gradtie/venvs/KEY (GRADTIE_VENVS moves it), and byte-compiled there.
+Each clone's venv is a copy of that one made of hard links (about a second), with its own copies of
+the few files that name the venv's path (the scripts' #! lines, `activate`, pyvenv.cfg), and the
+project installed editable. A changed requirements.txt is a new KEY: a new shared venv.
+
+pip never writes into an installed file, it removes and writes anew, so `.venv/bin/pip install …`
+in one clone leaves the shared files and the other clones as they were.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = Path(os.environ.get("GRADTIE_VENVS", Path.home() / ".cache" / "gradtie" / "venvs"))
+COMPLETE = ".gradtie-requirements"   # written last: a shared venv without it is rebuilt
+
+
+def key() -> str:
+    """The interpreter and the pinned requirements: what the shared venv's files depend on."""
+    h = hashlib.sha256()
+    for part in (sys.version, sys.executable, (ROOT / "requirements.txt").read_text()):
+        h.update(part.encode() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def pip(python: Path, *args: str) -> None:
+    subprocess.run([str(python), "-m", "pip", "install", "-q", *args], check=True)
+
+
+def shared_venv() -> Path:
+    """The requirements' venv for this interpreter, built under a lock when missing or unfinished."""
+    deps = CACHE / key()
+    CACHE.mkdir(parents=True, exist_ok=True)
+    with open(CACHE / f"{deps.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (deps / COMPLETE).is_file():
+            print(f"installing requirements.txt into {deps} (once for this interpreter and requirements.txt)")
+            shutil.rmtree(deps, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(deps)], check=True)
+            python = deps / "bin" / "python"
+            pip(python, "--upgrade", "pip")
+            pip(python, "-r", str(ROOT / "requirements.txt"))    # byte-compiled here, once
+            (deps / COMPLETE).write_text((ROOT / "requirements.txt").read_text())
+    return deps
+
+
+def _retarget(path: Path, old: bytes, new: bytes) -> None:
+    """Replace a file naming the shared venv by a copy naming this one (never written in place:
+    it is a hard link into the shared venv)."""
+    data = path.read_bytes()
+    if old in data:
+        fresh = path.with_name(path.name + ".retarget")
+        fresh.write_bytes(data.replace(old, new))
+        os.chmod(fresh, path.stat().st_mode)
+        os.replace(fresh, path)
+
+
+def build(venv: Path) -> None:
+    deps = shared_venv()
+    venv = venv.absolute()
+    staging = venv.with_name(venv.name + ".staging")
+    for d in (staging, venv):
+        if d.is_symlink() or d.is_file():
+            d.unlink()
+        elif d.exists():
+            shutil.rmtree(d)
+    if subprocess.run(["cp", "-al", str(deps), str(staging)], stderr=subprocess.DEVNULL).returncode != 0:
+        shutil.rmtree(staging, ignore_errors=True)      # another file system: a plain copy
+        shutil.copytree(deps, staging, symlinks=True)
+    for path in [*(staging / "bin").iterdir(), staging / "pyvenv.cfg"]:
+        if path.is_file() and not path.is_symlink():
+            _retarget(path, os.fsencode(deps), os.fsencode(venv))
+    staging.rename(venv)
+    python = venv / "bin" / "python"
+    # the project itself, editable; the shared venv's setuptools builds it (no isolated build env)
+    pip(python, "--no-compile", "--no-deps", "--no-build-isolation", "-e", str(ROOT))
+    subprocess.run([str(python), "-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"],
+                   check=True, stdout=subprocess.DEVNULL)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2:
+        sys.exit(__doc__)
+    build(Path(sys.argv[1]))
