@@ -51,7 +51,7 @@ def shared_venv() -> Path:
             shutil.rmtree(deps, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(deps)], check=True)
             python = deps / "bin" / "python"
-            pip(python, "--upgrade", "pip")
+            pip(python, "--upgrade", "pip", "setuptools")
             pip(python, "-r", str(ROOT / "requirements.txt"))    # byte-compiled here, once
             (deps / COMPLETE).write_text((ROOT / "requirements.txt").read_text())
     return deps
