@@ -24,7 +24,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 # the requirements are installed once per machine (interpreter and requirements.txt) into a venv
 # every clone shares; .venv is a hard-linked copy of it with the project installed editable, about
-# 8 s instead of 50 s of pip (tools/venv.py)
+# 8 s instead of 50 s of pip; the first build takes about a minute (tools/venv.py)
 $(STAMP): requirements.txt pyproject.toml tools/venv.py
 	$(PYTHON) tools/venv.py $(VENV)
 	touch $(STAMP)

@@ -4,10 +4,12 @@
 
 Installing requirements.txt takes most of a minute (jaxlib, scipy, scikit-learn, Sphinx…, about
 34,000 files) and gives every clone the same files. So they are installed once per interpreter and
-requirements.txt, into ~/.cache/gradtie/venvs/KEY (GRADTIE_VENVS moves it), and byte-compiled there.
+requirements.txt, into ~/.cache/gradtie/venvs/KEY (GRADTIE_VENVS moves it), with the byte code of
+what the tests and the book import (pip byte-compiling all of it took 50 s more).
 Each clone's venv is a copy of that one made of hard links (about a second), with its own copies of
 the few files that name the venv's path (the scripts' #! lines, `activate`, pyvenv.cfg), and the
-project installed editable. A changed requirements.txt is a new KEY: a new shared venv.
+project installed editable. A changed requirements.txt (or this recipe) is a new KEY: a new shared
+venv; the newest three are kept.
 
 pip never writes into an installed file, it removes and writes anew, so `.venv/bin/pip install …`
 in one clone leaves the shared files and the other clones as they were.
@@ -26,12 +28,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = Path(os.environ.get("GRADTIE_VENVS", Path.home() / ".cache" / "gradtie" / "venvs"))
 COMPLETE = ".gradtie-requirements"   # written last: a shared venv without it is rebuilt
+# imported once into the shared venv, which writes their byte code there
+WARM = ("jax", "jax.numpy", "numpy", "scipy.optimize", "sklearn.datasets", "skimage.data", "skimage.transform",
+        "matplotlib.pyplot", "optax", "tqdm", "hypothesis", "pytest", "xdist", "nbval.plugin", "ipykernel.kernelapp",
+        "papermill", "jupytext", "jupyter_book.cli.main")
+
+
+KEEP = 3   # shared venvs kept (the newest); the clones' hard links keep their files alive anyway
 
 
 def key() -> str:
-    """The interpreter and the pinned requirements: what the shared venv's files depend on."""
+    """The interpreter, the pinned requirements and this recipe: what the shared venv's files depend on."""
     h = hashlib.sha256()
-    for part in (sys.version, sys.executable, (ROOT / "requirements.txt").read_text()):
+    for part in (sys.version, sys.executable, (ROOT / "requirements.txt").read_text(), Path(__file__).read_text()):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
@@ -52,9 +61,25 @@ def shared_venv() -> Path:
             subprocess.run([sys.executable, "-m", "venv", str(deps)], check=True)
             python = deps / "bin" / "python"
             pip(python, "--upgrade", "pip", "setuptools")
-            pip(python, "-r", str(ROOT / "requirements.txt"))    # byte-compiled here, once
+            # byte code only for what the tests and the book import (pip's compiling of all of it
+            # took 50 s more), here so that every clone shares it; the rest compiles on first import
+            pip(python, "--no-compile", "-r", str(ROOT / "requirements.txt"))
+            env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+            subprocess.run([str(python), "-c", f"import {', '.join(WARM)}"], check=True, env=env,
+                           stdout=subprocess.DEVNULL)
             (deps / COMPLETE).write_text((ROOT / "requirements.txt").read_text())
+            _prune(keep=deps)
     return deps
+
+
+def _prune(keep: Path) -> None:
+    """Remove all but the newest KEEP shared venvs (a clone's files are hard links: they stay)."""
+    built = sorted((d for d in CACHE.iterdir() if (d / COMPLETE).is_file()),
+                   key=lambda d: (d / COMPLETE).stat().st_mtime, reverse=True)
+    for d in built[KEEP:]:
+        if d != keep:
+            shutil.rmtree(d, ignore_errors=True)
+            (CACHE / f"{d.name}.lock").unlink(missing_ok=True)
 
 
 def _retarget(path: Path, old: bytes, new: bytes) -> None:
