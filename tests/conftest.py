@@ -53,8 +53,8 @@ SLOW = {
     "tests/checks/test_step.py::test_update_rule_controls_go_red_at_step_1[nesterov-no_lookahead]",
     # ResNet-34's gradient tied to autodiff at a point, op by op: the Whole-net tie chapter ties every
     # node and the input at photos (batch 4) and at flat images (batch 2, M = 2 at layer4), drawn
-    # weights, α = 0.1, and Would the check catch it? plants every ResNet-34 catalogue entry (the
-    # projection BN reading the wrong cotangent among them) red; the conv-bias case stays here (the
+    # weights, α = 0.1, and Would the check catch it? plants every ResNet-34 catalogue entry red (a
+    # projection BN reading the wrong cotangent among them); the conv-bias case stays here (the
     # one net-level ResNet-34 tie of the unit tests), and so do the eighteen stages, the pool, the
     # saved views, the running statistics and the bad inputs (tests/nets/test_resnet34.py); 64 px is
     # the chapters' cpu profile
