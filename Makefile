@@ -24,7 +24,7 @@ unexport PYTHONDONTWRITEBYTECODE
 
 # the requirements are installed once per machine (interpreter and requirements.txt) into a venv
 # every clone shares; .venv is a hard-linked copy of it with the project installed editable, about
-# 8 s instead of 50 s of pip; the first build takes about a minute (tools/venv.py)
+# 3-4 s instead of 50 s of pip; the first build takes about a minute (tools/venv.py)
 $(STAMP): requirements.txt pyproject.toml tools/venv.py
 	$(PYTHON) tools/venv.py $(VENV)
 	touch $(STAMP)
@@ -37,8 +37,8 @@ book: $(STAMP)
 
 # nbval and the unit tests in one session, which prints its ten slowest items: each chapter, and
 # each test file, runs on one worker; the chapters first and longest first, then the test files
-# (tests/conftest.py), so that the short ones fill both workers' tails (as two sessions, `make unit
-# nbval`, each ended with one worker waiting on the other)
+# (tests/conftest.py), so that the short ones end the session (485 s against 493 s for `make unit
+# nbval`, one after the other: within the machine's noise; one list of the slowest, one start)
 test: $(STAMP)
 	$(CHAPTER_COUNT)
 	$(PY) -m pytest tests $(CHAPTERS_IN_ORDER) -n 2 --dist loadscope --no-loadscope-reorder -m "not slow" \

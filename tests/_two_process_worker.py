@@ -20,7 +20,6 @@ os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={per_process}
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)

@@ -149,8 +149,8 @@ FIRST = ("tests/test_parallel.py", "tests/nets/test_resnet34.py", "tests/checks/
 # `make test` runs nbval's chapters and the unit tests in one session (`--dist loadscope`: each
 # chapter's cells in order on one worker, each test file on one worker). The chapters go first, in
 # the order the command line gives them (longest first), then the test files, longest first, so
-# that the short ones fill both workers' tails. Run as two sessions, one after the other, each
-# ended with one worker waiting on the other.
+# that the short ones end the session (one checkout, one after the other: 485 s against 493 s for
+# `make unit nbval`, within the machine's noise).
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in SLOW:
