@@ -268,14 +268,14 @@ plt.show()
 gradient = {name: bf16.gradient_rows(net, params, x, t, cfg) for name, (net, cfg, params, x, t) in points.items()}
 for name, rows in gradient.items():
     inside = sum(r.ok for r in rows)
-    worst = max(rows, key=lambda r: r.ratio)
-    print(f"{name}: {inside}/{len(rows)} nodes within {tolerances.BF16_GRADIENT_FACTOR:g}× the envelope; "
-          f"worst at {worst.ratio:.1f} of its limit")
+    print(f"{name}: {inside}/{len(rows)} nodes within {tolerances.BF16_GRADIENT_FACTOR:g}× the envelope")
     assert inside == len(rows)
 
 # %%
+# the measured figures below depend on the machine's round-off, so nbval does not compare them
 for name, rows in gradient.items():
     live = [r for r in rows if not r.zero_in_reals]
+    print(f"{name}: worst node at {max(r.ratio for r in rows):.1f} of its limit")
     print(f"{name}: limits from {min(r.limit / r.scale for r in live):.0e} to {max(r.limit / r.scale for r in live):.0e} "
           f"of the node; along the node from {min(r.limit_along for r in live):.0e} to {max(r.limit_along for r in live):.0e}")
 
@@ -289,9 +289,14 @@ planted = {name: bf16.controls(rows) for name, rows in gradient.items()}
 for name, by_control in planted.items():
     for label, rows in by_control.items():
         caught = sum(not r.ok for r in rows)
-        print(f"{name}: node {label:13}: {caught}/{len(rows)} nodes fail, the nearest at "
-              f"{min(r.ratio for r in rows):.0f}× its limit")
+        print(f"{name}: node {label:13}: {caught}/{len(rows)} nodes fail, each at 3× its limit or more: "
+              f"{min(r.ratio for r in rows) >= 3}")
         assert caught == len(rows) and min(r.ratio for r in rows) >= 3
+
+# %%
+for name, by_control in planted.items():
+    print(f"{name}: the nearest failing node, in units of its limit: "
+          + ", ".join(f"{label.strip()} {min(r.ratio for r in rows):.0f}×" for label, rows in by_control.items()))
 
 # %%
 plots.bf16_erasure.bf16_gradient(gradient, planted)

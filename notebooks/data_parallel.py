@@ -44,9 +44,11 @@
 
 # %%
 import dataclasses
-import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+from gradtie.fake_devices import request_host_devices
+
+# eight host devices for the replicas, read by XLA when JAX starts; other XLA_FLAGS are kept
+request_host_devices(8)
 
 import jax
 import jax.numpy as jnp

@@ -259,10 +259,14 @@ near = germs.germ(cifar8, near_params, x8, targets, cfg8, germs.rendered_nodes(c
 # %% tags=["nbval-check-output"]
 print(f"the same point with one bn8 shift moved: smooth {near_census.ok}; first kink at about "
       f"1e{np.round(np.log10(near.kink_radius / near.roundoff_edge)):.0f} × the round-off edge")
-print(f"{int(near.judged.sum())} steps inside the kink, {int(near.evidence.sum())} of them evidence: "
-      f"{near.fd_verdict}")
+print(f"steps inside the kink: {bool(near.judged.any())}; evidence among them: {int(near.evidence.sum())}; "
+      f"verdict: {near.fd_verdict}")
 assert near_census.ok and near.kink_radius < near.roundoff_edge
 assert near.judged.any() and near.fd_verdict == "no evidence"
+
+# %%
+# how many steps fall inside the kink depends on the machine's round-off (not compared by nbval)
+print(f"{int(near.judged.sum())} steps inside the kink")
 
 # %%
 plots.stage_germs.germ_fd_controls(walk8, {k: next(r for r in v if r.germ == "bn8" and r.path == "straight")

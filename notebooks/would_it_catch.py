@@ -36,10 +36,11 @@
 # entry and exits 1 naming the first failing node.
 
 # %%
-import os
+from gradtie.fake_devices import request_host_devices
 
-# two host devices for the synchronised-BN entries, read by XLA when JAX starts
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+# eight host devices for the synchronised-BN entries (R ≤ 8), read by XLA when JAX starts; other
+# XLA_FLAGS in the environment are kept
+request_host_devices(8)
 
 import jax
 import jax.numpy as jnp
@@ -62,6 +63,7 @@ seed = 0
 
 # %%
 p = book.validated(batch=batch, resnet_batch=resnet_batch, image_size=image_size, replicas=replicas, seed=seed)
+assert 2 <= p.replicas <= 8, "the synchronised-BN entries run on the 8 host devices this chapter sets up"
 key = jax.random.key(p.seed)
 alpha = 0.1          # label smoothing on: the head entry α/(K−1) plants nothing at α = 0
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=10)

@@ -10,7 +10,8 @@ from typing import Optional, Sequence
 
 def _check(args: argparse.Namespace) -> int:
     import json
-    import os
+
+    from .fake_devices import request_host_devices
 
     if args.plant_bug == "list":
         from .checks import bugs
@@ -20,9 +21,7 @@ def _check(args: argparse.Namespace) -> int:
         args.replica_counts = _counts(args.replica_counts)
         args.replicas = len(args.replica_counts)
     if args.replicas > 1:   # host devices for the mesh: read by XLA when JAX starts
-        flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_force_host_platform_device_count" not in flags:
-            os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={args.replicas}".strip()
+        request_host_devices(args.replicas)
     import jax
     jax.config.update("jax_enable_x64", True)   # the reference is float64 whatever the chain's dtype
     _compilation_cache(jax)
