@@ -50,3 +50,14 @@ def test_after_jax_started_the_request_raises_unless_already_met(monkeypatch):
 def test_a_count_must_be_a_positive_int(count):
     with pytest.raises(ValueError, match="expected a positive int"):
         request_host_devices(count)
+
+
+def test_a_benchmark_child_gets_the_same_flags():
+    from gradtie.bench import BenchConfig, _env_for
+
+    user = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
+    assert _env_for(BenchConfig(replicas=2), user)["XLA_FLAGS"] == \
+        "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"
+    assert _env_for(BenchConfig(replicas=1), user) == user          # one device: nothing asked
+    set_already = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
+    assert _env_for(BenchConfig(replicas=2), set_already) == set_already

@@ -34,6 +34,7 @@ import jax.extend
 import jax.numpy as jnp
 
 from . import prng
+from .fake_devices import with_host_devices
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -413,10 +414,8 @@ def warm_cache(configs: Iterable[BenchConfig], *, workers: int = 8, progress: bo
 
 def _env_for(config: BenchConfig, env: Optional[dict] = None) -> dict:
     env = dict(os.environ if env is None else env)
-    flags = env.get("XLA_FLAGS", "")
-    if config.replicas > 1 and "xla_force_host_platform_device_count" not in flags:
-        # harmless where real accelerators provide the devices
-        env["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={config.replicas}".strip()
+    if config.replicas > 1:   # harmless where real accelerators provide the devices
+        env["XLA_FLAGS"] = with_host_devices(env.get("XLA_FLAGS", ""), config.replicas)
     return env
 
 

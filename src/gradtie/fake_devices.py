@@ -12,21 +12,28 @@ import sys
 FLAG = "--xla_force_host_platform_device_count"
 
 
+def with_host_devices(flags: str, count: int) -> str:
+    """`flags` (an `XLA_FLAGS` value) asking for `count` CPU devices; a device count it already
+    sets wins, and every other flag is kept. For this process or a child's environment."""
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"host devices: count={count!r}, expected a positive int")
+    return flags if FLAG.lstrip("-") in flags else f"{flags} {FLAG}={count}".strip()
+
+
 def request_host_devices(count: int) -> None:
-    """Ask XLA for `count` CPU devices, keeping whatever else `XLA_FLAGS` holds.
+    """Ask XLA for `count` CPU devices in this process, keeping whatever else `XLA_FLAGS` holds.
 
     A device count the environment already sets wins (the mesh then says how many it found); a
     request after JAX has started its backends cannot take effect and raises.
     """
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"request_host_devices: count={count!r}, expected a positive int")
     flags = os.environ.get("XLA_FLAGS", "")
-    if FLAG.lstrip("-") in flags:
+    wanted = with_host_devices(flags, count)
+    if wanted == flags:
         return
     if _backends_started():
         raise RuntimeError(f"request_host_devices({count}): JAX has already started its backends, so XLA "
                            f"will not read {FLAG}; call it before the first `import jax`")
-    os.environ["XLA_FLAGS"] = f"{flags} {FLAG}={count}".strip()
+    os.environ["XLA_FLAGS"] = wanted
 
 
 def _backends_started() -> bool:
