@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from gradtie import bench
-from gradtie.checks import tolerances
+from gradtie import tolerances
 
 
 def markdown(doc: dict) -> str:

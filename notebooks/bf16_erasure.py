@@ -60,7 +60,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng
-from gradtie.checks import bf16, check, tolerances
+from gradtie import tolerances
+from gradtie.checks import bf16, check
 from gradtie.checks.tie import targets_matrix
 from gradtie.nets import cifar8, resnet34, stages
 from gradtie.ops import conv

@@ -58,7 +58,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, parallel, plots
-from gradtie.checks import bugs, census, tolerances
+from gradtie import tolerances
+from gradtie.checks import bugs, census
 from gradtie.checks import data_parallel as dp
 from gradtie.checks.bf16 import replicas as bf16_replicas
 from gradtie.checks.check import tie_replicas

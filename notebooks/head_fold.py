@@ -63,7 +63,7 @@ jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng
 from gradtie.checks import head as head_checks
-from gradtie.checks import tolerances
+from gradtie import tolerances
 from gradtie.ops import head
 
 # %% tags=["parameters"]

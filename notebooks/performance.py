@@ -38,7 +38,7 @@ import jax
 import matplotlib.pyplot as plt
 
 from gradtie import bench, book, plots
-from gradtie.checks import tolerances
+from gradtie import tolerances
 
 # %% tags=["parameters"]
 net = "resnet34"     # the step compiled live from shapes at the end (no data, nothing timed)

@@ -61,7 +61,8 @@ jax.config.update("jax_enable_x64", True)
 from jax import lax
 
 from gradtie import book, cli, plots, prng
-from gradtie.checks import census, check, tolerances
+from gradtie import tolerances
+from gradtie.checks import census, check
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import head, maxpool
 

@@ -58,7 +58,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng
-from gradtie.checks import census, check, germs, tolerances
+from gradtie import tolerances
+from gradtie.checks import census, check, germs
 from gradtie.nets import cifar8
 from gradtie.ops import head
 

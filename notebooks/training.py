@@ -47,7 +47,7 @@ import matplotlib.pyplot as plt
 
 from gradtie import book, data, plots, train
 from gradtie.checks import controls, step
-from gradtie.checks import tolerances as tol
+from gradtie import tolerances as tol
 from gradtie.nets import cifar8, resnet34
 
 # %% tags=["parameters"]

@@ -54,7 +54,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng
-from gradtie.checks import bugs, census, check, controls, stages, tolerances
+from gradtie import tolerances
+from gradtie.checks import bugs, census, check, controls, stages
 from gradtie.checks.fd import derivatives
 from gradtie.checks.float32 import float32_view
 from gradtie.checks.tie import is_beta, reference_at, rendered_nodes, targets_matrix, tie

@@ -50,7 +50,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, data, plots
-from gradtie.checks import bugs, tolerances
+from gradtie import tolerances
+from gradtie.checks import bugs
 from gradtie.checks.tie import reference_at, targets_matrix, tie
 from gradtie.nets import cifar8, resnet34
 

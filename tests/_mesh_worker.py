@@ -29,7 +29,8 @@ import numpy as np  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import data, parallel, train  # noqa: E402
-from gradtie.checks import bugs, tolerances  # noqa: E402
+from gradtie import tolerances  # noqa: E402
+from gradtie.checks import bugs
 from gradtie.checks.check import run_check, tie_replicas  # noqa: E402
 from gradtie.checks.tie import reference_at, targets_matrix  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402

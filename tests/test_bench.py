@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gradtie import bench, book, cli
-from gradtie.checks import tolerances
+from gradtie import tolerances
 
 TINY = bench.BenchConfig("cifar8", batch=2, image_size=32, repeats=1)
 

@@ -18,7 +18,7 @@ import pytest
 
 from gradtie import data
 from gradtie import reference_numpy as rn
-from gradtie.checks import tolerances as tol
+from gradtie import tolerances as tol
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import batchnorm, conv, maxpool
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from gradtie import parallel
-from gradtie.checks import tolerances
+from gradtie import tolerances
 from gradtie.checks.tie import reference_at, report
 from gradtie.nets import cifar8
 from gradtie.ops import batchnorm

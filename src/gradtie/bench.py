@@ -702,7 +702,7 @@ def abstract_in_fresh_process(profile: str, chapters: Optional[Sequence[str]] = 
 def fit_table(rows: Sequence[AbstractRow], limit_gib: Optional[float] = None) -> tuple[str, bool]:
     """A table per owner: the largest computation's footprint against the limit; all fit?"""
     if limit_gib is None:
-        from .checks.tolerances import GPU_FIT_GIB
+        from .tolerances import GPU_FIT_GIB
         limit_gib = GPU_FIT_GIB
     lines = [f"{'owner':<14} {'computation':<34} {'side':<8} {'dtype':<8} {'temp GiB':>9} {'total GiB':>10}"]
     ok = True

@@ -21,7 +21,7 @@ With per-replica BatchNorm (`sync_bn=False`) each replica normalises with its ow
 statistics; that is a different function of the parameters, and its gradient differs.
 
 The verdicts (the mesh step tied to the single-device float64 oracle) are `gradtie.checks`':
-`checks.check.tie_replicas`. Multi-process (several hosts, or several processes on one host with
+`checks.tie.tie_replicas`. Multi-process (several hosts, or several processes on one host with
 `jax.distributed`): build the global batch with `global_batch` and the parameters with
 `replicate`; everything else is the same. Shown in: Data-parallel tie.
 """
@@ -38,8 +38,9 @@ import numpy as np
 from jax import lax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from . import train
-from .checks import tolerances
+from . import rendered, tolerances, train
+from .kit import KIT, Kit
+from .nets.protocol import as_net
 from .ops import batchnorm, head
 
 AXIS = "data"
@@ -190,85 +191,55 @@ def _global(v: jax.Array) -> jax.Array:
     return lax.pmean(v, AXIS) if _varies(v) else v
 
 
-def row_losses(logits: jax.Array, targets: jax.Array, alpha: float) -> jax.Array:
-    """Each example's smoothed cross-entropy [N] (the value `head.forward` averages)."""
-    zmax = jnp.max(logits, axis=1, keepdims=True)
-    logp = logits - zmax - jnp.log(jnp.sum(jnp.exp(logits - zmax), axis=1, keepdims=True))
-    return -jnp.sum(head.smoothed(targets, alpha) * logp, axis=1)
+def _hits(logits, targets):
+    return (jnp.argmax(logits, axis=1) == jnp.argmax(targets, axis=1)).astype(logits.dtype)
 
 
-# z[N,K], t[N,K], valid[N] -> dy[N,K] = valid·(p − t̃)/n, n the global count of valid examples
-def counted_cotangent(logits: jax.Array, targets: jax.Array, alpha: float, valid: jax.Array,
-                      count: jax.Array) -> jax.Array:
-    """The head's six kit ops with the divisor the global count n = Σ_r n_r (every replica divides
-    by the same n, so the BatchNorm backward's global means average cotangents of one scale), and
-    padded rows set to 0. Lean: `softmaxRow`, `subB`, `scaleB`, `addVB`, `shiftB`, `divConstB`."""
-    head.check_targets("parallel.counted_cotangent", logits, targets)
-    k = logits.shape[1]
-    p = head.softmax_row(logits)
-    d0 = head.sub(p, targets)
-    a = head.scale(alpha, targets)
-    d1 = head.add(d0, a)
-    d2 = head.shift(d1, alpha / k)
-    return head.div_const(d2, count) * valid[:, None]
-
-
-def replica_step(net, cfg, label_smoothing: float, sync_bn: bool, replicas: int, with_dx: bool,
+def replica_step(net, kit: Kit, cfg, label_smoothing: float, sync_bn: bool, replicas: int, with_dx: bool,
                  masked: bool = False) -> Callable:
     """The body each replica runs inside `shard_map`: (params, x, targets[, valid]) ->
-    (loss, grads, dx, stats, accuracy) as `ReplicaStep` describes.
+    (loss, grads, dx, stats, accuracy) as `ReplicaStep` describes; the rendered step itself is
+    `rendered.step`, the one every consumer runs.
 
     Equal counts (masked=False): the head divides by this replica's N and the gradients are
     mean-all-reduced, which divides by R·N. Uneven counts (masked=True): BatchNorm counts only the
-    valid examples (`batchnorm.valid_examples`), the head divides by the global count and masks the
-    padded rows, and the gradients are sum-all-reduced."""
+    valid examples, the head divides by the global count and masks the padded rows, and the
+    gradients are sum-all-reduced."""
     rcfg = replica_config(cfg, sync_bn)
 
-    def hits_of(logits, targets):
-        return (jnp.argmax(logits, axis=1) == jnp.argmax(targets, axis=1)).astype(logits.dtype)
-
     def even(params, x, targets):
-        logits, saved = net.forward(params, x, rcfg)
-        targets = targets.astype(logits.dtype)
-        loss = head.forward(logits, targets, label_smoothing)
         # the head divides by this replica's N: the mean over replicas then divides by R·N
-        dlogits = head.cotangent(logits, targets, label_smoothing)
-        grads, dx = net.backward(params, saved, dlogits, rcfg)
+        out = rendered.step(net, kit, params, x, targets, rcfg, alpha=label_smoothing)
         # all-reduce in the parameters' dtype (float32 under bf16 convs: SPEC §7)
-        grads = _reduce_packed({k: g.astype(params[k].dtype) for k, g in grads.items()})
+        grads = _reduce_packed({k: g.astype(params[k].dtype) for k, g in out.grads.items()})
         # synchronised: already global; per-replica (or per-example BN): the replica mean
-        stats = jax.tree.map(_global, net.batch_stats(saved))
+        stats = jax.tree.map(_global, out.stats)
         # equal N on every replica: the mean of the replica means is the global mean
-        return (lax.pmean(loss, AXIS), grads, dx / replicas if with_dx else None, stats,
-                lax.pmean(jnp.mean(hits_of(logits, targets)), AXIS))
+        return (lax.pmean(out.loss, AXIS), grads, out.dx / replicas if with_dx else None, stats,
+                lax.pmean(jnp.mean(_hits(out.logits, targets.astype(out.logits.dtype))), AXIS))
 
     def uneven(params, x, targets, valid):
         local = jnp.sum(valid)
         count = lax.psum(local, AXIS)                      # n = Σ_r n_r
-        with batchnorm.valid_examples(valid):              # forward and backward: valid cells only
-            logits, saved = net.forward(params, x, rcfg)
-            targets = targets.astype(logits.dtype)
-            dlogits = counted_cotangent(logits, targets, label_smoothing, valid, count)
-            grads, dx = net.backward(params, saved, dlogits, rcfg)
-        loss = lax.psum(jnp.sum(valid * row_losses(logits, targets, label_smoothing)), AXIS) / count
+        # BatchNorm over the valid cells only; the loss and its cotangent divided by the global count
+        out = rendered.step(net, kit, params, x, targets, rcfg, alpha=label_smoothing, valid=valid, divisor=count)
         # every replica's nodes already carry 1/n: the all-reduce sums them
-        grads = _reduce_packed({k: g.astype(params[k].dtype) for k, g in grads.items()}, lax.psum)
-        stats = jax.tree.map(lambda v: lax.psum(local * v, AXIS) / count if _varies(v) else v,
-                             net.batch_stats(saved))
-        hits = lax.psum(jnp.sum(valid * hits_of(logits, targets)), AXIS) / count
-        return loss, grads, dx if with_dx else None, stats, hits
+        grads = _reduce_packed({k: g.astype(params[k].dtype) for k, g in out.grads.items()}, lax.psum)
+        stats = jax.tree.map(lambda v: lax.psum(local * v, AXIS) / count if _varies(v) else v, out.stats)
+        hits = lax.psum(jnp.sum(valid * _hits(out.logits, targets.astype(out.logits.dtype))), AXIS) / count
+        return lax.psum(out.loss, AXIS), grads, out.dx if with_dx else None, stats, hits
 
     return uneven if masked else even
 
 
 @functools.lru_cache(maxsize=64)
-def _compiled(net, cfg, mesh: Mesh, label_smoothing: float, sync_bn: bool, with_dx: bool,
-              masked: bool, options: tuple = ()) -> Callable:
-    step = replica_step(net, cfg, label_smoothing, sync_bn, replica_count(mesh), with_dx, masked)
+def _compiled(net, kit: Kit, cfg, mesh: Mesh, label_smoothing: float, sync_bn: bool, with_dx: bool,
+              masked: bool, quick: bool) -> Callable:
+    step = replica_step(net, kit, cfg, label_smoothing, sync_bn, replica_count(mesh), with_dx, masked)
     in_specs = (P(), P(AXIS), P(AXIS)) + ((P(AXIS),) if masked else ())
     sharded = jax.shard_map(step, mesh=mesh, in_specs=in_specs,
                             out_specs=(P(), P(), P(AXIS) if with_dx else None, P(), P()))
-    return jax.jit(sharded, compiler_options=dict(options) or None)
+    return jax.jit(sharded, compiler_options=rendered.QUICK if quick else None)
 
 
 def _targets(op: str, targets, batch: int, num_classes: int, dtype):
@@ -305,9 +276,9 @@ def _check_batch(op: str, x, mesh: Mesh) -> int:
     return batch
 
 
-def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothing: float = 0.0,
+def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, kit: Kit = KIT, label_smoothing: float = 0.0,
                      sync_bn: bool = True, with_dx: bool = True, counts: Optional[Sequence[int]] = None,
-                     valid=None, compiler_options: Optional[Mapping[str, Any]] = None) -> ReplicaStep:
+                     valid=None, quick: bool = False) -> ReplicaStep:
     """The data-parallel rendered step: loss, gradients of the global loss, input gradient, batch stats.
 
     x [R·N,C,H,W] and targets (int labels [R·N] or rows [R·N,K]) hold the global batch; replica r
@@ -318,10 +289,11 @@ def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothin
     (replica r's rows one after another); dx comes back in the same rows. Or `valid` [R·N]: x is
     already padded (replica r's rows r·N … (r+1)·N − 1, valid[i] = 1 for a real example, 0 for
     padding; a multi-process global batch pads this way); dx then comes back padded, 0 on padding.
-    compiler_options: XLA's, for the compiled step (a check evaluating it once passes
-    `checks.tie.QUICK`).
+    kit: the rendered chain's ops (a planted bug runs in every replica). quick: LLVM's optimisation
+    off (`rendered.QUICK`), for a step evaluated once (a check).
     """
     op = "parallel.forward_backward"
+    net = as_net(net)
     if counts is not None and valid is not None:
         raise ValueError(f"{op}: give counts (a concatenated valid batch) or valid (a padded batch), not both")
     if counts is not None:
@@ -330,14 +302,14 @@ def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothin
         counts = check_counts(op, counts, replica_count(mesh), int(jnp.shape(x)[0]))
         t = _targets(op, targets, int(jnp.shape(x)[0]), cfg.num_classes, jnp.result_type(x))
         xs, ts, valid_ = padded(x, t, counts)
-        out = forward_backward(net, params, jnp.asarray(xs), jnp.asarray(ts), cfg, mesh=mesh,
+        out = forward_backward(net, params, jnp.asarray(xs), jnp.asarray(ts), cfg, mesh=mesh, kit=kit,
                                label_smoothing=label_smoothing, sync_bn=sync_bn, with_dx=with_dx,
-                               valid=jnp.asarray(valid_), compiler_options=compiler_options)
+                               valid=jnp.asarray(valid_), quick=quick)
         return out._replace(dx=None if out.dx is None else out.dx[valid_rows(counts)])
     batch = _check_batch(op, x, mesh)
     t = _targets(op, targets, batch, cfg.num_classes, jnp.result_type(x))
-    fn = _compiled(net, cfg, mesh, float(label_smoothing), bool(sync_bn), bool(with_dx), valid is not None,
-                   tuple(sorted((compiler_options or {}).items())))
+    fn = _compiled(net, kit, cfg, mesh, float(label_smoothing), bool(sync_bn), bool(with_dx), valid is not None,
+                   bool(quick))
     args = (dict(params), x, t) if valid is None else (dict(params), x, t, _mask(op, valid, batch, x))
     out = ReplicaStep(*fn(*args))
     # jit hands dicts back sorted by key; `list(grads)` is the signature order, as in `params`
@@ -367,7 +339,7 @@ def loss_and_grads(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothing:
     per-replica BatchNorm. `counts`: uneven replica batches (see `forward_backward`). `cfg.bf16`
     selects the bf16 conv kinds; the all-reduces stay in the parameters' dtype.
     """
-    out = forward_backward(net, params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
+    out = forward_backward(as_net(net), params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
                            sync_bn=sync_bn, with_dx=False, counts=counts)
     return out.loss, out.grads
 
@@ -383,28 +355,20 @@ def _in_order_of(tree, template):
     return tree
 
 
-_UPDATES: dict = {}
-
-
+@functools.lru_cache(maxsize=None)
 def _update_fn(opt: train.Optimizer) -> Callable:
-    """The optimizer's update and the running statistics, jitted once per optimizer object (its
-    hyper dict makes it unhashable, so it is keyed by identity)."""
-    hit = _UPDATES.get(id(opt))
-    if hit is not None and hit[0] is opt:
-        return hit[1]
-
+    """The optimizer's update and the running statistics, jitted once per optimizer."""
     def update(state: train.TrainState, grads, stats, lr):
         params, opt_state = opt.update(state.params, grads, state.opt_state, lr)
         running = train.update_running(state.running, stats, state.step)
         grad_norm = jnp.sqrt(sum(jnp.sum(jnp.square(g.astype(jnp.float32))) for g in grads.values()))
         return train.TrainState(params, opt_state, running, state.step + 1), grad_norm
 
-    _UPDATES[id(opt)] = (opt, jax.jit(update))
-    return _UPDATES[id(opt)][1]
+    return jax.jit(update)
 
 
 def make_step(net, cfg, opt: train.Optimizer, *, mesh: Mesh, label_smoothing: float = 0.0,
-              sync_bn: bool = True) -> Callable:
+              sync_bn: bool = True, kit: Kit = KIT) -> Callable:
     """The data-parallel train step `step(state, x, targets, lr, counts=None) -> (state, metrics)`.
 
     The same contract as `train.make_step` (state: `train.TrainState`; targets: int labels [R·N]
@@ -414,13 +378,14 @@ def make_step(net, cfg, opt: train.Optimizer, *, mesh: Mesh, label_smoothing: fl
     replica mean of per-replica statistics without it). `counts`: an uneven last batch (x is the
     concatenated valid batch, replica r holding n_r of it). bf16 convs: `cfg.bf16`.
     """
+    net = as_net(net)
     if not isinstance(opt, train.Optimizer):
         raise ValueError(f"parallel.make_step: opt must be a train.Optimizer (train.make_optimizer"
                          f"(name)), got {type(opt).__name__}")
     update = _update_fn(opt)
 
     def step(state: train.TrainState, x, targets, lr, counts: Optional[Sequence[int]] = None):
-        out = forward_backward(net, state.params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
+        out = forward_backward(net, state.params, x, targets, cfg, mesh=mesh, kit=kit, label_smoothing=label_smoothing,
                                sync_bn=sync_bn, with_dx=False, counts=counts)
         # every replica applies the same update to the replicated parameters: one global update
         new, grad_norm = update(state, out.grads, out.stats, lr)
@@ -433,26 +398,16 @@ def make_step(net, cfg, opt: train.Optimizer, *, mesh: Mesh, label_smoothing: fl
 
 # ---- the same rendered step on one device ------------------------------------------------------
 
-@functools.lru_cache(maxsize=64)
-def _single_fn(net, cfg, label_smoothing: float):
-    def run(params, x, targets):
-        logits, saved = net.forward(params, x, cfg)
-        t = targets.astype(logits.dtype)
-        grads, dx = net.backward(params, saved, head.cotangent(logits, t, label_smoothing), cfg)
-        hits = jnp.mean((jnp.argmax(logits, axis=1) == jnp.argmax(t, axis=1)).astype(logits.dtype))
-        return head.forward(logits, t, label_smoothing), grads, dx, net.batch_stats(saved), hits
-    return jax.jit(run)
-
-
-def single_device(net, params, x, targets, cfg, *, label_smoothing: float = 0.0) -> ReplicaStep:
+def single_device(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, kit: Kit = KIT) -> ReplicaStep:
     """The rendered step on one device at the whole batch: what the mesh step must reproduce (a
     train step's running statistics and accuracy included). The tie itself is
-    `checks.check.tie_replicas`, against the float64 oracle."""
+    `checks.tie.tie_replicas`, against the float64 oracle."""
+    net = as_net(net)
     t = _targets("parallel.single_device", targets, int(jnp.shape(x)[0]), cfg.num_classes,
                  jnp.result_type(x))
-    fn = _single_fn(net, replica_config(cfg, False), float(label_smoothing))
-    out = ReplicaStep(*fn(dict(params), x, t))
-    return out._replace(grads={k: out.grads[k] for k in params})
+    out = rendered.compiled(net, kit, dict(params), x, t, replica_config(cfg, False), alpha=float(label_smoothing))
+    hits = jnp.mean(_hits(out.logits, t.astype(out.logits.dtype)))
+    return ReplicaStep(out.loss, {k: out.grads[k] for k in params}, out.dx, out.stats, hits)
 
 
 # ---- combining variances across replicas: Chan's formula vs a one-round E[x²] exchange ----------

@@ -1,7 +1,8 @@
-"""The autodiff oracles: `jax.vjp` of each forward, and losses built from the forward and plain jnp.
+"""The autodiff oracles: `jax.vjp` of each forward, and the loss built from the forward and plain jnp.
 
-This module (with `gradtie.checks`) is the only place autodiff appears. It never borrows a rendered
-backward's code, so a bug the kernels carry cannot hide on both sides.
+This module is the only place autodiff appears (the checks call it). It never borrows a rendered
+backward's code, so a bug the kernels carry cannot hide on both sides. `oracle` is THE whole-net
+oracle every check ties a rendered chain to; `vjp` the oracle of one piece (a stage, a layer, an op).
 """
 
 from __future__ import annotations
@@ -12,6 +13,43 @@ import jax
 import jax.numpy as jnp
 
 from .ops import batchnorm, conv, dense, gap, maxpool, relu
+
+
+def oracle(net, params, x, targets, cfg, alpha: float = 0.0, selections=None):
+    """(loss, parameter gradients, input gradient) by autodiff of `net.forward` and `net.loss.value`
+    (never a backward). targets: rows [N,K].
+
+    The parameter gradients are the real net's. The input gradient is the real net's too, unless
+    `selections` {pool: σ} is given: then it is the vector–Jacobian product of the model with those
+    pools frozen at σ (the gather model). At a twin tie the input gradient of the real net does not
+    exist (moving the image breaks the twins), and the frozen model's is what the rendered chain
+    computes at σ = argmax (`batchMapAux_maxPoolBackFlat_eq_selScatter`).
+    """
+    def loss(p, x_, sel=None):
+        logits, _ = net.forward(p, x_, cfg, selections=sel)
+        return net.loss.value(logits, targets.astype(logits.dtype), alpha)
+
+    if selections is None:
+        value, (g, dx) = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    else:
+        value, g = jax.value_and_grad(loss)(params, x)
+        dx = jax.grad(loss, argnums=1)(params, x, selections)
+    return value, g, dx
+
+
+# compiled once per (net, config, α, shapes)
+compiled = jax.jit(oracle, static_argnums=(0, 4, 5))
+
+
+def loss_at(net, params, x, targets, cfg, alpha: float = 0.0):
+    """The loss from the forward alone (what finite differences and germs evaluate)."""
+    logits, _ = net.forward(params, x, cfg)
+    return net.loss.value(logits, targets.astype(logits.dtype), alpha)
+
+
+def value_and_grad(f: Callable, **kwargs):
+    """`jax.value_and_grad`: the autodiff peer of a train step differentiates its loss here."""
+    return jax.value_and_grad(f, **kwargs)
 
 
 def vjp(f: Callable, *primals, cotangent):

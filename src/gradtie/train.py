@@ -37,9 +37,14 @@ from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
 import jax
 import jax.numpy as jnp
 import numpy as np
+from dataclasses import dataclass
 
 from . import data as data_
-from .ops import head
+from . import reference, rendered
+from . import tolerances as tol
+from .kit import KIT, Kit
+from .nets.protocol import as_net
+from .ops import head, maxpool
 
 Params = dict[str, jax.Array]
 OptState = dict[str, Any]
@@ -51,8 +56,11 @@ METRICS = "metrics.jsonl"     # one JSON object per epoch, appended
 
 # ---- update rules --------------------------------------------------------------------------------
 
-class Optimizer(NamedTuple):
-    """A named update rule: init(params) -> state; update(params, grads, state, lr) -> (params, state)."""
+@dataclass(frozen=True, eq=False)
+class Optimizer:
+    """A named update rule: init(params) -> state; update(params, grads, state, lr) -> (params, state).
+    Hashed by identity (a static argument of `jax.jit`); the factories below hand out one object
+    per setting."""
     name: str
     init: Callable[[Params], OptState]
     update: Callable[..., tuple[Params, OptState]]
@@ -204,83 +212,71 @@ def update_running(running: Mapping, batch: Mapping, step: jax.Array) -> dict[st
     return {k: one(running[k], batch[k]) for k in running}
 
 
-def _as_rows(targets, num_classes: int, dtype) -> jax.Array:
-    """Int labels [N] -> one-hot rows; rows [N,K] pass through, cast to the logits' dtype."""
-    targets = jnp.asarray(targets)
-    if jnp.issubdtype(targets.dtype, jnp.integer):
-        return head.one_hot(targets, num_classes, dtype=dtype)
-    return targets.astype(dtype)
+def _loss_and_grads(net, kit, cfg, grads: str, alpha: float, params, x, targets):
+    """(loss, grads, logits, batch stats): the rendered step (`rendered.step`), or its autodiff peer
+    (`reference.oracle`'s loss, the peer the rendered step is compared against)."""
+    if grads == "rendered":
+        out = rendered.step(net, kit, params, x, targets, cfg, alpha=alpha)
+        return out.loss, out.grads, out.logits, out.stats
+    t = head.as_targets(net.name, targets, x.shape[0], cfg.num_classes, jnp.result_type(x))
+
+    def loss_fn(p):
+        logits, saved = net.forward(p, x, cfg)
+        return net.loss.value(logits, t.astype(logits.dtype), alpha), (logits, net.batch_stats(saved))
+
+    (loss, (logits, stats)), g = reference.value_and_grad(loss_fn, has_aux=True)(params)
+    return loss, g, logits, stats
 
 
-def _rendered_loss_and_grads(net, cfg, alpha: float):
-    """loss, grads, logits and batch stats from ONE forward and the rendered backward."""
-    def run(params, x, targets):
-        logits, saved = net.forward(params, x, cfg)
-        t = _as_rows(targets, logits.shape[1], logits.dtype)
-        loss = head.forward(logits, t, alpha)
-        # a must-fail control (`gradtie.checks.controls`) may carry its own head fold
-        dlogits = getattr(net, "head_cotangent", head.cotangent)(logits, t, alpha)
-        grads, _ = net.backward(params, saved, dlogits, cfg)
-        return loss, grads, logits, net.batch_stats(saved)
-    return run
+def _step(net, kit, cfg, opt: Optimizer, grads: str, alpha: float, state: TrainState, x, targets, lr):
+    loss, g, logits, stats = _loss_and_grads(net, kit, cfg, grads, alpha, state.params, x, targets)
+    params, opt_state = opt.update(state.params, g, state.opt_state, lr)
+    running = update_running(state.running, stats, state.step)
+    t = jnp.asarray(targets)
+    labels = t if jnp.issubdtype(t.dtype, jnp.integer) else jnp.argmax(t, axis=1)
+    metrics = {
+        "loss": loss,
+        "accuracy": jnp.mean(jnp.argmax(logits, axis=1) == labels),
+        "grad_norm": jnp.sqrt(sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in g.values())),
+        "lr": jnp.asarray(lr, jnp.float32),
+    }
+    return TrainState(params, opt_state, running, state.step + 1), metrics
+
+
+_STATIC = (0, 1, 2, 3, 4, 5)
+_jitted_step = jax.jit(_step, static_argnums=_STATIC)
+_quick_step = jax.jit(_step, static_argnums=_STATIC, compiler_options=rendered.QUICK)
 
 
 def make_step(net, cfg, opt: Optimizer, *, grads: str = "rendered", label_smoothing: float = 0.0,
-              jit: bool = True, compiler_options: Optional[Mapping[str, Any]] = None,
+              jit: bool = True, quick: bool = False, kit: Kit = KIT,
               ) -> Callable[[TrainState, Any, Any, Any], tuple[TrainState, dict]]:
     """A train step `step(state, x, targets, lr) -> (state, metrics)`, jitted.
 
-    targets: int labels [N] or rows summing to 1 [N,K]. grads="rendered" uses the net's rendered
-    chain; grads="autodiff" differentiates the same forward with `jax.value_and_grad` (the peer the
-    rendered step is compared against). metrics: loss, accuracy (argmax of logits against argmax
-    of targets), grad_norm (global L2), lr. compiler_options: XLA's, for the jitted step (a
-    control taken a step or two compiles with `checks.tie.QUICK`).
+    targets: int labels [N] or rows summing to 1 [N,K]. grads="rendered" runs the rendered step
+    (`rendered.step` through `kit`); grads="autodiff" differentiates the same forward with
+    `jax.value_and_grad` (the peer the rendered step is compared against). metrics: loss, accuracy
+    (argmax of logits against argmax of targets), grad_norm (global L2), lr. quick: LLVM's
+    optimisation off (a control taken a step or two). The compiled step is found again by JAX's
+    own cache: the net, kit, config, optimizer, grads and α are its static arguments.
     """
-    options = tuple(sorted((compiler_options or {}).items()))
-    try:
-        key = (id(net), hash(cfg), cfg, id(opt), grads, label_smoothing, jit, options)
-    except TypeError:       # an unhashable config: no reuse
-        key = object()
-    hit = _STEPS.get(key)
-    if hit is not None and hit[0] is net and hit[1] is opt:
-        return hit[2]
-    if grads == "rendered":
-        loss_and_grads = _rendered_loss_and_grads(net, cfg, label_smoothing)
-    elif grads == "autodiff":
-        loss_and_grads = _autodiff_loss_and_grads(net, cfg, label_smoothing)
-    else:
+    net = as_net(net)
+    if grads not in ("rendered", "autodiff"):
         raise ValueError(f"make_step: grads must be 'rendered' or 'autodiff', got {grads!r}")
     if not 0.0 <= label_smoothing <= 1.0:
         raise ValueError(f"make_step: label_smoothing must lie in [0, 1], got {label_smoothing!r}")
+    if not isinstance(opt, Optimizer):
+        raise ValueError(f"make_step: opt must be a train.Optimizer (train.make_optimizer(name)), "
+                         f"got {type(opt).__name__}")
+    statics = (net, kit, cfg, opt, grads, float(label_smoothing))
+    if not jit:
+        return functools.partial(_step, *statics)
+    fn = _quick_step if quick else _jitted_step
 
-    def step(state: TrainState, x, targets, lr):
-        loss, g, logits, stats = loss_and_grads(state.params, x, targets)
-        params, opt_state = opt.update(state.params, g, state.opt_state, lr)
-        running = update_running(state.running, stats, state.step)
-        t = jnp.asarray(targets)
-        labels = t if jnp.issubdtype(t.dtype, jnp.integer) else jnp.argmax(t, axis=1)
-        metrics = {
-            "loss": loss,
-            "accuracy": jnp.mean(jnp.argmax(logits, axis=1) == labels),
-            "grad_norm": jnp.sqrt(sum(jnp.sum(jnp.square(v.astype(jnp.float32))) for v in g.values())),
-            "lr": jnp.asarray(lr, jnp.float32),
-        }
-        return TrainState(params, opt_state, running, state.step + 1), metrics
-
-    if jit:
-        jitted = jax.jit(step, compiler_options=dict(options) or None)
-
-        def ordered_step(state: TrainState, x, targets, lr):
-            new, metrics = jitted(state, x, targets, lr)
-            return _in_order_of(new, state), metrics
-
-    _STEPS[key] = (net, opt, ordered_step if jit else step)
-    return _STEPS[key][2]
-
-
-# (net, config, optimizer, grads, α, jit) -> step: a second make_step (a resumed fit, a notebook
-# cell run twice) reuses the compiled step instead of compiling it again
-_STEPS: dict = {}
+    def ordered_step(state: TrainState, x, targets, lr):
+        new, metrics = fn(*statics, state, x, targets, lr)
+        return _in_order_of(new, state), metrics
+    return ordered_step
 
 
 def _in_order_of(tree, template):
@@ -291,23 +287,6 @@ def _in_order_of(tree, template):
     if isinstance(template, Mapping):
         return {k: _in_order_of(tree[k], template[k]) for k in template}
     return tree
-
-
-# ---- the autodiff peer (an oracle, not a kernel: the only autodiff in this module) ---------------
-
-def _autodiff_loss_and_grads(net, cfg, alpha: float):
-    """loss, grads, logits and batch stats by `jax.value_and_grad` of the forward-based loss."""
-    from .reference import smoothed_cross_entropy
-
-    def run(params, x, targets):
-        def loss_fn(p):
-            logits, saved = net.forward(p, x, cfg)
-            t = _as_rows(targets, logits.shape[1], logits.dtype)
-            return smoothed_cross_entropy(logits, t, alpha), (logits, net.batch_stats(saved))
-
-        (loss, (logits, stats)), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-        return loss, grads, logits, stats
-    return run
 
 
 # ---- evaluation: precise BatchNorm statistics ----------------------------------------------------
@@ -324,26 +303,14 @@ def _autodiff_loss_and_grads(net, cfg, alpha: float):
 PRECISE_BATCHES = 16    # training batches the population statistics are recomputed over
 _PRECISE_STREAM = 2**31 - 1   # the fold_in tag of the key that fixes which batches those are
 
-_EVAL_FNS: dict = {}
-_STATS_FNS: dict = {}
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _eval_logits(net, cfg, params, running, x):
+    return net.forward_eval(params, running, x, cfg)
 
 
-def _cached(cache: dict, net, cfg, build):
-    """One jitted function per (net, config), reused across calls (no recompiles per epoch)."""
-    key = (id(net), cfg)
-    if key not in cache or cache[key][0] is not net:
-        cache[key] = (net, jax.jit(build()))
-    return cache[key][1]
-
-
-def _eval_fn(net, cfg):
-    return _cached(_EVAL_FNS, net, cfg,
-                   lambda: lambda params, running, x: net.forward_eval(params, running, x, cfg))
-
-
-def _stats_fn(net, cfg):
-    return _cached(_STATS_FNS, net, cfg,
-                   lambda: lambda params, x: net.batch_stats(net.forward(params, x, cfg)[1]))
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _batch_stats(net, cfg, params, x):
+    return net.batch_stats(net.forward(params, x, cfg)[1])
 
 
 def precise_statistics(net, cfg, params: Params, x, *, batch: int, batches: int = PRECISE_BATCHES,
@@ -366,9 +333,10 @@ def precise_statistics(net, cfg, params: Params, x, *, batch: int, batches: int 
         raise ValueError(f"{op}: {n} training images make no full batch of {batch}")
     order = np.asarray(jax.random.permutation(
         jax.random.fold_in(jax.random.key(seed), _PRECISE_STREAM), n))[:k * batch]
-    f = _stats_fn(net, cfg)
+    net = as_net(net)
     dtype = next(iter(params.values())).dtype
-    per_batch = [f(params, jnp.asarray(x[order[i * batch:(i + 1) * batch]], dtype)) for i in range(k)]
+    per_batch = [_batch_stats(net, cfg, params, jnp.asarray(x[order[i * batch:(i + 1) * batch]], dtype))
+                 for i in range(k)]
     out = {}
     for name in per_batch[0]:
         if name.endswith(".running_var"):
@@ -395,7 +363,7 @@ def evaluate(net, cfg, state: TrainState, x, labels, batch: int = 256, *,
     if n == 0 or len(x) != n:
         raise ValueError(f"train.evaluate: need as many labels as images (and at least one), "
                          f"got {len(x)} images and {n} labels")
-    f = _eval_fn(net, cfg)
+    net = as_net(net)
     stats = state.running if running is None else running
     dtype = next(iter(state.params.values())).dtype
     chunk = min(batch, n)
@@ -406,7 +374,7 @@ def evaluate(net, cfg, state: TrainState, x, labels, batch: int = 256, *,
         m = len(xb)
         if m < chunk:
             xb = np.concatenate([xb, np.zeros((chunk - m,) + xb.shape[1:], xb.dtype)])
-        logits = f(state.params, stats, jnp.asarray(xb, dtype))
+        logits = _eval_logits(net, cfg, state.params, stats, jnp.asarray(xb, dtype))
         correct += int(np.sum(np.argmax(np.asarray(logits)[:m], axis=1) == labels[start:start + m]))
     return correct / n
 
@@ -521,7 +489,7 @@ class _Progress(NamedTuple):
 
 def default_label_smoothing(net) -> float:
     """α = 0.1 for ResNet-34 (the ImageNet recipe), 0 for cifar8 (SPEC §1)."""
-    return 0.1 if getattr(net, "NAME", "") == "resnet34" else 0.0
+    return 0.1 if as_net(net).name == "resnet34" else 0.0
 
 
 def fingerprint(split: data_.Split) -> str:
@@ -646,6 +614,7 @@ def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str 
     log: called with one line per epoch (the CLI prints them).
     """
     op = "train.fit"
+    net = as_net(net)
     split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
     data_name = dataset.name if isinstance(dataset, data_.Dataset) else "split"
     flip = data_.flips_keep_class(data_name) if flip is None else bool(flip)
@@ -691,7 +660,7 @@ def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str 
 
     total = epochs or 1
     run = {
-        "net": getattr(net, "NAME", type(net).__name__), "config": _jsonable(cfg),
+        "net": net.name, "config": _jsonable(cfg),
         "data": {"name": data_name, "image_size": int(split.x_train.shape[-1]),
                  "n_train": int(len(split.y_train)), "n_test": int(len(split.y_test)),
                  "num_classes": int(num_classes), "fingerprint": fingerprint(split)},
@@ -950,35 +919,24 @@ def _nudge_tree(params: Params, key: jax.Array) -> Params:
     return {k: nudge_ulp(v, kk) for (k, v), kk in zip(params.items(), keys)}
 
 
-_KINK_FNS: dict = {}
-
-
-def _kink_fn(net, cfg):
-    """(params, nudged params, x) -> live pool windows tied at params whose tie the nudge breaks,
-    plus pre-activations exactly 0. Nets without pools or pre-activations count 0."""
-    from .ops import maxpool
-
-    def build():
-        def kinks(params, nudged, x):
-            if not hasattr(net, "pool_inputs"):
-                return jnp.zeros((), jnp.int32)
-            _, saved = net.forward(params, x, cfg)
-            _, saved_n = net.forward(nudged, x, cfg)
-            count = sum(jnp.sum(v == 0) for v in net.preactivations(saved).values())
-            inputs, inputs_n = net.pool_inputs(saved), net.pool_inputs(saved_n)
-            for name, r in inputs.items():
-                spec = net.POOLS[name]
-                w, wn = maxpool.windows(r, spec), maxpool.windows(inputs_n[name], spec)
-                top = jnp.max(w, axis=-1, keepdims=True)
-                at_top = w == top
-                tied = (jnp.sum(at_top, axis=-1) >= 2) & (top[..., 0] > 0)
-                # the nudged values of the cells tied at params: still all equal only for twins
-                hi = jnp.max(jnp.where(at_top, wn, -jnp.inf), axis=-1)
-                lo = jnp.min(jnp.where(at_top, wn, jnp.inf), axis=-1)
-                count = count + jnp.sum(tied & (hi != lo))
-            return jnp.asarray(count, jnp.int32)
-        return kinks
-    return _cached(_KINK_FNS, net, cfg, build)
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _kinks(net, cfg, params, nudged, x):
+    """Live pool windows tied at params whose tie the nudge breaks, plus pre-activations exactly 0."""
+    _, saved = net.forward(params, x, cfg)
+    _, saved_n = net.forward(nudged, x, cfg)
+    count = sum((jnp.sum(v == 0) for v in net.preactivations(saved).values()), jnp.zeros((), jnp.int32))
+    inputs, inputs_n = net.pool_inputs(saved), net.pool_inputs(saved_n)
+    for name, r in inputs.items():
+        spec = net.pools[name]
+        w, wn = maxpool.windows(r, spec), maxpool.windows(inputs_n[name], spec)
+        top = jnp.max(w, axis=-1, keepdims=True)
+        at_top = w == top
+        tied = (jnp.sum(at_top, axis=-1) >= 2) & (top[..., 0] > 0)
+        # the nudged values of the cells tied at params: still all equal only for twins
+        hi = jnp.max(jnp.where(at_top, wn, -jnp.inf), axis=-1)
+        lo = jnp.min(jnp.where(at_top, wn, jnp.inf), axis=-1)
+        count = count + jnp.sum(tied & (hi != lo))
+    return jnp.asarray(count, jnp.int32)
 
 
 def zero_in_reals(params: Mapping) -> set[str]:
@@ -1021,8 +979,8 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
     suite says their nodes ARE the gradient in ℝ; this shows the float32 steps agreeing to round-off
     along a real run. Shown in: Training with the rendered step.
     """
-    from .checks import tolerances as tol
     op = "train.side_by_side"
+    net = as_net(net)
     steps = data_._positive_int(op, "steps", steps)
     batch = data_._positive_int(op, "batch", batch)
     epochs = data_._positive_int(op, "epochs", epochs)
@@ -1031,9 +989,9 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
     if dtype not in ("float32", "float64"):
         raise ValueError(f"{op}: dtype must be 'float32' or 'float64', got {dtype!r}")
     for c in controls:
-        if not isinstance(getattr(c, "name", None), str) or c.name in ("rendered", "autodiff"):
-            raise ValueError(f"{op}: each control needs its own name (a `gradtie.checks.controls` "
-                             f"control), got {type(c).__name__}")
+        if not getattr(c, "planted", "") or not hasattr(c, "kit"):
+            raise ValueError(f"{op}: each control must be a planted chain (`gradtie.checks.bugs.plant`), "
+                             f"got {type(c).__name__}")
     split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
     if flip is None:
         flip = data_.flips_keep_class(dataset.name if isinstance(dataset, data_.Dataset) else "split")
@@ -1052,15 +1010,14 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
     params = {k: v.astype(dt) for k, v in net.init(jax.random.fold_in(key, 0), cfg).items()}
     skip = frozenset(zero_in_reals(params))
 
-    rendered = make_step(net, cfg, opt, grads="rendered", label_smoothing=alpha)
+    rendered_step = make_step(net, cfg, opt, grads="rendered", label_smoothing=alpha)
     checked = {"autodiff": make_step(net, cfg, opt, grads="autodiff", label_smoothing=alpha)}
     for c in controls:
-        checked[c.name] = make_step(c, cfg, opt, grads="rendered", label_smoothing=alpha)
+        checked[c.planted] = make_step(c.net, cfg, opt, grads="rendered", label_smoothing=alpha, kit=c.kit)
     free = {"rendered": init_state(net, cfg, params, opt), "autodiff": init_state(net, cfg, params, opt)}
     loss = {name: [] for name in free}
     acc = {name: [] for name in free}
     drift, envelope, kinks = [], [], []
-    kink_fn = _kink_fn(net, cfg)
     dist = {name: [] for name in checked}
     k_nudge = jax.random.fold_in(key, _PRECISE_STREAM - 1)
     bar = _progress(steps, "side by side", progress)
@@ -1072,7 +1029,7 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
                 break
             lr_t = sched(t)
             here = free["rendered"]
-            for name, f in (("rendered", rendered), ("autodiff", checked["autodiff"])):
+            for name, f in (("rendered", rendered_step), ("autodiff", checked["autodiff"])):
                 free[name], m = f(free[name], xb, targets, lr_t)
                 loss[name].append(float(m["loss"]))
                 acc[name].append(float(m["accuracy"]))
@@ -1084,9 +1041,9 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
             for j in range(draws):
                 k_j = jax.random.fold_in(jax.random.fold_in(k_nudge, j), t)
                 nudged = here._replace(params=_nudge_tree(here.params, k_j))
-                spread = max(spread, _relative_distance(rendered(nudged, xb, targets, lr_t)[0].params, ref, skip))
+                spread = max(spread, _relative_distance(rendered_step(nudged, xb, targets, lr_t)[0].params, ref, skip))
                 if j == 0:
-                    kinks.append(int(kink_fn(here.params, nudged.params, xb)))
+                    kinks.append(int(_kinks(net, cfg, here.params, nudged.params, xb)))
             envelope.append(spread)
             t += 1
             if bar is not None:

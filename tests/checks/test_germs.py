@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 from gradtie import data
-from gradtie.checks import census, germs, tolerances
+from gradtie import tolerances
+from gradtie.checks import census, germs
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import head
 

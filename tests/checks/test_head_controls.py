@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from gradtie import prng
 from gradtie.checks import head as hc
-from gradtie.checks import tolerances
+from gradtie import tolerances
 from gradtie.ops import head
 
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from gradtie import data, prng
-from gradtie.checks import bugs, census, check, controls, stages, tolerances
+from gradtie import tolerances
+from gradtie.checks import bugs, census, check, controls, stages
 from gradtie.checks.tie import compare, targets_matrix, zero_in_reals
 from gradtie.nets import cifar8, resnet34
 

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from gradtie import data
-from gradtie.checks import controls, tolerances
+from gradtie import tolerances
+from gradtie.checks import controls
 from gradtie.checks.float32 import float32_view
 from gradtie.checks.fd import derivatives
 from gradtie.checks.tie import (NodeRow, TieReport, oracle_nodes, reference_at,

@@ -14,7 +14,7 @@ import skimage.transform
 from sklearn.datasets import load_digits
 
 from gradtie import prng, reference
-from gradtie.checks import tolerances
+from gradtie import tolerances
 from gradtie.checks.tie import compare, zero_in_reals as zero_nodes
 
 # These tests run both sides unjitted, op by op, where rendered and autodiff agree to round-off even

@@ -1,53 +1,98 @@
-"""A catalogue of real backward bugs, each planted in the rendered backward and each caught.
+"""A catalogue of real backward bugs, each planted as data and each caught.
 
-Every entry is modelled on a bug that shipped in a major framework or that hand-written backwards
-commonly have. `plant(name, net)` returns a `controls.Control`: the real net's forward (the oracle
-differentiates it), and the rendered backward traced with one function swapped, one saved tensor
-misread or the nodes relabelled — never the forward, never the oracle. `gradtie check --plant-bug
-NAME` runs the same verdict path as a real check and must exit 1 naming the first failing node in
-backward order. Shown in: Would the check catch it?
+A check that passes is only worth as much as the bugs it is seen to catch. Every entry is modelled
+on a bug that shipped in a major framework or that hand-written backwards commonly have, and is
+planted as a value: another kit (`KIT._replace(bn_backward=wrong)`, `gradtie.kit`) or another net
+definition (`protocol.with_backwards`) — never a patched module, never the forward, never the
+oracle. `plant(name, net)` returns the `tie.Chain` that runs it; `gradtie check --plant-bug NAME`
+runs the same verdict path as a real check and must exit 1 naming the first failing node in
+backward order. An entry applies to a net when the net's rendered chain calls what it replaces
+(`applies`: read off the chain's kit calls at abstract shapes), so the catalogue plants into any
+net built from the protocol, and a net's own entries (`Net.bugs`) join it.
 
 A bug that is equivalent to the correct chain at every smooth point is not an entry: a ReLU mask
 `>=` instead of `>` differs only where a pre-activation is exactly 0, where the census already
 refuses the point (the op tests pin the render's convention at exact zeros).
+
+The Whole-net tie chapter's controls (SPEC §6) are the entries in `CONTROLS`; the non-twin tie
+control is a point, not a bug (`non_twin_tie`). Shown in: Would the check catch it?, Whole-net tie.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from functools import lru_cache
+from typing import Callable, Optional, Sequence
 
+import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..ops import batchnorm, conv, dense, maxpool, residual
-from . import controls
-from .controls import Control, _check_net
+from .. import kit as kit_
+from ..kit import KIT, Call
+from ..nets import protocol
+from ..nets.protocol import SMOOTHED_CE, Net, as_net
+from ..ops import batchnorm, conv, head, maxpool
+from ..parallel import uneven_split
+from . import census
+from .tie import Chain, NodeRow, TieReport, reference_at, targets_matrix, tie, tie_replicas
 
 
 @dataclass(frozen=True)
 class Bug:
     name: str
-    family: str                  # "BatchNorm", "synchronised BatchNorm", "max pool", "conv and dense", "head", "ResNet-34 blocks"
-    breaks: str                  # one line: what is wrong
-    modelled_on: str             # where such a bug shows up
-    make: Callable[..., Control]
-    nets: tuple[str, ...] = ("cifar8", "resnet34")
+    family: str          # "BatchNorm", "synchronised BatchNorm", "max pool", "conv and dense", "head", "blocks", …
+    breaks: str          # one line: what is wrong
+    modelled_on: str     # where such a bug shows up
+    plant_into: Callable[[Net], Chain]
+    # whether the net's chain calls what the bug replaces: a predicate over its kit calls
+    uses: Callable[[Net, list], bool]
     replicas: bool = False       # planted in the data-parallel step (needs --replicas R ≥ 2)
     needs_smoothing: bool = False
     needs_uneven: bool = False   # plants nothing unless replicas hold different counts (--replica-counts)
 
-    def applies(self, net_name: str) -> bool:
-        return net_name in self.nets
+    def applies(self, net, cfg=None) -> bool:
+        net = as_net(net)
+        return self.uses(net, calls(net, net.cfg(cfg)))
+
+
+@lru_cache(maxsize=None)
+def _calls(net: Net, cfg) -> tuple[Call, ...]:
+    log: list = []
+    rec = kit_.recording(KIT, log)
+    params, x = protocol.abstract_inputs(net, cfg)
+
+    def chain(p, x_):
+        logits, saved = net.forward(p, x_, cfg, kit=rec)
+        grads, dx = net.backward(p, saved, logits, cfg, kit=rec)
+        return grads, dx
+
+    jax.eval_shape(chain, params, x)
+    return tuple(log)
+
+
+def calls(net: Net, cfg) -> list[Call]:
+    """Every kit call the rendered chain of `net` makes, in order, at abstract shapes: which ops a
+    net's backward uses, and with what statics (strides, pool windows, square dense layers)."""
+    return list(_calls(net, cfg))
+
+
+def _kit_bug(**ops) -> Callable[[Net], Chain]:
+    return lambda net: Chain(net, KIT._replace(**ops))
+
+
+def _calls_op(*ops: str, where: Callable[[Call], bool] = lambda c: True):
+    return lambda net, cs: any(c.op in ops and where(c) for c in cs)
 
 
 # ---- BatchNorm ---------------------------------------------------------------------------------
 
 def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool = True,
-                 unbiased: bool = False, rsqrt_twice: bool = False, global_means: bool = True):
+                 unbiased: bool = False, rsqrt_twice: bool = False, global_means: bool = True,
+                 count_weighted: bool = True):
     """A BN input backward dx = s·(t − mean(t) − x̂·mean(x̂·t)), t = γ·dy, with one thing wrong."""
-    def backward(saved: batchnorm.BNSaved, weight, dy):
+    def backward(name, saved: batchnorm.BNSaved, weight, dy):
         axes = (2, 3) if saved.per_example else (0, 2, 3)
         cells = math.prod(dy.shape[a] for a in axes)
         var = saved.var * cells / (cells - 1) if unbiased and cells > 1 else saved.var
@@ -57,103 +102,47 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
         bc = (lambda v: v[:, :, None, None]) if saved.per_example else (lambda v: v[None, :, None, None])
         xhat = (saved.x - bc(saved.mean)) * bc(s)
         t = weight[None, :, None, None] * dy if gamma else dy
-        means = jnp.stack([jnp.mean(t, axis=axes), jnp.mean(xhat * t, axis=axes)])
-        if saved.axis_name is not None and not saved.per_example and global_means:
-            means = lax.pmean(means, saved.axis_name)
+        w = 1.0 if saved.valid is None else jnp.asarray(saved.valid).astype(dy.dtype)[:, None, None, None]
+        if saved.valid is not None and not saved.per_example:
+            # a padded batch: sums over this replica's valid cells, combined across replicas
+            local = jnp.stack([jnp.sum(w * t, axis=axes), jnp.sum(w * xhat * t, axis=axes)])
+            count = jnp.sum(jnp.asarray(saved.valid).astype(dy.dtype)) * dy.shape[2] * dy.shape[3]
+            if count_weighted:
+                means = batchnorm.combine_means(local, count, saved.axis_name if global_means else None)
+            else:   # a plain mean of replica means: right only where every replica holds the same count
+                means = kit_pmean(local / jnp.maximum(count, 1), saved.axis_name)
+        else:
+            means = jnp.stack([jnp.mean(t, axis=axes), jnp.mean(xhat * t, axis=axes)])
+            if saved.axis_name is not None and not saved.per_example and global_means:
+                means = lax.pmean(means, saved.axis_name)
         mean_t, mean_xt = bc(means[0]), bc(means[1])
-        return bc(s) * (t - (mean_t if mean_term else 0.0) - (xhat * mean_xt if xhat_term else 0.0))
+        return w * (bc(s) * (t - (mean_t if mean_term else 0.0) - (xhat * mean_xt if xhat_term else 0.0)))
     return backward
 
 
-def _bn_patch(net, name: str, breaks: str, **wrong) -> Control:
-    return Control(name, net, breaks, patches=((batchnorm, "backward", _bn_backward(**wrong)),))
+def kit_pmean(v, axis_name):
+    return v if axis_name is None else lax.pmean(v, axis_name)
 
 
-def bn_no_mean_term(net):
-    return _bn_patch(net, "bn_no_mean_term", "BN input backward without the −mean(t) term", mean_term=False)
+def _bn_swapped(name, saved, weight, bias, dy):
+    dgamma, dbeta = KIT.bn_nodes(name, saved, weight, bias, dy)
+    return dbeta, dgamma
 
 
-def bn_no_xhat_term(net):
-    return _bn_patch(net, "bn_no_xhat_term", "BN input backward without the −x̂·mean(x̂·t) term", xhat_term=False)
+def _bn_nodes_from_y(name, saved, weight, bias, dy):
+    xhat, _ = batchnorm.normalized(saved)
+    y = weight[None, :, None, None] * xhat + bias[None, :, None, None]
+    return jnp.sum(dy * y, axis=(0, 2, 3)), batchnorm.grad_bias(dy)
 
 
-def bn_unbiased_variance_backward(net):
-    return _bn_patch(net, "bn_unbiased_variance_backward",
-                     "BN backward recomputes s from the unbiased variance (the forward used the biased one)",
-                     unbiased=True)
-
-
-def bn_rsqrt_twice(net):
-    return _bn_patch(net, "bn_rsqrt_twice", "BN backward passes the saved inverse std through rsqrt again",
-                     rsqrt_twice=True)
-
-
-def bn_forget_gamma(net):
-    return _bn_patch(net, "bn_forget_gamma", "BN input backward with t = dy (γ forgotten)", gamma=False)
-
-
-def bn_swap_dgamma_dbeta(net):
-    c = controls.swap_gamma_beta(net)
-    return Control("bn_swap_dgamma_dbeta", net, c.breaks, relabel=c.relabel)
-
-
-def _bn_nodes_from_y(params):
-    def bn_nodes(name: str, saved: batchnorm.BNSaved, dn):
-        gamma, beta = params[f"{name}.weight"], params[f"{name}.bias"]
-        xhat, _ = batchnorm.normalized(saved)
-        y = gamma[None, :, None, None] * xhat + beta[None, :, None, None]
-        return {f"{name}.weight": jnp.sum(dn * y, axis=(0, 2, 3)), f"{name}.bias": batchnorm.grad_bias(dn)}
-    return bn_nodes
-
-
-def bn_dgamma_from_y(net):
-    """dγ = Σ dy·y (the BN output) instead of Σ dy·x̂: right only where γ = 1 and β = 0 (at init)."""
-    return Control("bn_dgamma_from_y", net, "dγ computed as Σ dy·y instead of Σ dy·x̂",
-                   patch_factory=lambda params: ((net, "bn_nodes", _bn_nodes_from_y(params)),))
-
-
-# ---- synchronised BatchNorm (through the data-parallel step) -------------------------------------
-
-def _bn_nodes_reduced_twice(name: str, saved: batchnorm.BNSaved, dn):
-    dgamma, dbeta = batchnorm.grad_weight(saved, dn), batchnorm.grad_bias(dn)
+def _bn_nodes_reduced_twice(name, saved, weight, bias, dy):
+    dgamma, dbeta = KIT.bn_nodes(name, saved, weight, bias, dy)
     if saved.axis_name is not None:   # planted: summed over replicas here, then averaged again by the step
         dgamma, dbeta = lax.psum(dgamma, saved.axis_name), lax.psum(dbeta, saved.axis_name)
-    return {f"{name}.weight": dgamma, f"{name}.bias": dbeta}
-
-
-def sync_dgamma_dbeta_reduced_twice(net):
-    return Control("sync_dgamma_dbeta_reduced_twice", net,
-                   "dγ and dβ all-reduced inside the BN backward and again by the step (R× too large)",
-                   patches=((net, "bn_nodes", _bn_nodes_reduced_twice),))
-
-
-def sync_local_means_backward(net):
-    return _bn_patch(net, "sync_local_means_backward",
-                     "the BN backward's mean(t), mean(x̂·t) over the replica's own cells, not the global batch",
-                     global_means=False)
-
-
-def _plain_mean_of_means(sums, cells, axis_name):
-    # planted: each replica's means over its own valid cells, then a plain mean over the replicas
-    # (right only when every replica holds the same number of examples)
-    local = sums / jnp.maximum(cells, 1)
-    return local if axis_name is None else lax.pmean(local, axis_name)
-
-
-def sync_plain_mean_of_means(net):
-    """The backward's two means combined as a plain mean of replica means, not weighted by counts.
-    Planted in the backward only (the forward's statistics keep the count-weighted combine): it
-    shows only where replicas hold different numbers of examples."""
-    return Control("sync_plain_mean_of_means", net,
-                   "the BN backward's global means as a plain mean of replica means (uneven counts)",
-                   patches=((batchnorm, "combine_means", _plain_mean_of_means),))
+    return dgamma, dbeta
 
 
 # ---- max pool ----------------------------------------------------------------------------------
-
-def _first_max(x, spec):
-    return jnp.argmax(maxpool.windows(x, spec), axis=-1)
-
 
 def _cell_index(sigma, spec, shape):
     """The flat input index (row-major over H, W) of the cell σ picks in each window; −1 in padding."""
@@ -167,12 +156,13 @@ def _cell_index(sigma, spec, shape):
     return jnp.where(inside, row * w + col, -1)
 
 
-def _pool_overwrite(saved: maxpool.PoolSaved, dy):
+def _pool_overwrite(name, saved: maxpool.PoolSaved, dy, sigma=None):
     # planted: each window's cotangent is WRITTEN onto its cell (scatter .set); where overlapping
     # windows pick the same cell, one write wins instead of the two adding
     x, spec = saved
     n, c, h, w = x.shape
-    idx = _cell_index(_first_max(x, spec), spec, x.shape)
+    sigma = maxpool.select(x, spec) if sigma is None else sigma
+    idx = _cell_index(sigma, spec, x.shape)
     idx = jnp.where(idx < 0, h * w, idx).reshape(n, c, -1)
     ni = jnp.arange(n)[:, None, None]
     ci = jnp.arange(c)[None, :, None]
@@ -180,51 +170,50 @@ def _pool_overwrite(saved: maxpool.PoolSaved, dy):
     return flat[:, :, :h * w].reshape(n, c, h, w)
 
 
-def pool3x3_scatter_overwrite(net):
-    _check_net("pool3x3_scatter_overwrite", net, ("resnet34",), "only the 3×3/s2 stem pool overlaps")
-    return Control("pool3x3_scatter_overwrite", net,
-                   "the overlapping 3×3/s2 pool backward overwrites where windows share a cell instead of adding",
-                   patches=((maxpool, "backward", _pool_overwrite),))
-
-
-def _pool_offset(saved: maxpool.PoolSaved, dy):
+def _pool_offset(name, saved: maxpool.PoolSaved, dy, sigma=None):
     # planted: the routing reads windows one column to the right (the selection of the shifted input)
     x, spec = saved
     shifted = jnp.concatenate([x[:, :, :, 1:], x[:, :, :, :1]], axis=3)
-    sigma = _first_max(shifted, spec)
-    return maxpool.scatter(sigma, dy, x.shape, spec)
+    return maxpool.scatter(maxpool.select(shifted, spec), dy, x.shape, spec)
 
 
-def pool_window_offset(net):
-    return Control("pool_window_offset", net, "the pool backward's windows offset by one column",
-                   patches=((maxpool, "backward", _pool_offset),))
+def _pool_as_2x2(name, saved: maxpool.PoolSaved, dy, sigma=None):
+    # planted: whatever the forward pooled, route as the 2×2/s2 pool (windows rows 2i, 2i+1)
+    return KIT.pool_backward(name, maxpool.PoolSaved(saved.x, maxpool.POOL2), dy, sigma)
+
+
+def _overlapping(c: Call) -> bool:
+    spec = c.args[1].spec
+    return spec.size > spec.stride
+
+
+def _not_2x2(c: Call) -> bool:
+    spec = c.args[1].spec
+    return spec != maxpool.POOL2 and maxpool.out_size(c.args[1].x.shape[2], maxpool.POOL2) == c.args[2].shape[2]
 
 
 # ---- conv and dense ----------------------------------------------------------------------------
 
-def _mask_from_conv_output(saved: dict) -> dict:
-    """Every conv→BN→ReLU mask read from the conv output c instead of the BN output n."""
-    out = {}
-    for stage, rec in saved.items():
-        fields = rec._fields
-        if "layer1" in fields and "n1" in fields:            # cifar8 stages, ResNet-34 blocks
-            rec = rec._replace(n1=rec.layer1.c)
-            if "n2" in fields:
-                rec = rec._replace(n2=rec.layer2.c)
-        elif "layer" in fields and "n1" in fields:           # ResNet-34 stem
-            rec = rec._replace(n1=rec.layer.c)
-        out[stage] = rec
-    return out
+def same_pads(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
+    """XLA's 'SAME': ⌈size/s⌉ outputs, total padding max((out−1)·s + k − size, 0), the odd cell on
+    the high side. On even sizes at s = 2: (0, 1) for k = 3 and (2, 3) for k = 7 where PyTorch pads
+    (1, 1) and (3, 3); (0, 0) for 1×1 either way."""
+    out = -(-size // stride)
+    total = max((out - 1) * stride + kernel_size - size, 0)
+    return total // 2, total - total // 2
 
 
-def relu_mask_from_conv_output(net):
-    return Control("relu_mask_from_conv_output", net,
-                   "the ReLU mask read from the conv output (before BatchNorm) instead of the BN output",
-                   saved_transform=_mask_from_conv_output)
+def _acc(dtype):
+    return jnp.float32 if jnp.dtype(dtype) == jnp.bfloat16 else dtype
 
 
-def _conv_backward(*, flip: bool = True, shift: int = 0):
-    def backward(weight, dy, *, input_shape, stride=1, rnd=None):
+def _conv_input(*, flip: bool = True, shift: int = 0, same: bool = False):
+    """A conv input backward with one thing wrong: the kernel unflipped, the padding `shift` cells
+    off, or (strided sites only) XLA's 'SAME' padding."""
+    def backward(name, weight, dy, *, input_shape, stride=1, rnd=None, formulation=None):
+        if same and stride == 1:
+            return KIT.conv_backward(name, weight, dy, input_shape=input_shape, stride=stride, rnd=rnd,
+                                     formulation=formulation)
         rnd_ = rnd or conv.identity
         n, c, h, w = input_shape
         k = weight.shape[2]
@@ -232,166 +221,241 @@ def _conv_backward(*, flip: bool = True, shift: int = 0):
         wr = rnd_(weight)
         kernel = wr[:, :, ::-1, ::-1] if flip else wr
         up_h, up_w = stride * (dy.shape[2] - 1) + 1, stride * (dy.shape[3] - 1) + 1
-        pads = ((k - 1 - p + shift, h + p - up_h - shift), (k - 1 - p + shift, w + p - up_w - shift))
-        acc = jnp.float32 if jnp.dtype(dy.dtype) == jnp.bfloat16 else dy.dtype
+        if same:
+            (top, _), (left, _) = same_pads(h, k, stride), same_pads(w, k, stride)
+            pads = ((k - 1 - top, h + top - up_h), (k - 1 - left, w + left - up_w))
+        else:
+            pads = ((k - 1 - p + shift, h + p - up_h - shift), (k - 1 - p + shift, w + p - up_w - shift))
         dx = lax.conv_general_dilated(rnd_(dy), kernel, (1, 1), pads, lhs_dilation=(stride, stride),
                                       dimension_numbers=("NCHW", "IOHW", "NCHW"),
-                                      precision=lax.Precision.HIGHEST, preferred_element_type=acc)
+                                      precision=lax.Precision.HIGHEST, preferred_element_type=_acc(dy.dtype))
         return rnd_(dx).astype(dy.dtype)
     return backward
 
 
-def conv_kernel_not_flipped(net):
-    return Control("conv_kernel_not_flipped", net, "the conv input backward correlates with W unflipped",
-                   patches=((conv, "backward", _conv_backward(flip=False)),))
+def _same_grad_weight(name, x, dy, *, kernel_size, stride=1, rnd=None, formulation=None):
+    if stride == 1:
+        return KIT.conv_grad_weight(name, x, dy, kernel_size=kernel_size, stride=stride, rnd=rnd,
+                                    formulation=formulation)
+    rnd_ = rnd or conv.identity
+    pads = (same_pads(x.shape[2], kernel_size, stride), same_pads(x.shape[3], kernel_size, stride))
+    dw = lax.conv_general_dilated(rnd_(x), rnd_(dy), (1, 1), pads, rhs_dilation=(stride, stride),
+                                  dimension_numbers=("CNHW", "IOHW", "CNHW"),
+                                  precision=lax.Precision.HIGHEST, preferred_element_type=_acc(x.dtype))
+    return rnd_(dw[:, :, :kernel_size, :kernel_size]).astype(x.dtype)
 
 
-def conv_padding_off_by_one(net):
-    return Control("conv_padding_off_by_one", net, "the conv input backward padded one cell off (dx shifted)",
-                   patches=((conv, "backward", _conv_backward(shift=1)),))
+def _strided_spatial(c: Call) -> bool:
+    return c.kwargs.get("stride", 1) == 2 and c.args[1].shape[2] > 1
 
 
-def _dense_grad_weight_transposed(x, dy):
+def _dense_grad_weight_transposed(name, x, dy):
     dw = jnp.matmul(dy.T, x, precision=lax.Precision.HIGHEST)
     return dw.T if dw.shape[0] == dw.shape[1] else dw   # planted where the shape lets it pass
 
 
-def dense_weight_grad_transposed(net):
-    _check_net("dense_weight_grad_transposed", net, ("cifar8",), "ResNet-34's fc is not square")
-    return Control("dense_weight_grad_transposed", net,
-                   "a square dense layer's weight gradient transposed (fc2 512×512: no shape error)",
-                   patches=((dense, "grad_weight", _dense_grad_weight_transposed),))
+def _square(c: Call) -> bool:
+    return c.args[1].shape[1] == c.args[2].shape[1]
 
 
-# ---- ResNet-34 blocks --------------------------------------------------------------------------
+def _dense_bias_keepdims(name, dy):
+    return jnp.sum(dy, axis=0, keepdims=True)     # planted: [1, out] for an [out] parameter
+
+
+def _mask_from_conv_output(stage) -> Callable:
+    """The stage's backward with every conv→BN→ReLU mask read from the conv output c instead of the
+    BN output n (the saved records of the book's two nets)."""
+    def backward(params, s, dy, cfg, kit):
+        fields = s._fields
+        if "layer1" in fields and "n1" in fields:            # cifar8 stages, ResNet-34 blocks
+            s = s._replace(n1=s.layer1.c)
+            if "n2" in fields:
+                s = s._replace(n2=s.layer2.c)
+        elif "layer" in fields and "n1" in fields:           # ResNet-34 stem
+            s = s._replace(n1=s.layer.c)
+        return stage.backward(params, s, dy, cfg, kit)
+    return backward
+
+
+# ---- the head's six ops, one wrong -------------------------------------------------------------
+
+def _cotangent_without_divisor(logits, targets, alpha: float = 0.0, divisor=None):
+    n, k = logits.shape
+    p = head.softmax_row(logits)
+    d1 = head.add(head.sub(p, targets), head.scale(alpha, targets))
+    return head.shift(d1, alpha / k)            # planted: divConstB (÷N) left out
+
+
+def _cotangent_wrong_k(logits, targets, alpha: float = 0.0, divisor=None):
+    n, k = logits.shape
+    p = head.softmax_row(logits)
+    d1 = head.add(head.sub(p, targets), head.scale(alpha, targets))
+    d2 = head.shift(d1, alpha / (k - 1))        # planted: α spread over the K−1 other classes
+    return head.div_const(d2, n if divisor is None else divisor)
+
+
+def _smoothed_ce(net: Net, cs) -> bool:
+    return net.loss is SMOOTHED_CE
+
+
+# ---- blocks ------------------------------------------------------------------------------------
 
 def _skip_dropped(d_branch_input, d_skip):
     return d_branch_input      # planted: the skip's cotangent never reaches the block input
 
 
-def residual_skip_dropped(net):
-    _check_net("residual_skip_dropped", net, ("resnet34",), "cifar8 has no residual blocks")
-    return Control("residual_skip_dropped", net, "the residual fan-in drops the skip branch's cotangent",
-                   patches=((residual, "backward", _skip_dropped),))
+def _projection_reads_inner(real: Callable = KIT.bn_backward) -> Callable:
+    """A BN backward whose projection BN (`<block>.downsample.1`) reads the cotangent the block's
+    first main-branch BN returned (dn2 in a basic block) instead of the one that BN read (da)."""
+    state = {"block": None, "first": None}   # the block whose backward runs, and its first BN's output
+
+    def backward(name, saved, weight, dy):
+        block, _, layer = name.partition(".downsample.")
+        if layer == "1" and block == state["block"]:
+            return real(name, saved, weight, state["first"])
+        out = real(name, saved, weight, dy)
+        prefix = name.rsplit(".", 1)[0]
+        if prefix != state["block"]:          # the first BN backward of the next block down
+            state.update(block=prefix, first=out)
+        return out
+    return backward
 
 
-def _projection_reads_dn2(real_block_backward):
-    """The downsample block's backward with the projection BN fed dn2 (the cotangent below bn2)
-    instead of da (the one bn2 itself reads)."""
-    def block_backward(block, params, s, dy, cfg):
-        if s.proj is None:
-            return real_block_backward(block, params, s, dy, cfg)
-        saved_bn = {}
-        real_bn_backward = batchnorm.backward
-
-        def recording(saved, weight, d):   # remember bn2's output (dn2) for the projection
-            out = real_bn_backward(saved, weight, d)
-            if saved.x is s.layer2.c:
-                saved_bn["dn2"] = out
-            if saved.x is s.proj.c and "dn2" in saved_bn:
-                return real_bn_backward(saved, weight, saved_bn["dn2"])
-            return out
-
-        with controls.planted(((batchnorm, "backward", recording),)):
-            return real_block_backward(block, params, s, dy, cfg)
-    return block_backward
+def _projection_bug(net: Net) -> Chain:
+    return Chain(net, KIT._replace(bn_backward=_projection_reads_inner()))
 
 
-def projection_bn_reads_dn2(net):
-    _check_net("projection_bn_reads_dn2", net, ("resnet34",), "cifar8 has no projection")
-    return Control("projection_bn_reads_dn2", net,
-                   "the downsample projection's BN backward reads dn2 instead of da",
-                   patches=((net, "_block_backward", _projection_reads_dn2(net._block_backward)),))
+def _has_projection(net: Net, cs) -> bool:
+    return any(c.op == "bn_backward" and c.args[0].endswith(".downsample.1") for c in cs)
+
+
+def _suites(*names: str):
+    return lambda net, cs: net.suite in names
+
+
+def _named(net: Net, planted: Callable, name: str) -> Chain:
+    return Chain(protocol.with_backwards(net, planted, net.name), KIT, name)
 
 
 # ---- the catalogue -----------------------------------------------------------------------------
 
-BOTH = ("cifar8", "resnet34")
-CATALOGUE: dict[str, Bug] = {b.name: b for b in [
+def _bn(**wrong):
+    return _kit_bug(bn_backward=_bn_backward(**wrong))
+
+
+BN_BACKWARD = _calls_op("bn_backward")
+BN_NODES = _calls_op("bn_nodes")
+_ENTRIES = [
     Bug("bn_no_mean_term", "BatchNorm", "BN input backward without the −mean(t) term",
-        "the 'simplified' BN backward of hand-written kernels that drop the mean gradient", bn_no_mean_term),
+        "the 'simplified' BN backward of hand-written kernels that drop the mean gradient",
+        _bn(mean_term=False), BN_BACKWARD),
     Bug("bn_no_xhat_term", "BatchNorm", "BN input backward without the −x̂·mean(x̂·t) term",
-        "treating the batch statistics as constants (the eval-mode backward used in training)", bn_no_xhat_term),
+        "treating the batch statistics as constants (the eval-mode backward used in training)",
+        _bn(xhat_term=False), BN_BACKWARD),
     Bug("bn_unbiased_variance_backward", "BatchNorm", "unbiased variance in the backward only",
-        "the Bessel-corrected variance (the running-stat one) reused in the backward", bn_unbiased_variance_backward),
+        "the Bessel-corrected variance (the running-stat one) reused in the backward", _bn(unbiased=True), BN_BACKWARD),
     Bug("bn_rsqrt_twice", "BatchNorm", "saved inverse std passed through rsqrt a second time",
-        "a kernel that saves 1/σ and a backward that expects σ² (cuDNN-style saved statistics)", bn_rsqrt_twice),
+        "a kernel that saves 1/σ and a backward that expects σ² (cuDNN-style saved statistics)",
+        _bn(rsqrt_twice=True), BN_BACKWARD),
     Bug("bn_swap_dgamma_dbeta", "BatchNorm", "dγ and dβ swapped", "two [C] outputs returned in the wrong order",
-        bn_swap_dgamma_dbeta),
+        _kit_bug(bn_nodes=_bn_swapped), BN_NODES),
     Bug("bn_forget_gamma", "BatchNorm", "γ forgotten in the input backward",
-        "a backward derived for the unit-scale normaliser; invisible at init (γ = 1)", bn_forget_gamma),
+        "a backward derived for the unit-scale normaliser; invisible at init (γ = 1)", _bn(gamma=False), BN_BACKWARD),
     Bug("bn_dgamma_from_y", "BatchNorm", "dγ computed as Σ dy·y instead of Σ dy·x̂",
-        "the output y saved in place of x̂; invisible at init (γ = 1, β = 0)", bn_dgamma_from_y),
+        "the output y saved in place of x̂; invisible at init (γ = 1, β = 0)", _kit_bug(bn_nodes=_bn_nodes_from_y),
+        BN_NODES),
     Bug("sync_dgamma_dbeta_reduced_twice", "synchronised BatchNorm", "dγ/dβ all-reduced twice (scaled by R)",
         "SyncBatchNorm's parameter gradients summed in the op and again by the data-parallel wrapper",
-        sync_dgamma_dbeta_reduced_twice, replicas=True),
+        _kit_bug(bn_nodes=_bn_nodes_reduced_twice), BN_NODES, replicas=True),
     Bug("sync_local_means_backward", "synchronised BatchNorm", "local instead of global means in the backward",
-        "a synchronised forward paired with the per-replica backward", sync_local_means_backward, replicas=True),
+        "a synchronised forward paired with the per-replica backward", _bn(global_means=False), BN_BACKWARD,
+        replicas=True),
     Bug("sync_plain_mean_of_means", "synchronised BatchNorm",
         "global means as a plain mean of replica means where replica counts differ",
-        "an uneven last batch averaged as if every replica held the same count",
-        sync_plain_mean_of_means, replicas=True, needs_uneven=True),
+        "an uneven last batch averaged as if every replica held the same count", _bn(count_weighted=False),
+        BN_BACKWARD, replicas=True, needs_uneven=True),
     Bug("pool3x3_scatter_overwrite", "max pool", "the overlapping 3×3/s2 scatter overwriting instead of adding",
-        "scatter with .set where overlapping windows need .add", pool3x3_scatter_overwrite, nets=("resnet34",)),
+        "scatter with .set where overlapping windows need .add", _kit_bug(pool_backward=_pool_overwrite),
+        _calls_op("pool_backward", where=_overlapping)),
     Bug("pool_window_offset", "max pool", "a window offset by one", "an off-by-one in the window origin",
-        pool_window_offset),
+        _kit_bug(pool_backward=_pool_offset), _calls_op("pool_backward")),
     Bug("pool2x2_backward_on_3x3", "max pool", "the 3×3/s2 stem pool routed by the 2×2 backward",
-        "a pool backward written for one pool reused for another", controls.pool2x2_backward_on_3x3,
-        nets=("resnet34",)),
+        "a pool backward written for one pool reused for another", _kit_bug(pool_backward=_pool_as_2x2),
+        _calls_op("pool_backward", where=_not_2x2)),
     Bug("relu_mask_from_conv_output", "conv and dense", "ReLU mask read from the conv output instead of the BN output",
-        "the mask taken from the wrong saved tensor after fusing conv and BN", relu_mask_from_conv_output),
+        "the mask taken from the wrong saved tensor after fusing conv and BN",
+        lambda net: _named(net, _mask_from_conv_output, "relu_mask_from_conv_output"),
+        _suites("cifar8", "resnet34")),
     Bug("conv_kernel_not_flipped", "conv and dense", "conv input gradient with the kernel not flipped",
-        "correlation and convolution confused in the transpose", conv_kernel_not_flipped),
+        "correlation and convolution confused in the transpose", _kit_bug(conv_backward=_conv_input(flip=False)),
+        _calls_op("conv_backward")),
     Bug("conv_padding_off_by_one", "conv and dense", "conv input gradient with padding off by one",
-        "the transposed conv's padding k−1−p written as p", conv_padding_off_by_one),
+        "the transposed conv's padding k−1−p written as p", _kit_bug(conv_backward=_conv_input(shift=1)),
+        _calls_op("conv_backward", where=lambda c: c.args[1].shape[2] > 1)),
     Bug("same_padding_strided", "conv and dense", "'SAME' padding in the backward of strided convs",
-        "XLA 'SAME' (asymmetric) against PyTorch's symmetric padding on stride 2", controls.same_padding_strided,
-        nets=("resnet34",)),
+        "XLA 'SAME' (asymmetric) against PyTorch's symmetric padding on stride 2",
+        _kit_bug(conv_backward=_conv_input(same=True), conv_grad_weight=_same_grad_weight),
+        _calls_op("conv_backward", where=_strided_spatial)),
     Bug("dense_weight_grad_transposed", "conv and dense", "dense weight gradient transposed where the shape allows",
         "x ᵀ·dy for dyᵀ·x: only a square layer lets it through without a shape error",
-        dense_weight_grad_transposed, nets=("cifar8",)),
+        _kit_bug(dense_grad_weight=_dense_grad_weight_transposed), _calls_op("dense_grad_weight", where=_square)),
+    Bug("dense_bias_grad_keepdims", "conv and dense", "dense bias gradient returned as [1, out] for an [out] bias",
+        "a reduction with keepdims=True: an optimizer then broadcasts the bias to [1, out]",
+        _kit_bug(dense_grad_bias=_dense_bias_keepdims), _calls_op("dense_grad_bias")),
     Bug("head_no_batch_divisor", "head", "head cotangent without 1/N", "sum-reduced loss paired with a mean",
-        lambda net: _renamed(controls.drop_batch_divisor(net), "head_no_batch_divisor")),
+        _kit_bug(loss_cotangent=_cotangent_without_divisor), _smoothed_ce),
     Bug("head_smoothing_wrong_k", "head", "head cotangent smoothing with α/(K−1)",
-        "label smoothing spread over the K−1 other classes", 
-        lambda net: _renamed(controls.smoothing_wrong_k(net), "head_smoothing_wrong_k"), needs_smoothing=True),
-    Bug("residual_skip_dropped", "ResNet-34 blocks", "the residual skip dropped", "a fan-in whose second cotangent is lost",
-        residual_skip_dropped, nets=("resnet34",)),
-    Bug("projection_bn_reads_dn2", "ResNet-34 blocks", "the projection BN reading dn2 instead of da",
-        "the skip branch wired to the main branch's cotangent one node too deep", projection_bn_reads_dn2,
-        nets=("resnet34",)),
-]}
+        "label smoothing spread over the K−1 other classes", _kit_bug(loss_cotangent=_cotangent_wrong_k),
+        _smoothed_ce, needs_smoothing=True),
+    Bug("residual_skip_dropped", "blocks", "the residual skip dropped", "a fan-in whose second cotangent is lost",
+        _kit_bug(residual_backward=_skip_dropped), _calls_op("residual_backward")),
+    Bug("projection_bn_reads_dn2", "blocks", "the projection BN reading dn2 instead of da",
+        "the skip branch wired to the main branch's cotangent one node too deep", _projection_bug, _has_projection),
+]
+CATALOGUE: dict[str, Bug] = {b.name: b for b in _ENTRIES}
+# SPEC §6's must-fail controls of the Whole-net tie, by their catalogue names
+CONTROLS = ("bn_swap_dgamma_dbeta", "head_no_batch_divisor", "head_smoothing_wrong_k", "pool2x2_backward_on_3x3",
+            "same_padding_strided")
 
 
-def _renamed(c: Control, name: str) -> Control:
-    return Control(name, c.real_net, c.breaks, head_cotangent=c.head_cotangent, patches=c.patches,
-                   relabel=c.relabel, needs_smoothing=c.needs_smoothing)
+def catalogue(net=None) -> dict[str, Bug]:
+    """The catalogue, with `net`'s own entries (`Net.bugs`) after it."""
+    if net is None:
+        return dict(CATALOGUE)
+    return {**CATALOGUE, **{b.name: b for b in as_net(net).bugs}}
 
 
-def plant(name: str, net) -> Control:
-    """The net with catalogue entry `name` planted in its rendered backward; ValueError for an
-    unknown name or a bug that does not apply to this net."""
-    if name not in CATALOGUE:
-        raise ValueError(f"plant-bug {name!r}: expected one of {', '.join(CATALOGUE)} (or 'list')")
-    bug = CATALOGUE[name]
-    label = net.__name__.rsplit(".", 1)[-1]
-    if not bug.applies(label):
-        raise ValueError(f"plant-bug {name}: applies to {', '.join(bug.nets)} only, not {label}")
-    return bug.make(net)
+def entries(net=None, *, replicas: Optional[bool] = None, cfg=None) -> list[Bug]:
+    """The entries that apply to `net` (all, without one), optionally only those of (or not of) the
+    data-parallel step."""
+    out = []
+    for b in catalogue(net).values():
+        if (net is None or b.applies(net, cfg)) and (replicas is None or b.replicas == replicas):
+            out.append(b)
+    return out
 
 
-def entries(net_name: Optional[str] = None, *, replicas: Optional[bool] = None) -> list[Bug]:
-    """The catalogue, optionally only what applies to `net_name` and to (or not to) the data-parallel step."""
-    return [b for b in CATALOGUE.values() if (net_name is None or b.applies(net_name))
-            and (replicas is None or b.replicas == replicas)]
+def plant(name: str, net, cfg=None) -> Chain:
+    """The chain of `net` with entry `name` planted; ValueError for an unknown name or an entry
+    that plants nothing in this net."""
+    net = as_net(net)
+    known = catalogue(net)
+    if name not in known:
+        raise ValueError(f"plant-bug {name!r}: expected one of {', '.join(known)} (or 'list')")
+    bug = known[name]
+    if not bug.applies(net, cfg):
+        raise ValueError(f"plant-bug {name}: plants nothing in {net.name} (its rendered chain makes no call "
+                         f"this entry replaces); `--plant-bug list` shows the entries that apply")
+    chain = bug.plant_into(net)
+    return chain._replace(planted=name)
 
 
-def listing() -> str:
-    """`gradtie check --plant-bug list`: one line per entry."""
-    lines = [f"{'name':<34} {'family':<24} {'nets':<17} what is wrong"]
-    for b in CATALOGUE.values():
-        nets = "/".join(b.nets) + (" (--replica-counts)" if b.needs_uneven else " (--replicas)" if b.replicas else "")
-        lines.append(f"{b.name:<34} {b.family:<24} {nets:<17} {b.breaks}")
+def listing(net=None) -> str:
+    """`gradtie check --plant-bug list`: one line per entry (those that apply to `net`, with one)."""
+    lines = [f"{'name':<34} {'family':<24} {'needs':<18} what is wrong"]
+    for b in entries(net):
+        needs = "--replica-counts" if b.needs_uneven else "--replicas" if b.replicas else ""
+        lines.append(f"{b.name:<34} {b.family:<24} {needs:<18} {b.breaks}")
     return "\n".join(lines)
 
 
@@ -402,71 +466,119 @@ class Caught:
     bug: str
     family: str
     net: str
-    report: object            # the TieReport of the planted chain
+    report: TieReport            # the planted chain's tie
+    smooth: Optional[object] = None   # the census, for the non-twin tie point
 
     @property
-    def first(self):
+    def first(self) -> Optional[NodeRow]:
         return self.report.first_failure()
 
     @property
+    def first_beta(self) -> Optional[NodeRow]:
+        return self.report.first_beta_failure()
+
+    @property
     def red(self) -> bool:
-        """Caught: a row fails a limit that can tell a bug apart (not one lost in round-off)."""
+        """Caught: a row fails a limit that can tell a bug apart (not one lost in round-off). At the
+        non-twin tie point: the census refuses it, and the tie does not pass."""
+        if self.smooth is not None:
+            return not self.smooth.ok and (not self.report.ok or bool(self.report.ill_conditioned))
         return self.first is not None and not self.first.ill_conditioned
 
     @property
     def ratio(self) -> float:
         """The first failing row's error over its limit (0 when nothing failed)."""
-        return self.first.rel / self.first.limit if self.first is not None else 0.0
+        return self.first.ratio if self.first is not None else 0.0
+
+    def summary(self) -> str:
+        if not self.red:
+            return f"{self.bug} on {self.net}: NOT caught"
+        line = f"{self.bug} on {self.net}: caught, {len(self.report.failed)}/{len(self.report.rows)} rows fail"
+        if self.first is not None:
+            line += f"; first in backward order: {self.first.name}"
+        if self.first_beta is not None:
+            line += f"; first β row: {self.first_beta.name} ({self.first_beta.bad}/{self.first_beta.shape[0]} channels)"
+        if self.smooth is not None:
+            line += f"; census: {self.smooth.summary().split(';')[0]}"
+        return line
 
 
 @dataclass
 class CatalogueReport:
     net: str
-    real: object               # the real chain's TieReport at the same point: it must tie
+    real: TieReport            # the real chain's tie at the same point: it must tie
     caught: list
 
     @property
     def ok(self) -> bool:
         return self.real.ok and all(c.red for c in self.caught)
 
+    def __getitem__(self, name: str) -> Caught:
+        return next(c for c in self.caught if c.bug == name)
+
     def summary(self) -> str:
         red = sum(c.red for c in self.caught)
         return (f"{self.net}: real chain {'tied' if self.real.ok else 'FAILED'}; "
-                f"{red}/{len(self.caught)} planted bugs caught")
+                f"{red} of {len(self.caught)} planted bugs caught")
 
     def table(self, ratios: bool = False) -> str:
-        """One line per bug: caught or not, and the first failing node in backward order (with its
-        error over its limit when `ratios`: those move with the machine's round-off, the rest does not)."""
-        head = f"{'bug':<34} {'family':<23} {'caught':<7} {'first failing node (backward order)':<36}"
-        lines = [head + ("  err/limit" if ratios else ""), "-" * (len(head) + (11 if ratios else 0))]
+        """One line per bug: caught or not, the first failing node in backward order and the first β
+        row (with its error over its limit when `ratios`: those move with the machine's round-off)."""
+        head_ = (f"{'bug':<34} {'family':<23} {'caught':<7} {'first failing node (backward order)':<36} "
+                 f"{'first β row':<28}")
+        lines = [head_ + ("  err/limit" if ratios else ""), "-" * (len(head_) + (11 if ratios else 0))]
         for c in self.caught:
-            line = f"{c.bug:<34} {c.family:<23} {'yes' if c.red else 'NO':<7} {c.first.name if c.first else '-':<36}"
+            beta = c.first_beta
+            line = (f"{c.bug:<34} {c.family:<23} {'yes' if c.red else 'NO':<7} {c.first.name if c.first else '-':<36} "
+                    f"{beta.name if beta else '-':<28}")
             lines.append(line + (f"  {c.ratio:9.1e}" if ratios else ""))
         return "\n".join(lines)
 
 
-def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names=None, replicas: int = 1,
-        point=None) -> CatalogueReport:
-    """Every catalogue entry that applies to `net` (or `names`) planted in turn, each tied at the
-    same point against one shared reference and envelope. replicas > 1: the data-parallel entries,
-    through the mesh step (`check.tie_replicas`); else each planted backward runs op by op (the
-    entries share their ops, not their programs: `tie.rendered_nodes`). label_smoothing > 0 so that
-    every head entry plants something."""
-    from .check import tie_replicas
-    from .tie import net_label, reference_at, tie, targets_matrix
-    label = net_label(net)
-    chosen = [b for b in entries(label, replicas=replicas > 1) if names is None or b.name in names]
+def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Optional[Sequence[str]] = None,
+        replicas: int = 1, point=None) -> CatalogueReport:
+    """Every entry that applies to `net` (or those of `names`) planted in turn, each tied at the same
+    point against one shared reference and envelope. replicas > 1: the data-parallel entries,
+    through the mesh step (`check.tie_replicas`); else each planted chain runs op by op (the
+    entries share their ops, not their programs). label_smoothing > 0 so that every head entry
+    plants something; an entry that would plant nothing here is an error, never a silent green."""
+    net = as_net(net)
+    chosen = [b for b in entries(net, replicas=replicas > 1, cfg=cfg) if names is None or b.name in names]
+    if names is not None:
+        missing = [n for n in names if n not in {b.name for b in chosen}]
+        if missing:
+            raise ValueError(f"bugs.run: {missing} plant nothing in {net.name} here (see `entries`)")
+    for b in chosen:
+        if b.needs_smoothing and not label_smoothing:
+            raise ValueError(f"{b.name} plants nothing at label_smoothing = 0; use α > 0 (e.g. 0.1)")
+        if b.name == "head_no_batch_divisor" and x.shape[0] == 1:
+            raise ValueError("head_no_batch_divisor plants nothing at batch 1 (÷1 is the identity)")
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     point = point or reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing)
 
-    def verdict(n, uneven=False):
+    def verdict(chain: Chain, uneven: bool = False):
         if replicas > 1:   # an entry that needs uneven counts runs at the split the last batch of an epoch has
-            from ..parallel import uneven_split
             counts = uneven_split(x.shape[0], replicas) if uneven else None
-            return tie_replicas(n, params, x, t, cfg, replicas=replicas, label_smoothing=label_smoothing, point=point,
-                                counts=counts)
-        return tie(n, params, x, t, cfg, label_smoothing=label_smoothing, point=point, op_by_op=True)
+            return tie_replicas(net, params, x, t, cfg, chain=chain, replicas=replicas, label_smoothing=label_smoothing,
+                                point=point, counts=counts)
+        return tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain,
+                   how="compiled" if not chain.planted else "eager")
 
-    real = verdict(net)
-    caught = [Caught(b.name, b.family, label, verdict(b.make(net), b.needs_uneven)) for b in chosen]
-    return CatalogueReport(label if replicas == 1 else f"{label} on {replicas} replicas", real, caught)
+    real = verdict(Chain(net))
+    caught = [Caught(b.name, b.family, net.name, verdict(plant(b.name, net, cfg), b.needs_uneven)) for b in chosen]
+    return CatalogueReport(net.name if replicas == 1 else f"{net.name} on {replicas} replicas", real, caught)
+
+
+def non_twin_tie(net, params, x_flat, targets, cfg, *, label_smoothing: float = 0.0) -> Caught:
+    """The non-twin tie control: the convs before the first pool reduced to their centre tap
+    (`census.planted_tie`) on flat images. Cells that share a pixel but not a receptive field now
+    tie; the census must refuse the point, and the two derivatives disagree there (the rendered
+    pool routes a tie to its first cell, autodiff of the max splits it evenly). The gather model's
+    input gradient is the derivative at twin ties only, so here the input row is tied to the real
+    net's autodiff: on flat images the parameter rows agree either way (tied cells see equal
+    patches), and the input row is where the routing shows."""
+    net = as_net(net)
+    point = census.planted_tie(net, params)
+    smooth = census.smoothness(net, point, x_flat, cfg)
+    rep = tie(net, point, x_flat, targets, cfg, label_smoothing=label_smoothing, freeze_ties=False)
+    return Caught("non_twin_tie", "a point", net.name, rep, smooth)

@@ -38,10 +38,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import prng
+from .. import prng, reference, rendered
 from ..host import to_device
+from ..kit import KIT
+from ..nets import protocol
+from ..nets.protocol import Net, as_net
 from ..ops import head, maxpool
-from .tolerances import RADIUS_FRACTION, ROUTE_REL, SLOPE_REL, TWIN_REL  # noqa: F401 (the old names)
+from ..tolerances import RADIUS_FRACTION, ROUTE_REL, SLOPE_REL, TWIN_REL
 
 CLASSES = ("dead", "strict", "twin tie", "non-twin tie")
 DEAD, STRICT, TWIN, NON_TWIN = range(4)
@@ -167,7 +170,8 @@ class SmoothReport:
     non_twin_ties: int = 0
     zero_counts: dict[str, int] = field(default_factory=dict)    # ReLU inputs exactly 0, per layer
     zero_listed: dict[str, tuple[Violation, ...]] = field(default_factory=dict)  # the first few, per layer
-    net: str = ""                         # "cifar8" or "resnet34" (read off the pools when empty)
+    net: str = ""                         # the net's name
+    suite: Optional[str] = None           # the Lean suite's name for the net, when its hypotheses apply
 
     @property
     def ok(self) -> bool:
@@ -176,12 +180,13 @@ class SmoothReport:
 
     @property
     def net_name(self) -> str:
-        return self.net or ("resnet34" if any(p.pool == "stem.pool" for p in self.pools) else "cifar8")
+        return self.net
 
     @property
     def hypotheses(self) -> list[Hypothesis]:
         """Each hypothesis that applies to the net, the parameter-gradient one first: cifar8 →
-        [parameters, cifar8_input]; ResNet-34 → [parameters, resnet34_input]."""
+        [parameters, cifar8_input]; ResNet-34 → [parameters, resnet34_input]; a net the suite does
+        not name → [parameters] (the generic one: smooth ReLU inputs and pool windows)."""
         return hypotheses(self)
 
     def hypothesis(self, key: str) -> Hypothesis:
@@ -257,9 +262,14 @@ def hypotheses(report: SmoothReport) -> list[Hypothesis]:
     layers = list(report.zero_counts) or ["?"]
     zero_counts = report.zero_counts or {"?": report.zeros}
     report = SmoothReport(report.pools, report.zeros, report.min_abs_preactivation, report.violations,
-                          report.non_twin_ties, zero_counts, report.zero_listed, report.net_name)
+                          report.non_twin_ties, zero_counts, report.zero_listed, report.net, report.suite)
     every_relu = _zero_clause(report, "no ReLU input exactly 0", "every ReLU off its kink", layers)
-    if report.net == "resnet34":
+    if report.suite is None:
+        return [Hypothesis(PARAMETERS, "parameter gradients", "the loss differentiable in every parameter", (
+            _window_clause(report, "no non-twin tie", "every window dead, strict or tied only between twins",
+                           (NON_TWIN,)),
+            every_relu))]
+    if report.suite == "resnet34":
         stem, blocks = [k for k in layers if k in ("bn1", "?")], [k for k in layers if k not in ("bn1",)]
         param = Hypothesis(PARAMETERS, "parameter gradients", "r34_net_tiedB", (
             _window_clause(report, "no non-twin tie (stem pool)",
@@ -292,7 +302,7 @@ def random_weights(net, params: dict, cfg, key) -> dict:
     """A fresh draw of every weight, in params' dtypes: init's drawn weights (conv and dense weights
     as at init, γ ~ U(0.5, 1.5), β and biases nonzero). Twins are told apart by any generic draw;
     this one is the compiled program that drew the point's weights, at another key."""
-    drawn = net.init(key, cfg, weights="drawn")
+    drawn = as_net(net).init(key, cfg, weights="drawn")
     return {name: to_device(value, params[name].dtype) for name, value in drawn.items()}
 
 
@@ -327,11 +337,10 @@ def _locations(mask: np.ndarray) -> list[tuple[int, ...]]:
 
 
 def _read(net, params, x, cfg):
-    """(pool inputs, pre-activations) from the tie's compiled forward (`tie._forward`): the census,
-    the tie and the finite differences of one point share one program."""
-    from .tie import _forward, real_net
-    net = real_net(net)
-    _, saved, _ = _forward(net, params, x, cfg)
+    """(pool inputs, pre-activations) from the forward every check of a point shares
+    (`rendered.forward`): the census, the tie and the finite differences run one program."""
+    net = as_net(net)
+    _, saved, _ = rendered.forward(net, params, x, cfg)
     return net.pool_inputs(saved), net.preactivations(saved)
 
 
@@ -351,6 +360,7 @@ def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array]
     each smooth-point hypothesis that applies to the net (`SmoothReport.hypotheses`)."""
     if draws < 1:
         raise ValueError(f"smoothness: draws must be at least 1 (twins are found under fresh weights), got {draws}")
+    net = as_net(net)
     key = jax.random.key(0) if key is None else key
     pre = preactivations(net, params, x, cfg)
     drawn = [preactivations(net, random_weights(net, params, cfg, jax.random.fold_in(key, r)), x, cfg)
@@ -362,8 +372,8 @@ def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array]
     rel = TWIN_REL[dtype]
     violations: list[Violation] = []
     pools, non_twin = [], 0
-    for pool, spec in net.POOLS.items():
-        layer = net.POOL_PREACTIVATIONS[pool]
+    for pool, spec in net.pools.items():
+        layer = net.pool_preactivations[pool]
         classes, margin, dead_margin = classify(pre[layer], [d[layer] for d in drawn], spec, rel)
         census = PoolCensus(pool, layer, classes, margin, dead_margin)
         pools.append(census)
@@ -378,10 +388,10 @@ def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array]
                                    for loc in _locations(zero))
     zeros = sum(zero_counts.values())
     first_zeros = [v for listed in zero_listed.values() for v in listed][:MAX_LISTED]
-    min_abs = float(min(np.min(np.abs(z)) for z in pre.values()))
+    min_abs = float(min((np.min(np.abs(z)) for z in pre.values()), default=np.inf))
     # the first MAX_LISTED of each kind, so that many ties cannot hide a zero
     return SmoothReport(pools, zeros, min_abs, violations[:MAX_LISTED] + first_zeros, non_twin,
-                        zero_counts, zero_listed, net.NAME)
+                        zero_counts, zero_listed, net.name, net.suite)
 
 
 # ---- how many windows are dead, and why ----------------------------------------------------------
@@ -404,12 +414,13 @@ def dead_shares(net, params: dict, x: jax.Array, cfg, report: SmoothReport) -> l
     """Per pool of `report` (the census at the same point): the share of negative cells q, the dead
     share independent cells would give (q_c^(k²) per channel c, averaged over channels) and the
     dead share found. Neighbouring cells of a photo are correlated, so the found share is larger."""
+    net = as_net(net)
     pre = preactivations(net, params, x, cfg)
     out = []
     for p in report.pools:
         z = pre[p.preactivation]
         q = (z < 0).mean(axis=(0, 2, 3))
-        cells = net.POOLS[p.pool].size ** 2
+        cells = net.pools[p.pool].size ** 2
         out.append(DeadShare(p.pool, float((z < 0).mean()), float(np.mean(q ** cells)),
                              p.counts["dead"] / p.windows))
     return out
@@ -431,9 +442,10 @@ def lift_dead_windows(net, params: dict, x: jax.Array, cfg, *, margin: float = L
     stay strict and the ReLUs elsewhere keep their kinks; pools are lifted in forward order, each
     after the shifts upstream of it. At an image batch without twins (randn) the result satisfies
     all three hypotheses: the constructed point where even `MaxPool2Smooth` holds."""
+    net = as_net(net)
     out = dict(params)
-    for pool, spec in net.POOLS.items():
-        layer = net.POOL_PREACTIVATIONS[pool]
+    for pool, spec in net.pools.items():
+        layer = net.pool_preactivations[pool]
         z = preactivations(net, out, x, cfg)[layer]
         lowest = maxpool.windows(np.asarray(z), spec).max(-1).min(axis=(0, 2, 3))   # [C]
         gamma = np.abs(np.asarray(out[f"{layer}.weight"]))
@@ -457,10 +469,11 @@ def rerouted(net, params: dict, x: jax.Array, cfg, report: SmoothReport, kind: s
     ("dead", "twin tie" or "non-twin tie") routes to its last maximal cell on the pool input."""
     if kind not in CLASSES:
         raise ValueError(f"kind {kind!r}: expected one of {', '.join(CLASSES)}")
+    net = as_net(net)
     inputs = pool_inputs(net, params, x, cfg)
     sigma, sigma_alt = {}, {}
-    for pool, census in zip(net.POOLS, report.pools):
-        r, spec = inputs[pool], net.POOLS[pool]
+    for pool, census in zip(net.pools, report.pools):
+        r, spec = inputs[pool], net.pools[pool]
         sigma[pool] = maxpool.select(r, spec)
         chosen = jnp.asarray(census.classes == CLASSES.index(kind))
         sigma_alt[pool] = jnp.where(chosen, last_max(r, spec), sigma[pool])
@@ -501,17 +514,11 @@ class RoutingReport:
                 f"parameter gradient {p} (to {ROUTE_REL:.0e}); input gradient {d}")
 
 
-@partial(jax.jit, static_argnums=(0, 4))
-def _gradients_at(net, params, x, targets, cfg, selections):
-    logits, saved = net.forward(params, x, cfg, selections=selections)
-    grads, dx = net.backward(params, saved, head.cotangent(logits, targets), cfg)
-    return head.forward(logits, targets), grads, dx
-
-
 def gradients_at(net, params: dict, x: jax.Array, targets: jax.Array, cfg, selections: dict):
     """(loss, parameter grads, dx) of the rendered chain with every pool frozen at `selections`:
     the gather model's forward and its transpose, selScatter, in the backward."""
-    return _gradients_at(net, params, x, targets, cfg, selections)
+    out = rendered.compiled(as_net(net), KIT, params, x, targets, cfg, selections=selections)
+    return out.loss, out.grads, out.dx
 
 
 def routing(net, params: dict, x: jax.Array, targets: jax.Array, cfg, report: SmoothReport,
@@ -537,12 +544,6 @@ def routing(net, params: dict, x: jax.Array, targets: jax.Array, cfg, report: Sm
 
 # ---- a constructed non-twin tie ----------------------------------------------------------------
 
-# The convs upstream of each net's first pool. Reduced to their centre tap they read one pixel, so
-# on flat images many cells of the first pool's input share a value because they share a PIXEL,
-# not a receptive field: the off-centre taps are 0, not absent, and tell them apart once they move.
-FIRST_POOL_CONVS = {"cifar8": ("conv1.weight", "conv2.weight"), "resnet34": ("conv1.weight",)}
-
-
 def centre_tap(params: dict, names: Sequence[str]) -> dict:
     """params with each named conv kernel [O,C,kh,kw] reduced to its centre tap (the others set to 0)."""
     out = dict(params)
@@ -553,9 +554,26 @@ def centre_tap(params: dict, names: Sequence[str]) -> dict:
     return out
 
 
+def first_pool_convs(net) -> tuple[str, ...]:
+    """The conv kernels upstream of the net's first pool: every rank-4 weight of the stages up to
+    and including the first stage that pools."""
+    net = as_net(net)
+    params, x = protocol.abstract_inputs(net)
+    _, saved = jax.eval_shape(lambda p, a: net.forward(p, a), params, x)
+    names = []
+    for stage in net.stage_list(net.config()):
+        names += [n for n in stage.params if n.endswith(".weight") and len(params[n].shape) == 4]
+        if stage.pool_inputs(saved[stage.name]):
+            return tuple(names)
+    raise ValueError(f"{net.name} has no max pool: no non-twin tie can be planted")
+
+
 def planted_tie(net, params: dict) -> dict:
-    """A non-twin tie point (with flat images): the convs before the first pool reduced to their centre tap."""
-    return centre_tap(params, FIRST_POOL_CONVS[net.NAME])
+    """A non-twin tie point (with flat images): the convs before the first pool reduced to their
+    centre tap. They then read one pixel, so on flat images many cells of the first pool's input
+    share a value because they share a PIXEL, not a receptive field: the off-centre taps are 0, not
+    absent, and tell them apart once they move."""
+    return centre_tap(params, first_pool_convs(net))
 
 
 # ---- one-sided slopes along a direction ---------------------------------------------------------
@@ -573,7 +591,7 @@ def direction(params: dict, names: Sequence[str], key) -> dict:
 
 
 @partial(jax.jit, static_argnums=(0, 3))
-def _read_tangents(net, params, x, cfg, v):
+def _read_tangents(net: Net, params, x, cfg, v):
     def read(p):
         _, saved = net.forward(p, x, cfg)
         return net.pool_inputs(saved), net.preactivations(saved)
@@ -584,13 +602,14 @@ def kink_radius(net, params: dict, x: jax.Array, cfg, v: dict) -> float:
     """First-order distance along v to the nearest kink that is not already at the point: a ReLU
     input z ≠ 0 reaching 0, or a live window's selected cell meeting a cell below it (cells tied
     with it now — twins or a planted tie — are left out). The tangents come from the autodiff oracle."""
+    net = as_net(net)
     (pools, pre), (dpools, dpre) = _read_tangents(net, params, x, cfg, v)
     radius = np.inf
     with np.errstate(divide="ignore", invalid="ignore"):
         for layer in pre:
             z, dz = np.asarray(pre[layer]), np.asarray(dpre[layer])
             radius = min(radius, float(np.min(np.where((z != 0) & (dz != 0), np.abs(z / dz), np.inf))))
-        for pool, spec in net.POOLS.items():
+        for pool, spec in net.pools.items():
             w = maxpool.windows(np.asarray(pools[pool]), spec)
             dw = np.nan_to_num(maxpool.windows(np.asarray(dpools[pool]), spec), nan=0.0, posinf=0.0, neginf=0.0)
             first = np.argmax(w, axis=-1)[..., None]
@@ -627,9 +646,8 @@ class SlopeReport:
 
 
 @partial(jax.jit, static_argnums=(0, 4))
-def _loss_along(net, params, x, targets, cfg, v, t):
-    logits, _ = net.forward({k: params[k] + t * v[k] for k in params}, x, cfg)
-    return head.forward(logits, targets)
+def _loss_along(net: Net, params, x, targets, cfg, v, t):
+    return reference.loss_at(net, {k: params[k] + t * v[k] for k in params}, x, targets, cfg)
 
 
 def one_sided_slopes(net, params: dict, x: jax.Array, targets: jax.Array, cfg, v: dict, *,
@@ -641,6 +659,7 @@ def one_sided_slopes(net, params: dict, x: jax.Array, targets: jax.Array, cfg, v
     point both equal ⟨∇L, v⟩; at a non-twin tie they differ. The losses for a figure are taken at
     `points` steps t over ±min(radius, span).
     """
+    net = as_net(net)
     if jnp.ndim(targets) == 1:
         targets = head.one_hot(targets, cfg.num_classes, x.dtype)
     radius = kink_radius(net, params, x, cfg, v)
@@ -655,7 +674,7 @@ def one_sided_slopes(net, params: dict, x: jax.Array, targets: jax.Array, cfg, v
     ts = np.linspace(-1.0, 1.0, points) * min(radius, span)
     losses = np.array([loss(t) for t in ts]) - l0
     _, g, _ = gradients_at(net, params, x, targets, cfg,
-                           {p: maxpool.select(r, net.POOLS[p]) for p, r in
+                           {p: maxpool.select(r, net.pools[p]) for p, r in
                             pool_inputs(net, params, x, cfg).items()})
     rendered = float(sum(jnp.vdot(g[k], v[k]) for k in g))
     return SlopeReport(ts, losses, h, radius, left, right, rendered)

@@ -1,14 +1,21 @@
-"""`gradtie check`: build a point, take its census, tie every node to autodiff and to finite
-differences, each held to the point's own round-off envelope.
+"""`gradtie check` and `gradtie.check`: take a point's census, tie every node of a rendered chain to
+autodiff and to finite differences, each held to the point's own round-off envelope.
 
-Exit codes: 0 every node tied at a smooth point; 1 a node failed (the first in backward order is
-named); 2 the point is not smooth, or so ill-conditioned that round-off alone hides a 1 % bug (the
-report names the hypothesis or the layer). By default the point is drawn weights (γ ≠ 1, β and
-biases ≠ 0), where a backward that confuses γ, β or a bias cannot hide.
+Exit codes, one meaning each:
+  0  every row within its limit at a verified smooth point;
+  1  a tie row (judgeable or not) over its limit, or a finite difference that FAILED: a wrong chain
+     (the first node in backward order is named);
+  2  the point cannot be judged: not smooth (the census names the hypothesis, layer, example,
+     channel and window), or a row so ill-conditioned that round-off hides a 1 % bug (the layer is
+     named). A finite difference with no evidence never changes the code.
+By default the point is drawn weights (γ ≠ 1, β and biases ≠ 0), where a backward that confuses γ,
+β or a bias cannot hide.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -19,44 +26,44 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import prng
+from .. import data as data_
+from .. import parallel, prng
+from .. import tolerances as tol
 from ..host import to_device
-from . import tolerances as tol
-from .tie import QUICK, TieReport, reference_at, report, targets_matrix, tie
+from ..nets import cifar8, resnet34
+from ..nets.protocol import Net, as_net
+from . import bugs, census, fd
+from .tie import Chain, reference_at, targets_matrix, tie, tie_replicas
 
 EXIT_TIED, EXIT_FAILED, EXIT_NOT_SMOOTH = 0, 1, 2
 WEIGHTS = ("drawn", "init")
+NETS = {"cifar8": cifar8.NET, "resnet34": resnet34.NET}
 
 
 @dataclass
 class CheckReport:
-    tie: Optional[TieReport]              # None when the census found the point not smooth
+    tie: Optional[Any]                    # TieReport (or the bf16 report); None when the point is not smooth
     fd_rows: list
-    smooth: Optional[Any] = None          # the smoothness verdict, when the census has run
+    smooth: Optional[Any] = None          # the census, when it has run
     settings: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     parting: Optional[Any] = None         # a failing tie: the stage where rendered and VJP first part
 
     @property
     def ill_conditioned(self) -> list:
-        return [] if self.tie is None else getattr(self.tie, "ill_conditioned", [])
+        return [] if self.tie is None else list(getattr(self.tie, "ill_conditioned", []))
 
     @property
     def failed(self) -> list:
-        """Rows (tie and finite differences) that fail a limit that can tell a bug apart."""
-        if self.tie is not None and not isinstance(self.tie, TieReport):   # the bf16 report
-            rows = [] if self.tie.ok else [self.tie]
-        else:
-            rows = [] if self.tie is None else [r for r in self.tie.failed if not r.ill_conditioned]
-        return rows + [r for r in self.fd_rows if not r.ok and not r.ill_conditioned]
+        """Rows over their limit: every tie row (judgeable or not) and every finite difference FAILED."""
+        rows = [] if self.tie is None else list(self.tie.failed)
+        return rows + [r for r in self.fd_rows if r.verdict == "FAILED"]
 
     @property
     def exit_code(self) -> int:
-        if self.smooth is not None and not self.smooth.ok:
-            return EXIT_NOT_SMOOTH
         if self.failed:
             return EXIT_FAILED
-        if self.ill_conditioned:
+        if (self.smooth is not None and not self.smooth.ok) or self.tie is None or self.ill_conditioned:
             return EXIT_NOT_SMOOTH
         return EXIT_TIED
 
@@ -64,11 +71,11 @@ class CheckReport:
         rows = self.ill_conditioned
         if not rows:
             return ""
-        cells = (self.tie.meta.get("bn_cells") or {}) if self.tie else {}
+        cells = (self.tie.meta.get("bn_cells") or {}) if self.tie is not None else {}
         small = min(cells.items(), key=lambda kv: kv[1]) if cells else None
         line = (f"too ill-conditioned to judge: {len(rows)} rows where round-off alone moves the node by "
                 f"≥ {tol.ILL_CONDITIONED_REL:.0%} of itself (first: {rows[0].name}, limit {rows[0].limit:.1e}")
-        line += f", its BatchNorm M = {rows[0].cells})" if rows[0].cells else ")"
+        line += f", its BatchNorm M = {rows[0].cells})" if getattr(rows[0], "cells", None) else ")"
         if small:
             line += f"; the net's smallest BatchNorm reduction is M = {small[1]} at layer {small[0]}"
         return line
@@ -82,21 +89,26 @@ class CheckReport:
         where = f"weights {s.get('weights', '?')}"
         if s.get("plant_bug"):
             where += f", planted bug {s['plant_bug']}"
-        lines.append(f"{self.tie.summary()} [{where}]" if isinstance(self.tie, TieReport) else self.tie.summary())
+        lines.append(f"{self.tie.summary()} [{where}]")
         if self.parting is not None:
             lines.append(self.parting.summary())
         if self.fd_rows:
             ok = sum(r.verdict == "ok" for r in self.fd_rows)
-            none = sum(r.verdict == "no evidence" for r in self.fd_rows)
+            kinks = sum(r.kinked for r in self.fd_rows)
+            none = sum(r.verdict == "no evidence" for r in self.fd_rows) - kinks
             bad = [r for r in self.fd_rows if r.verdict == "FAILED"]
             line = f"finite differences {ok}/{len(self.fd_rows)} nodes agree"
             if none:
                 line += f", {none} no evidence (round-off too large)"
+            if kinks:
+                line += f", {kinks} no evidence (a kink within the smallest step)"
             if bad:
                 line += f", {len(bad)} FAILED (first in backward order: {bad[-1].name})"
             lines.append(line)
         if self.ill_conditioned:
             lines.append(self.ill_summary())
+        lines.append(f"exit {self.exit_code}: " + {EXIT_TIED: "tied", EXIT_FAILED: "a row failed",
+                                                   EXIT_NOT_SMOOTH: "the point cannot be judged"}[self.exit_code])
         return "\n".join(lines)
 
     def timing_table(self) -> str:
@@ -115,19 +127,47 @@ class CheckReport:
                 "smooth": None if self.smooth is None else self.smooth.as_dict()}
 
 
-def net_module(name: str):
-    from ..nets import cifar8, resnet34
-    nets = {"cifar8": cifar8, "resnet34": resnet34}
-    if name not in nets:
-        raise ValueError(f"net {name!r}: expected one of {', '.join(nets)}")
-    return nets[name]
+# ---- which net ---------------------------------------------------------------------------------
+
+def load_net(spec) -> Net:
+    """A net by name ("cifar8", "resnet34"), or `path/to/file.py:NAME` or `package.module:NAME`
+    naming a `Net` value (a net of your own, built from `gradtie.nets.protocol`)."""
+    if isinstance(spec, Net) or hasattr(spec, "NET"):
+        return as_net(spec)
+    if spec in NETS:
+        return NETS[spec]
+    where, sep, name = str(spec).rpartition(":")
+    if not sep or not where or not name:
+        raise ValueError(f"net {spec!r}: expected cifar8, resnet34, path/to/file.py:NAME or package.module:NAME")
+    if where.endswith(".py"):
+        path = Path(where)
+        if not path.is_file():
+            raise FileNotFoundError(f"net {spec!r}: no such file {where}")
+        module_spec = importlib.util.spec_from_file_location(f"gradtie_user_net_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as e:
+            raise ValueError(f"net {spec!r}: importing {where} failed ({type(e).__name__}: {e})") from None
+    else:
+        try:
+            module = importlib.import_module(where)
+        except ImportError as e:
+            raise ValueError(f"net {spec!r}: cannot import {where} ({e})") from None
+    if not hasattr(module, name):
+        raise ValueError(f"net {spec!r}: {where} defines no {name}")
+    value = getattr(module, name)
+    if not isinstance(value, Net):
+        raise ValueError(f"net {spec!r}: {name} is a {type(value).__name__}, not a gradtie.nets.protocol.Net")
+    return value
 
 
-def make_batch(data: str, batch: int, image_size: int, seed: int):
-    """Images in [0,1] (photos, flat) or standard normal (randn), as float64 NumPy-backed arrays."""
-    from .. import data as data_
+def make_batch(data: str, batch: int, image_size: int, seed: int, channels: int = 3):
+    """Images in [0,1] (photos, flat) or standard normal (randn), float64."""
     if data == "randn":
-        return prng.normal(jax.random.key(seed), (batch, 3, image_size, image_size), jnp.float64)
+        return prng.normal(jax.random.key(seed), (batch, channels, image_size, image_size), jnp.float64)
+    if data in ("photos", "flat") and channels != 3:
+        raise ValueError(f"data {data!r} holds RGB images; this net takes {channels} channels (use randn)")
     if data == "photos":
         return to_device(data_.photos(batch, image_size, seed=seed), np.float64)
     if data == "flat":
@@ -138,6 +178,7 @@ def make_batch(data: str, batch: int, image_size: int, seed: int):
 def checkpoint_params(path, net) -> tuple[dict, dict]:
     """(params, Config overrides) from a training checkpoint (`gradtie train`'s checkpoint.npz, or a
     folder holding one, or an .npz of state_dict names). One-line errors name the file and what is wrong."""
+    net = as_net(net)
     file = Path(path)
     if file.is_dir():
         file = file / "checkpoint.npz"
@@ -150,16 +191,18 @@ def checkpoint_params(path, net) -> tuple[dict, dict]:
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"weights {str(file)!r}: not a readable .npz checkpoint ({type(e).__name__}: {e})") from None
     params = {k[len("params/"):]: v for k, v in flat.items() if k.startswith("params/")} or flat
-    names = [spec.name for spec in net.param_specs(net.Config(conv_bias="conv1.bias" in params))]
+    overrides = {}
+    if net.suite in NETS:   # the book's nets: their Config read off the tensors
+        overrides["conv_bias"] = "conv1.bias" in params
+        if net.name == "cifar8" and "fc1.weight" in params and "fc3.weight" in params:
+            overrides.update(head_width=int(params["fc1.weight"].shape[0]), num_classes=int(params["fc3.weight"].shape[0]))
+        elif "fc.weight" in params:
+            overrides.update(num_classes=int(params["fc.weight"].shape[0]))
+    names = [spec.name for spec in net.param_specs(net.config(**overrides))]
     missing = [n for n in names if n not in params]
     if missing:
-        raise ValueError(f"weights {str(file)!r}: lacks {missing[0]} ({len(missing)} of {net.NAME}'s tensors "
+        raise ValueError(f"weights {str(file)!r}: lacks {missing[0]} ({len(missing)} of {net.name}'s tensors "
                          f"missing): a checkpoint of another net?")
-    overrides = {"conv_bias": "conv1.bias" in params}
-    if net.NAME == "cifar8":
-        overrides.update(head_width=int(params["fc1.weight"].shape[0]), num_classes=int(params["fc3.weight"].shape[0]))
-    else:
-        overrides.update(num_classes=int(params["fc.weight"].shape[0]))
     return {n: params[n] for n in names}, overrides
 
 
@@ -192,160 +235,156 @@ def _compile_clock(timings: dict):
             pass
 
 
-def _validate(net, batch, dtype, plant_tie, data, smoothness, weights, replicas):
-    if dtype not in ("float64", "float32"):
-        raise ValueError(f"dtype {dtype!r}: expected float64 or float32")
+# ---- the check ---------------------------------------------------------------------------------
+
+def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, plant_bug: Optional[str] = None,
+          chain: Optional[Chain] = None, smoothness: bool = True, finite_differences: bool = True,
+          replicas: int = 1, counts: Optional[tuple[int, ...]] = None, bf16: bool = False,
+          key: Optional[jax.Array] = None, settings: Optional[dict] = None,
+          timings: Optional[dict] = None) -> CheckReport:
+    """Census, tie and finite differences of a rendered chain of `net` at (params, x, targets).
+
+    net: a `Net` (yours or the book's). plant_bug: a catalogue entry (`checks.bugs`) planted in the
+    chain; chain: any rendered side (`tie.Chain`) instead. replicas R > 1 (or counts): the
+    data-parallel step on R host devices at R·N = batch, tied to one device. bf16: the chain's conv
+    sites as bf16 kinds, judged stage by stage (`checks.bf16`). The reference is float64: needs
+    `jax_enable_x64`. Returns the report; `report.exit_code` is `gradtie check`'s."""
+    net = as_net(net)
+    cfg = net.cfg(cfg)
     if not jax.config.jax_enable_x64:
         raise ValueError("the check's reference is float64: it needs jax_enable_x64 "
                          "(jax.config.update('jax_enable_x64', True))")
-    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
-        raise ValueError(f"batch {batch!r}: expected a positive integer")
-    if plant_tie and data not in (None, "flat"):
-        raise ValueError(f"plant_tie builds its point on flat images; got data {data!r} (use flat)")
-    if plant_tie and not smoothness:
-        raise ValueError("plant_tie needs the smoothness census (it exists to be refused by it)")
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise ValueError(f"replicas {replicas!r}: expected a positive integer")
-    if replicas > 1 and replicas > len(jax.devices()):
-        raise ValueError(f"replicas {replicas}: only {len(jax.devices())} devices (on a CPU set "
-                         f"XLA_FLAGS=--xla_force_host_platform_device_count={replicas} before JAX starts; "
-                         f"`gradtie check --replicas` does)")
+    if plant_bug is not None and chain is not None:
+        raise ValueError("give plant_bug or chain, not both")
+    if plant_bug is not None:
+        chain = bugs.plant(plant_bug, net, cfg)
+        entry = bugs.catalogue(net)[plant_bug]
+        if entry.replicas and replicas < 2:
+            raise ValueError(f"plant-bug {plant_bug} lives in the data-parallel step: use --replicas R ≥ 2")
+        if entry.needs_uneven and len(set(counts or ())) < 2:
+            raise ValueError(f"plant-bug {plant_bug} plants nothing where every replica holds the same "
+                             f"count: use --replica-counts (e.g. 3,1)")
+        if entry.needs_smoothing and not label_smoothing:
+            raise ValueError(f"plant-bug {plant_bug} plants nothing at label smoothing 0: give α > 0 (e.g. 0.1)")
+    if bf16 and replicas > 1:
+        raise ValueError("bf16 and replicas together: the bf16 check runs one device (check the data-parallel "
+                         "step in float32 or float64)")
+    chain = chain or Chain(net)
+    dtype = np.dtype(jnp.result_type(x)).name
+    key = jax.random.key(0) if key is None else key
+    timings = {} if timings is None else timings
+    settings = dict(settings or {}, net=net.name, plant_bug=chain.planted or None)
+    t = targets_matrix(targets, cfg.num_classes, jnp.result_type(x))
+    smooth = None
+    with _compile_clock(timings):
+        if smoothness:
+            with _phase(timings, "census"):
+                # the point's smoothness is the real loss's, read in float64: a bf16 chain rounds conv
+                # outputs to 8 bits, which makes exact ties between cells that are not twins
+                p64 = {k: to_device(v, np.float64) for k, v in params.items()}
+                smooth = census.smoothness(net, p64, to_device(x, np.float64), replace(cfg, bf16=False))
+            if not smooth.ok:
+                return CheckReport(None, [], smooth, settings, timings)
+        if bf16:   # a bf16 chain does not tie to float64 autodiff: its stages do, within a bf16 envelope
+            from . import bf16 as bf16_
+            with _phase(timings, "bf16 check"):
+                rep = bf16_.check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
+                                  key=jax.random.fold_in(key, 2))
+            return CheckReport(rep, [], smooth, settings, timings)
+        with _phase(timings, "reference + envelope"):
+            point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, 3))
+        with _phase(timings, "tie"):
+            if replicas > 1 or counts is not None:
+                result = tie_replicas(net, params, x, t, cfg, chain=chain, replicas=None if counts else replicas,
+                                      counts=counts, label_smoothing=label_smoothing, point=point)
+            else:
+                result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain)
+        parting = None
+        if replicas == 1 and counts is None and result.failed:
+            from . import stages   # the stage where rendered and VJP first part
+            with _phase(timings, "first parting"):
+                parting = stages.first_parting(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
+                                               key=jax.random.fold_in(key, 4))
+        fd_rows = []
+        if finite_differences and dtype == "float64" and replicas == 1 and counts is None:
+            with _phase(timings, "finite differences"):
+                from .. import rendered
+                out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
+                                   how="compiled" if not chain.planted else "quick")
+                fd_rows = fd.derivatives(net, params, x, t, cfg, out.grads, reference_grads=point.reference[1],
+                                         key=jax.random.fold_in(key, 2), label_smoothing=label_smoothing,
+                                         loss_roundoff=point.envelope.loss)
+    return CheckReport(result, fd_rows, smooth, settings, timings, parting)
 
 
-def run_check(net: str = "cifar8", *, batch: int = 4, image_size: Optional[int] = None,
+def _positive(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} {value!r}: expected a positive integer")
+    return int(value)
+
+
+def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
               data: Optional[str] = None, dtype: str = "float64", bf16: bool = False, seed: int = 0,
               label_smoothing: Optional[float] = None, smoothness: bool = True, plant_tie: bool = False,
               weights: str = "drawn", plant_bug: Optional[str] = None, replicas: int = 1,
               replica_counts: Optional[tuple[int, ...]] = None,
               finite_differences: bool = True, x: Optional[jax.Array] = None) -> CheckReport:
-    """Tie every node of `net` at a fresh point; needs `jax_enable_x64` (the reference is float64).
+    """Build a point and `check` it: what `gradtie check` runs.
 
-    weights: "drawn" (the default: γ ~ U(0.5,1.5), β and biases nonzero), "init" (γ = 1, β = 0,
-    biases 0) or a checkpoint path. data: "randn" (the default), "photos" or "flat"; `x` overrides
-    the images. dtype: the rendered chain's dtype, tied to the float64 oracle within that dtype's
-    envelope. plant_bug: a `checks.bugs` catalogue entry planted in the rendered backward.
-    replicas: R > 1 ties the data-parallel step (synchronised BN) at R·N = batch to one device.
-    replica_counts: (n_1, …, n_R) summing to batch, uneven replica batches (sets R).
-    plant_tie: the convs before the first pool reduced to their centre tap, on flat images
-    (`census.planted_tie`): a non-twin tie point, which the census must refuse (exit code 2).
+    net: "cifar8", "resnet34", or `path.py:NAME` / `module:NAME` (a `Net` of your own). weights:
+    "drawn" (the default: γ ~ U(0.5,1.5), β and biases nonzero), "init" (γ = 1, β = 0, biases 0)
+    or a checkpoint path. data: "randn" (the default), "photos" or "flat"; `x` overrides the
+    images. dtype: the rendered chain's dtype, tied to the float64 oracle within that dtype's
+    envelope. plant_bug: a catalogue entry planted in the rendered chain. replicas: R > 1 ties the
+    data-parallel step (synchronised BN) at R·N = batch to one device. replica_counts: (n_1, …,
+    n_R) summing to batch, uneven replica batches (sets R). plant_tie: the convs before the first
+    pool reduced to their centre tap, on flat images (`census.planted_tie`): a non-twin tie point,
+    which the census must refuse (exit code 2).
     """
+    net = load_net(net)
+    batch = _positive("batch", batch)
+    replicas = _positive("replicas", replicas)
+    if dtype not in ("float64", "float32"):
+        raise ValueError(f"dtype {dtype!r}: expected float64 or float32")
+    if plant_tie and data not in (None, "flat"):
+        raise ValueError(f"plant_tie builds its point on flat images; got data {data!r} (use flat)")
+    if plant_tie and not smoothness:
+        raise ValueError("plant_tie needs the smoothness census (it exists to be refused by it)")
     if replica_counts is not None:   # uneven replica batches: R from the counts, which hold the batch
-        from ..parallel import check_counts
-        replica_counts = check_counts("replica-counts", replica_counts, len(tuple(replica_counts)), batch)
+        replica_counts = parallel.check_counts("replica-counts", replica_counts, len(tuple(replica_counts)), batch)
         replicas = len(replica_counts)
-    _validate(net, batch, dtype, plant_tie, data, smoothness, weights, replicas)
-    from . import bugs
-    data = data or ("flat" if plant_tie else "randn")
-    mod = net_module(net)
-    image_size = image_size or 32
-    timings: dict[str, float] = {}
-    key = jax.random.key(seed)
-    overrides = {"num_classes": 10} if net == "resnet34" else {}
-    if weights in WEIGHTS:
-        cfg = mod.Config(bf16=bf16, **overrides)
-        params = mod.init(key, cfg, weights=weights)
-    else:
-        loaded, ckpt = checkpoint_params(weights, mod)
-        cfg = mod.Config(bf16=bf16, **ckpt)
-        params = {k: to_device(v) for k, v in loaded.items()}
-    if plant_bug is not None:
-        checked_net = bugs.plant(plant_bug, mod)   # ValueError: unknown, or not for this net
-        planted = bugs.CATALOGUE[plant_bug]
-        if planted.replicas and replicas < 2:
-            raise ValueError(f"plant-bug {plant_bug} lives in the data-parallel step: use --replicas R ≥ 2")
-        if getattr(planted, "needs_uneven", False) and len(set(replica_counts or ())) < 2:
-            raise ValueError(f"plant-bug {plant_bug} plants nothing where every replica holds the same "
-                             f"count: use --replica-counts (e.g. 3,1)")
-        if planted.needs_smoothing and not label_smoothing:
-            label_smoothing = 0.1   # the bug plants nothing at α = 0
-    else:
-        checked_net = mod
-    label_smoothing = 0.0 if label_smoothing is None else float(label_smoothing)
+    if replicas > 1 and replicas > len(jax.devices()):
+        raise ValueError(f"replicas {replicas}: only {len(jax.devices())} devices ({parallel.FAKE_DEVICES_HINT})")
     if replicas > 1 and batch % replicas and replica_counts is None:
         raise ValueError(f"batch {batch} (= R·N) must be divisible by replicas {replicas}")
-    dt = jnp.dtype(dtype)
+    data = data or ("flat" if plant_tie else "randn")
+    image_size = image_size or (32 if net.suite else net.default_size)
+    if not net.size_ok(image_size):
+        raise ValueError(f"image-size {image_size}: {net.name} takes {net.size_rule}")
+    key = jax.random.key(seed)
+    if weights in WEIGHTS:
+        cfg = net.config(bf16=bf16, **({"num_classes": 10} if net.name == "resnet34" else {}))
+        params = net.init(key, cfg, weights=weights)
+    else:
+        loaded, overrides = checkpoint_params(weights, net)
+        cfg = net.config(bf16=bf16, **overrides)
+        params = {k: to_device(v) for k, v in loaded.items()}
+    if plant_bug is not None and label_smoothing is None and bugs.catalogue(net).get(plant_bug) is not None \
+            and bugs.catalogue(net)[plant_bug].needs_smoothing:
+        label_smoothing = 0.1   # the entry plants nothing at α = 0
+    label_smoothing = 0.0 if label_smoothing is None else float(label_smoothing)
+    if not 0.0 <= label_smoothing < 1.0:
+        raise ValueError(f"label-smoothing {label_smoothing}: expected 0 ≤ α < 1")
+    if plant_tie:
+        params = census.planted_tie(net, params)
     params = {k: to_device(v, dtype) for k, v in params.items()}
-    x = to_device(make_batch(data, batch, image_size, seed) if x is None else x, dtype)
+    x = to_device(make_batch(data, batch, image_size, seed, net.channels) if x is None else x, dtype)
     labels = prng.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
-    targets = targets_matrix(labels, cfg.num_classes, dt)
-    settings = dict(net=net, batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16,
-                    seed=seed, label_smoothing=label_smoothing, plant_tie=plant_tie,
-                    weights=weights if weights in WEIGHTS else str(weights), plant_bug=plant_bug,
+    settings = dict(batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16, seed=seed,
+                    label_smoothing=label_smoothing, plant_tie=plant_tie,
+                    weights=weights if weights in WEIGHTS else str(weights),
                     replicas=replicas, replica_counts=replica_counts)
-    smooth = None
-    with _compile_clock(timings):
-        if smoothness:
-            from . import census
-            if plant_tie:
-                params = census.planted_tie(mod, params)
-            with _phase(timings, "census"):
-                # the point's smoothness is the real loss's, read in float64: a bf16 chain rounds conv
-                # outputs to 8 bits, which makes exact ties between cells that are not twins
-                p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-                smooth = census.smoothness(mod, p64, to_device(x, np.float64), replace(cfg, bf16=False))
-            if not smooth.ok:
-                return CheckReport(None, [], smooth, settings, timings)
-        if bf16:  # a bf16 chain does not tie to float64 autodiff: check SPEC §7's claims instead
-            from . import bf16 as bf16_
-            with _phase(timings, "bf16 check"):
-                rep = bf16_.check(mod, params, x, targets, cfg, label_smoothing=label_smoothing,
-                                  key=jax.random.fold_in(key, 2))
-            return CheckReport(rep, [], smooth, settings, timings)
-        with _phase(timings, "reference + envelope"):
-            point = reference_at(mod, params, x, targets, cfg, label_smoothing=label_smoothing,
-                                 key=jax.random.fold_in(key, 3))
-        with _phase(timings, "tie"):
-            if replicas > 1:
-                result = tie_replicas(checked_net, params, x, targets, cfg, replicas=replicas, counts=replica_counts,
-                                      label_smoothing=label_smoothing, point=point)
-            else:
-                result = tie(checked_net, params, x, targets, cfg, label_smoothing=label_smoothing, point=point)
-        parting = None
-        if replicas == 1 and any(not r.ill_conditioned for r in result.failed):
-            from . import stages   # the stage where rendered and VJP first part
-            with _phase(timings, "first parting"):
-                parting = stages.first_parting(checked_net, params, x, targets, cfg,
-                                               label_smoothing=label_smoothing, key=jax.random.fold_in(key, 4))
-        fd_rows = []
-        if finite_differences and dtype == "float64" and replicas == 1:
-            from . import fd
-            with _phase(timings, "finite differences"):
-                from .tie import rendered_nodes
-                _, grads, _ = rendered_nodes(checked_net, params, x, targets, cfg, label_smoothing)
-                fd_rows = fd.derivatives(mod, params, x, targets, cfg, grads, key=jax.random.fold_in(key, 2),
-                                         label_smoothing=label_smoothing, loss_roundoff=point.envelope.loss)
-    return CheckReport(result, fd_rows, smooth, settings, timings, parting)
-
-
-def tie_replicas(net, params, x, targets, cfg, *, replicas: Optional[int] = None, label_smoothing: float = 0.0,
-                 point=None, sync_bn: bool = True, counts: Optional[tuple[int, ...]] = None,
-                 devices=None) -> TieReport:
-    """The data-parallel rendered step (R replicas of N = batch/R, synchronised BN) against the
-    single-device float64 oracle at batch R·N, through the same verdict as every tie
-    (`r34_net_syncTiedB`: the all-reduced nodes are the single-device nodes at N := R·N).
-
-    counts (n_1, …, n_R): uneven replica batches, x the concatenated valid batch (replica r holds
-    n_r of its rows, padded to max n_r on the mesh); the oracle is the single device at x.
-    sync_bn=False: per-replica BatchNorm (the control that must fail). devices: the mesh's devices
-    (default `jax.devices()`; a chapter on a GPU machine passes the host CPU devices)."""
-    from .. import parallel
-    from .tie import net_label
-    if counts is not None:
-        counts = parallel.check_counts("tie_replicas", counts, len(tuple(counts)), int(x.shape[0]))
-        if replicas is not None and replicas != len(counts):
-            raise ValueError(f"tie_replicas: replicas {replicas} but {len(counts)} counts {counts}")
-        replicas = len(counts)
-    if replicas is None:
-        raise ValueError("tie_replicas: give replicas R (equal split) or counts (n_1, …, n_R)")
-    mesh = parallel.data_mesh(replicas, devices=devices)
-    if point is None:
-        point = reference_at(net, params, x, targets, cfg, label_smoothing=label_smoothing)
-    # evaluated once at the point: LLVM's optimisation off halves the compile (tie.QUICK)
-    out = parallel.forward_backward(net, params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
-                                    sync_bn=sync_bn, counts=counts, compiler_options=QUICK)
-    split = "+".join(map(str, counts)) if counts is not None else None
-    label = f"{net_label(net)} on {replicas} replicas" + (f" holding {split}" if split else "")
-    return report(label + ("" if sync_bn else " (per-replica BN)"),
-                  params, (out.loss, out.grads, out.dx), point,
-                  meta={"replicas": replicas, "per_replica": int(x.shape[0]) // replicas, "sync_bn": sync_bn,
-                        "counts": list(counts) if counts is not None else [int(x.shape[0]) // replicas] * replicas})
+    return check(net, params, x, targets_matrix(labels, cfg.num_classes, jnp.dtype(dtype)), cfg,
+                 label_smoothing=label_smoothing, plant_bug=plant_bug, smoothness=smoothness,
+                 finite_differences=finite_differences, replicas=replicas if replica_counts is None else 1,
+                 counts=replica_counts, bf16=bf16, key=key, settings=settings)

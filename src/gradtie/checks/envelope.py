@@ -1,33 +1,102 @@
-"""A point's round-off envelope: how far correct evaluations of the gradient land from the float64
-reference, measured at the point itself.
+"""A point's round-off envelope: how far correct evaluations land from the float64 reference,
+measured at the point itself — written once, for a whole net, a stage, a cotangent or a train step.
 
 A fixed limit is wrong in both directions: at a well-conditioned point 1e-10 is loose, and where a
 BatchNorm normalises over M = 2 values (ResNet-34's layer4 at 32 px, batch 2) correct float64
-chains part by 1e-9. So each node's limit is a multiple of what round-off alone does there. The
-envelope of a node is the largest distance from the float64 reference over a few correct
-evaluations in the checked dtype:
+chains part by 1e-9. So each row's limit is a multiple of what round-off alone does there. The
+envelope of a row is the largest distance from the float64 reference over a few correct
+evaluations in the checked dtype (`samples`):
 
 - the oracle with the batch in reverse order: a second evaluation order of every batch sum (BN
   statistics, BN backward means, weight-gradient sums), the same value in ℝ;
-- the oracle at inputs and parameters nudged by one unit roundoff of the dtype, x·(1 + u·ξ),
-  θ·(1 + u·ξ) with ξ ~ N(0, 1) per entry;
+- the oracle at inputs and parameters nudged by one unit roundoff of the dtype, a·(1 + u·ξ) with
+  ξ ~ N(0, 1) per entry;
 - in float32 also the float32 oracle at the point itself (float32's own rounding of every op).
 
-Pools with a tie at a positive maximum are evaluated frozen at the point's selection σ (reversed
-with the batch), so the nudges measure round-off, not a twin broken by moving the image.
+`spread` is the largest distance of those evaluations from the reference, leaf by leaf. Pools with
+a tie at a positive maximum are evaluated frozen at the point's selection σ (reversed with the
+batch), so the nudges measure round-off, not a twin broken by moving the image.
 Shown in: Whole-net tie, Would the check catch it?
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
 
+from .. import reference as reference_
+from .. import tolerances as tol
 from ..host import to_device, tree_to_device
-from . import tolerances as tol
+
+
+class Sample(NamedTuple):
+    """One correct evaluation's inputs: `values` by name (host arrays in the checked dtype) and the
+    batch order (`order[i]`: the point's example at row i; None: the point's order)."""
+    label: str
+    values: dict
+    order: Optional[np.ndarray]
+
+
+def host_rng(key) -> np.random.Generator:
+    """A NumPy generator seeded from a JAX key (typed or legacy uint32), for draws made on the host."""
+    data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return np.random.default_rng(np.asarray(data).ravel())
+
+
+def samples(values: dict, *, dtype: str, key, nudged: Sequence[str] = (), batched: Sequence[str] = (),
+            nudges: int = tol.ENVELOPE_NUDGES, unit: Optional[float] = None) -> list[Sample]:
+    """The correct evaluations an envelope is the spread of. values: name -> a pytree of arrays
+    (read in float64); `nudged` names get the relative unit·ξ nudge (unit: the dtype's unit
+    roundoff), `batched` names hold the batch on axis 0 (reversed in "batch reversed"). A batch of
+    one has no second order: one more nudge instead. Integer leaves (a selection σ) are kept as
+    they are, reordered with the batch."""
+    dt = np.dtype(dtype)
+    u = tol.UNIT_ROUNDOFF[dt.name] if unit is None else unit
+
+    def cast(a, nudge=None):
+        a = np.asarray(a)
+        if not np.issubdtype(a.dtype, np.floating):
+            return a
+        a = a.astype(np.float64)
+        return (a if nudge is None else a * (1 + u * nudge(a.shape))).astype(dt)
+
+    def tree(name, f):
+        return jax.tree.map(f, values[name])
+
+    out = []
+    if dt != np.float64:
+        out.append(Sample("the point", {k: tree(k, cast) for k in values}, None))
+    batch = {np.shape(a)[0] for k in batched if k in values for a in jax.tree.leaves(values[k])}
+    n = max(batch) if batch else 1
+    if n > 1:
+        rev = np.arange(n)[::-1].copy()
+        out.append(Sample("batch reversed", {k: tree(k, (lambda a: cast(np.asarray(a)[rev])) if k in batched else cast)
+                                             for k in values}, rev))
+    rng = host_rng(key)
+    for r in range(nudges + (n == 1)):
+        out.append(Sample(f"nudge {r + 1} (u = 2^{int(np.log2(u))})",
+                          {k: tree(k, (lambda a: cast(a, rng.standard_normal)) if k in nudged else cast)
+                           for k in values}, None))
+    return out
+
+
+def unorder(a, order: Optional[np.ndarray]):
+    """A batched output of a reordered evaluation, back in the point's order."""
+    return a if order is None else np.asarray(a)[np.argsort(order)]
+
+
+def spread(reference, outputs) -> Any:
+    """Leaf by leaf, the largest |output − reference| over `outputs` (each a pytree shaped like
+    `reference`, already in the point's batch order)."""
+    worst = jax.tree.map(lambda r: 0.0, reference)
+    for out in outputs:
+        worst = jax.tree.map(lambda w, o, r: max(w, float(np.max(np.abs(np.asarray(o, np.float64)
+                                                                       - np.asarray(r, np.float64))))),
+                             worst, out, reference)
+    return worst
 
 
 @dataclass(frozen=True)
@@ -42,56 +111,23 @@ class Envelope:
                 "nodes": dict(self.nodes)}
 
 
-def _host(tree, dtype):
-    return jax.tree.map(lambda a: np.asarray(a, dtype), tree)
-
-
-def samples(params: dict, x, targets, selections: Optional[dict], *, dtype: str, key,
-            nudges: int = tol.ENVELOPE_NUDGES):
-    """The correct evaluations the envelope is the spread of: (label, params, x, targets,
-    selections, order) in `dtype`, host arrays; `order` maps the sample's batch back to the point's
-    (None: the same order)."""
-    dt = np.dtype(dtype)
-    p64 = _host(params, np.float64)
-    x64, t64 = np.asarray(x, np.float64), np.asarray(targets, np.float64)
-    out = []
-    if dt != np.float64:
-        out.append(("the point", _host(p64, dt), x64.astype(dt), t64.astype(dt), selections, None))
-    n = x64.shape[0]
-    if n > 1:
-        rev = np.arange(n)[::-1].copy()
-        sel = None if selections is None else {k: np.asarray(v)[rev] for k, v in selections.items()}
-        out.append(("batch reversed", _host(p64, dt), x64[rev].astype(dt), t64[rev].astype(dt), sel, rev))
-    else:
-        nudges += 1
-    u = tol.UNIT_ROUNDOFF[dt.name]
-    rng = np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel())
-    for r in range(nudges):
-        pn = {k: (v * (1 + u * rng.standard_normal(v.shape))).astype(dt) for k, v in p64.items()}
-        xn = (x64 * (1 + u * rng.standard_normal(x64.shape))).astype(dt)
-        out.append((f"nudge {r + 1} (u = 2^{int(np.log2(u))})", pn, xn, t64.astype(dt), selections, None))
-    return out
-
-
-def measure(oracle, params: dict, x, targets, reference, *, dtype: str, key,
-            selections: Optional[dict] = None, nudges: int = tol.ENVELOPE_NUDGES) -> Envelope:
-    """The envelope of every node at (params, x): `oracle(params, x, targets, selections)` ->
-    (loss, grads, dx) is the autodiff oracle; `reference` its float64 value at the point."""
-    loss_ref, g_ref, dx_ref = reference
-    g_ref = {k: np.asarray(v, np.float64) for k, v in g_ref.items()}
-    dx_ref = np.asarray(dx_ref, np.float64)
-    worst = dict.fromkeys(list(g_ref) + ["input"], 0.0)
-    loss_worst, labels = 0.0, []
-    for label, p, xs, t, sel, order in samples(params, x, targets, selections, dtype=dtype, key=key,
-                                               nudges=nudges):
-        loss, g, dx = oracle(tree_to_device(p), to_device(xs), to_device(t),
-                             None if sel is None else tree_to_device(sel))
-        dx = np.asarray(dx, np.float64)
-        if order is not None:
-            dx = dx[np.argsort(order)]
-        for name in g_ref:
-            worst[name] = max(worst[name], float(np.max(np.abs(np.asarray(g[name], np.float64) - g_ref[name]))))
-        worst["input"] = max(worst["input"], float(np.max(np.abs(dx - dx_ref))))
-        loss_worst = max(loss_worst, abs(float(loss) - float(loss_ref)))
-        labels.append(label)
-    return Envelope(np.dtype(dtype).name, worst, loss_worst, tuple(labels))
+def measure(net, params: dict, x, targets, cfg, reference, *, dtype: str, key, alpha: float = 0.0,
+            selections: Optional[dict] = None, nudges: int = tol.ENVELOPE_NUDGES,
+            oracle: Callable = reference_.compiled) -> Envelope:
+    """The envelope of every node of `net` at (params, x): the autodiff oracle (`reference.oracle`)
+    at each sample, against `reference`, its float64 (loss, grads, dx) at the point."""
+    values = {"params": params, "x": x, "targets": targets}
+    batched = ["x", "targets"]
+    if selections is not None:
+        values["selections"] = selections
+        batched.append("selections")
+    outputs, labels = [], []
+    for s in samples(values, dtype=dtype, key=key, nudged=("params", "x"), batched=batched, nudges=nudges):
+        v = s.values
+        sel = None if selections is None else tree_to_device(v["selections"])
+        loss, g, dx = oracle(net, tree_to_device(v["params"]), to_device(v["x"]), to_device(v["targets"]), cfg,
+                             alpha, sel)
+        outputs.append((loss, dict(g), unorder(dx, s.order)))
+        labels.append(s.label)
+    loss_w, g_w, dx_w = spread((reference[0], dict(reference[1]), reference[2]), outputs)
+    return Envelope(np.dtype(dtype).name, {**g_w, "input": dx_w}, loss_w, tuple(labels))

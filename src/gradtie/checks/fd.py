@@ -1,20 +1,23 @@
 """Each node is the derivative of the whole loss: central finite differences of the real loss.
 
 For node θ_k and a random unit direction v in its space, D(h) = (L(θ + h·v) − L(θ − h·v)) / 2h
-→ ⟨∇_k L, v⟩ at O(h²) where L is smooth. The loss is the forward's logits through
-`gradtie.reference`'s loss, never a backward. float64.
+→ ⟨∇_k L, v⟩ at O(h²) where L is smooth. The loss is the forward's logits through the net's loss
+(`Loss.value`), never a backward. float64.
 
 Every node's differences run the net's own stage forwards from the node's stage onward (the stages
 before it do not move: their saved records and the stage input are the point's, computed once), one
-compiled probe per entry stage (`entries`): the loss at ±h and ±h/2, and whether each end still lies in the point's
-smooth piece (every ReLU input with the same sign, every pool window with the same choice). Real
-batches hold windows within 1e-6 of a tie, and a difference taken across a kink measures nothing: a
-step whose ends leave the piece is halved until they don't.
+compiled probe per entry stage (`entries`): the loss at ±h and ±h/2, and whether each end still
+lies in the point's smooth piece (every ReLU input with the same sign, every pool window with the
+same choice). Real batches hold windows within 1e-6 of a tie, and a difference taken across a kink
+measures nothing: a step whose ends leave the piece is halved until they don't, and one whose ends
+never come back inside by FD_MIN_STEP is "no evidence (kink)", never a verdict.
 
 The verdict, like the tie's, is held to the point's own round-off: the envelope of D(h) is the
 truncation seen between h and h/2 (Richardson) plus the round-off ε_L/h, ε_L the loss's spread over
-the tie's envelope evaluations; the limit is FD_FACTOR of it, floored at FD_REL. A row whose limit
-reaches ILL_CONDITIONED_REL is "no evidence", never a pass. Shown in: Whole-net tie.
+the tie's envelope evaluations; the limit is FD_FACTOR of it, floored at FD_REL. Its scale is read
+off the oracle's gradient, never the rendered one (an inflated node must not widen every other
+row's floor). A row whose limit reaches ILL_CONDITIONED_REL is "no evidence", never a pass.
+Shown in: Whole-net tie.
 """
 
 from __future__ import annotations
@@ -27,9 +30,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import reference
+from .. import rendered
+from .. import tolerances as tol
 from ..host import to_device
-from . import tolerances as tol
+from ..nets.protocol import Net, Pass, as_net, fold_forward
+from ..ops import maxpool
+from .envelope import host_rng
+from .tie import piece_of
+
+VERDICTS = ("ok", "no evidence", "FAILED")
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,7 @@ class FDRow:
     limit: float        # max(FD_FACTOR · envelope, FD_REL)
     h: float = tol.FD_STEP
     envelope: float = 0.0   # (truncation + round-off of D(h)) / scale
+    kinked: bool = False    # the step's ends never lay in the point's smooth piece: no evidence
 
     @property
     def ill_conditioned(self) -> bool:
@@ -48,20 +58,15 @@ class FDRow:
 
     @property
     def ok(self) -> bool:
-        return bool(self.rel <= self.limit)
+        return self.kinked or bool(self.rel <= self.limit)
 
     @property
     def verdict(self) -> str:
+        if self.kinked:
+            return "no evidence"
         if not self.ok:
             return "FAILED"
         return "no evidence" if self.ill_conditioned else "ok"
-
-
-def loss_fn(net, x, targets, cfg, label_smoothing: float = 0.0):
-    def loss(params):
-        logits, _ = net.forward(params, x, cfg)
-        return reference.smoothed_cross_entropy(logits, targets, label_smoothing)
-    return loss
 
 
 def central_difference(loss, params: dict, name: str, direction: jax.Array, h: float) -> float:
@@ -76,21 +81,40 @@ def convergence(loss, params: dict, name: str, direction: jax.Array, exact: floa
     return np.array([abs(central_difference(loss, params, name, direction, h) - exact) for h in steps])
 
 
+def loss_fn(net, x, targets, cfg, label_smoothing: float = 0.0):
+    net = as_net(net)
+
+    def loss(params):
+        logits, _ = net.forward(params, x, cfg)
+        return net.loss.value(logits, targets, label_smoothing)
+    return loss
+
+
 # ---- every node, from its own stage onward --------------------------------------------------------
 
-@partial(jax.jit, static_argnums=(0, 1, 4, 5))
-def _suffix_probe(net, start: int, params, h, cfg, moved: tuple, before: dict, targets, alpha, here):
+def _piece_of_stages(net: Net, stages, saved) -> tuple[dict, dict]:
+    """The smooth piece's entries that `stages` compute: their ReLU signs and pool choices."""
+    signs, choices = {}, {}
+    for stage in stages:
+        s = saved[stage.name]
+        signs.update({k: z > 0 for k, z in stage.relu_inputs(s).items()})
+        choices.update({k: maxpool.select(r, net.pools[k]) for k, r in stage.pool_inputs(s).items()})
+    return signs, choices
+
+
+@partial(jax.jit, static_argnums=(0, 1, 4))
+def _suffix_probe(net: Net, start: int, params, h, cfg, targets, alpha, here):
     """(loss, whether the point lies in the smooth piece `here`) with stages start… run from their
-    input h. `before` holds the earlier stages' saved records, which the perturbation cannot move;
-    only the `moved` (kind, name) entries of the piece are compared."""
-    from ..nets.stages import fold_forward
-    from .tie import piece_of
-    logits, suffix = fold_forward(net.stage_list(cfg)[start:], params, h, cfg)
-    piece = piece_of(net, {**before, **suffix})
+    input h; only the piece's entries those stages compute are compared (the earlier ones cannot move)."""
+    suffix = net.stage_list(cfg)[start:]
+    logits, saved = fold_forward(suffix, params, h, cfg, Pass())
+    signs, choices = _piece_of_stages(net, suffix, saved)
     same = jnp.bool_(True)
-    for kind, name in moved:
-        same = same & jnp.all(piece[kind][name] == here[kind][name])
-    return reference.smoothed_cross_entropy(logits, targets, alpha), same
+    for k, v in signs.items():
+        same = same & jnp.all(v == here[0][k])
+    for k, v in choices.items():
+        same = same & jnp.all(v == here[1][k])
+    return net.loss.value(logits, targets, alpha), same
 
 
 def entries(stage_list) -> list[int]:
@@ -101,30 +125,21 @@ def entries(stage_list) -> list[int]:
     return [i for i, stage in enumerate(stage_list) if i == 0 or stage.kind != "identity"]
 
 
-def _moved(net, saved, stage_list, start: int) -> tuple:
-    """The piece's (kind, name) entries that stages start… compute: those whose array is not one of
-    the earlier stages' saved arrays (an entry a net derives afresh counts as moved: compared, never
-    skipped)."""
-    earlier = {id(a) for stage in stage_list[:start] for a in jax.tree.leaves(saved[stage.name])}
-    kinds = (net.preactivations(saved), net.pool_inputs(saved))
-    return tuple((kind, name) for kind, source in enumerate(kinds) for name, a in source.items()
-                 if id(a) not in earlier)
-
-
-def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
+def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: dict, key, names=None,
                 label_smoothing: float = 0.0, loss_roundoff: float = 0.0,
                 factor: float = tol.FD_FACTOR) -> list[FDRow]:
     """One `FDRow` per node in `names` (default: all): D(h) along a random unit direction against
     ⟨rendered node, v⟩, held to FD_FACTOR × (truncation + round-off), floored at FD_REL.
 
-    Every evaluation runs one compiled probe from the node's stage onward: the loss and whether the
-    perturbed point lies in the same smooth piece (every ReLU sign, every pool choice), compared
-    where the forward ran, so no saved activation comes back to the host.
-    loss_roundoff: ε_L, the loss's round-off spread at the point (`Envelope.loss` of the tie); the
-    round-off of D(h) is ε_L/h. targets: rows [N,K]. Directions are drawn on the host.
+    grads: the rendered nodes judged; reference_grads: the oracle's, which set each row's scale (the
+    floor for a direction nearly orthogonal to its node). Every evaluation runs one compiled probe
+    from the node's stage onward: the loss and whether the perturbed point lies in the same smooth
+    piece (every ReLU sign, every pool choice), compared where the forward ran, so no saved
+    activation comes back to the host. loss_roundoff: ε_L, the loss's round-off spread at the point
+    (`Envelope.loss` of the tie); the round-off of D(h) is ε_L/h. targets: rows [N,K]. Directions
+    are drawn on the host.
     """
-    from .tie import _forward, _piece, host_rng, real_net
-    net = real_net(net)
+    net = as_net(net)
     names = list(params) if names is None else list(names)
     params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
     x = jnp.asarray(x, jnp.float64)
@@ -135,20 +150,18 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
     entry_of = {p: max(e for e in starts if e <= i) for i, stage in enumerate(stage_list) for p in stage.params}
     missing = [n for n in names if n not in entry_of]
     if missing:
-        raise ValueError(f"fd.derivatives: {missing} are not parameters of any stage of {net.__name__}")
-    _, saved, inputs = _forward(net, params, x, cfg)   # the tie's and the census's program
-    here = _piece(net, saved)
-    moved = {start: _moved(net, saved, stage_list, start) for start in starts}
-    before = {start: {stage.name: saved[stage.name] for stage in stage_list[:start]} for start in starts}
+        raise ValueError(f"fd.derivatives: {missing} are not parameters of any stage of {net.name}")
+    _, saved, inputs = rendered.forward(net, params, x, cfg)   # the tie's and the census's program
+    here = piece_of(net, saved)
 
     def evaluate(name, base, step, v):
         # θ + step·v on the host: no compiled program per node shape
         start = entry_of[name]
         p = dict(params, **{name: to_device(base + step * v)})
-        loss, same = jax.device_get(_suffix_probe(net, start, p, inputs[start], cfg, moved[start], before[start],
-                                                  t, alpha, here))
+        loss, same = jax.device_get(_suffix_probe(net, start, p, inputs[stage_list[start].name], cfg, t, alpha,
+                                                  here))
         return float(loss), bool(same)
-    gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in grads.values())
+    gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in reference_grads.values())
     rng = host_rng(key)
     rows = []
     h_last = tol.FD_STEP
@@ -167,15 +180,17 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, key, names=None,
         h = min(tol.FD_STEP, 2 * h_last)
         while True:
             ends = [end(step) for step in (h, -h, h / 2, -h / 2)]
-            if all(same for _, same in ends) or h / 2 < tol.FD_MIN_STEP:
+            inside = all(same for _, same in ends)
+            if inside or h / 2 < tol.FD_MIN_STEP:
                 break
             h /= 2
         h_last = h
         lp, lm, lp2, lm2 = (loss for loss, _ in ends)
         d_h, d_h2 = (lp - lm) / (2 * h), (lp2 - lm2) / h
         dot = float(np.vdot(np.asarray(grads[name], np.float64), v))
-        scale = max(abs(d_h), abs(dot), tol.ZERO_NODE_FLOOR * gnorm)
+        ref = float(np.vdot(np.asarray(reference_grads[name], np.float64), v))
+        scale = max(abs(d_h), abs(ref), tol.ZERO_NODE_FLOOR * gnorm)
         envelope = (4 / 3 * abs(d_h - d_h2) + loss_roundoff / h) / scale
         limit = max(factor * envelope, tol.FD_REL)
-        rows.append(FDRow(name, d_h, dot, abs(d_h - dot) / scale, limit, h, envelope))
+        rows.append(FDRow(name, d_h, dot, abs(d_h - dot) / scale, limit, h, envelope, kinked=not inside))
     return rows

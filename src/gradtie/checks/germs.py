@@ -42,7 +42,7 @@ from ..host import to_device
 from ..ops import head, maxpool
 from . import census
 from .tie import QUICK
-from .tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FLATNESS, GERM_KINK_FRACTION, GERM_KINK_STEPS,
+from ..tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FLATNESS, GERM_KINK_FRACTION, GERM_KINK_STEPS,
                          GERM_MIN_WINDOW, GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS,
                          GERM_ROUNDOFF_NUDGE, GERM_SHARP_REL, GERM_SLOPE_TOL, GERM_TRUNCATION_REL,
                          GERM_WINDOW_MARGIN)

@@ -20,7 +20,7 @@ import numpy as np
 
 from .. import data, prng, reference
 from ..ops import dense, gap, head
-from . import tolerances as tol
+from .. import tolerances as tol
 
 OPS = ("softmaxRow", "subB", "scaleB", "addVB", "shiftB", "divConstB")
 

@@ -47,7 +47,7 @@ import optax
 from .. import data as data_
 from .. import reference, train
 from ..host import to_device
-from . import tolerances as tol
+from .. import tolerances as tol
 from .tie import (QUICK, NodeRow, bn_cells, bn_of, compare, host_rng, is_beta, net_label, targets_matrix,
                   zero_in_reals)
 

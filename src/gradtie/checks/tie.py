@@ -1,31 +1,43 @@
-"""The whole-net tie: the rendered chain against autodiff of the forward, node by node.
+"""The whole-net tie: a rendered chain against autodiff of the forward, node by node.
 
-`tie` returns a `TieReport` (one row per parameter node, plus the input cotangent) and prints
-nothing. The oracle is built from the net's forward and `gradtie.reference`'s loss, never from a
-backward. Shown in: Whole-net tie.
-
-Besides the nets themselves (`gradtie.nets.cifar8`, `resnet34`), the kit accepts a net-like object
-that plants a bug in the rendered side (`gradtie.checks.controls`): it may carry `real_net` (the net
-whose forward the oracle differentiates) and `head_cotangent` (the cotangent at the logits, in place
-of `ops.head.cotangent`); its `forward` is the real one and its `backward` may be planted.
+`tie` returns a `TieReport` (one row per parameter node, plus the loss and the input cotangent) and
+prints nothing. The rendered side is `gradtie.rendered.step` of a `Chain` — a net definition run
+through a kit (`gradtie.kit`): the real one, or one with a planted bug (`checks.bugs`). The
+reference is `gradtie.reference.oracle` of the real net's forward and loss, never a backward, and
+every row is held to the point's own round-off envelope (`checks.envelope`). Shown in: Whole-net tie.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import reference
+from .. import parallel, rendered
+from .. import reference as reference_
+from .. import tolerances as tol
 from ..host import to_device
+from ..kit import KIT, Kit
+from ..nets.protocol import Net, as_net
 from ..ops import head, maxpool
 from . import envelope as env_
-from . import tolerances as tol
+
+
+class Chain(NamedTuple):
+    """The rendered side of a check: a net definition run through a kit. `planted` names what is
+    wrong in it ("" for the real chain)."""
+    net: Net
+    kit: Kit = KIT
+    planted: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.net.name + (f" + {self.planted}" if self.planted else "")
 
 
 @dataclass(frozen=True)
@@ -43,10 +55,21 @@ class NodeRow:
     envelope: float = 0.0   # the point's round-off envelope of this node, / scale
     floor: float = 0.0      # the dtype's floor (SPEC's figure)
     cells: Optional[int] = None  # M: the cells its BatchNorm layer averages over (None: no BN)
+    mismatch: str = ""  # the rendered node's shape or dtype is not its parameter's: a failure whatever its values
 
     @property
     def ok(self) -> bool:
-        return bool(self.rel <= self.limit)
+        """Within the limit (an ill-conditioned row within it is ok too: see `agrees`)."""
+        return not self.mismatch and bool(self.rel <= self.limit)
+
+    @property
+    def agrees(self) -> bool:
+        """Within a limit that can tell a bug apart: what a chapter or a test means by "tied"."""
+        return self.ok and not self.ill_conditioned
+
+    @property
+    def ratio(self) -> float:
+        return np.inf if self.mismatch else self.rel / self.limit
 
     @property
     def by(self) -> str:
@@ -59,11 +82,30 @@ class NodeRow:
         be told apart from it here."""
         return bool(self.limit >= tol.ILL_CONDITIONED_REL)
 
+    @property
+    def verdict(self) -> str:
+        if not self.ok:
+            return "FAILED"
+        return "ILL" if self.ill_conditioned else "tied"
+
+    def describe(self) -> str:
+        if self.mismatch:
+            return f"{self.name}: {self.mismatch}"
+        sign = "≤" if self.ok else ">"
+        return f"{self.name}, err {self.rel:.1e} {sign} limit {self.limit:.1e}"
+
 
 def is_beta(name: str, shapes: dict[str, tuple[int, ...]]) -> bool:
     """A BN shift β: a `.bias` whose `.weight` (γ) is a vector; its node is Σ dy over (n,h,w)."""
     gamma = name[: -len("bias")] + "weight"
     return name.endswith(".bias") and len(shapes.get(gamma, ())) == 1
+
+
+def ratio_text(ratio: float) -> str:
+    """err/limit for a table: fixed-width, scientific beyond 1e4 (a bug's ratio is 1e9, not 1000000000.00)."""
+    if not np.isfinite(ratio):
+        return "shape"
+    return f"{ratio:7.2f}" if ratio < 1e4 else f"{ratio:7.1e}"
 
 
 @dataclass
@@ -81,6 +123,7 @@ class TieReport:
 
     @property
     def failed(self) -> list[NodeRow]:
+        """Rows over their limit, judgeable or not (an ill-conditioned row over its limit too)."""
         return [r for r in self.rows if not r.ok]
 
     @property
@@ -91,11 +134,19 @@ class TieReport:
     def ok(self) -> bool:
         return not self.failed
 
+    @property
+    def tied(self) -> bool:
+        """Every row within a limit that can tell a bug apart."""
+        return all(r.agrees for r in self.rows)
+
+    def has(self, name: str) -> bool:
+        return any(r.name == name for r in self.rows)
+
     def row(self, name: str) -> NodeRow:
         return next(r for r in self.rows if r.name == name)
 
     def worst(self) -> NodeRow:
-        return max(self.rows, key=lambda r: r.rel / r.limit)
+        return max(self.rows, key=lambda r: r.ratio)
 
     def backward_order(self) -> list[NodeRow]:
         """The rows in the order the rendered chain reaches them: the loss (the head's forward), then
@@ -107,12 +158,12 @@ class TieReport:
         return first + list(reversed(self.nodes)) + last
 
     def first_failure(self) -> Optional[NodeRow]:
-        """The first node, in backward order, that fails its tolerance (None when all tie)."""
+        """The first row, in backward order, over its limit (None when all are within)."""
         return next((r for r in self.backward_order() if not r.ok), None)
 
     def beta_rows(self) -> list[NodeRow]:
         """The BN β rows in backward order: dβ = Σ dy has no weight in the way, so the first β row
-        that fails is where the cotangent itself first goes wrong (SPEC §11)."""
+        that fails is where the cotangent itself first goes wrong."""
         shapes = {r.name: r.shape for r in self.rows}
         return [r for r in self.backward_order() if is_beta(r.name, shapes)]
 
@@ -130,18 +181,19 @@ class TieReport:
 
     def summary(self) -> str:
         nodes = self.nodes
-        ill = self.ill_conditioned
-        tied = sum(r.ok and not r.ill_conditioned for r in nodes)
+        tied = sum(r.agrees for r in nodes)
         line = f"tied {tied}/{len(nodes)} nodes ({self.dtype})"
-        if "input" in {r.name for r in self.rows}:
-            inp = self.row("input")
-            line += f", input gradient {'tied' if inp.ok else 'FAILED'}"
+        if self.has("input"):
+            line += f", input gradient {self.row('input').verdict}"
             if self.meta.get("input_model") == "frozen":
                 line += " (pools frozen at σ = argmax)"
-        if "loss" in {r.name for r in self.rows} and not self.row("loss").ok:
+        if self.has("loss") and not self.row("loss").ok:
             line += ", LOSS MISMATCH"
         w = self.worst()
-        line += f"; worst {w.rel / w.limit:.2g} of its limit ({w.name}, err {w.rel:.1e} ≤ {w.limit:.1e})"
+        if w.mismatch:
+            line += f"; {w.describe()}"
+        else:
+            line += f"; worst {w.ratio:.2g} of its limit ({w.describe()})"
         widened = self.widened()
         if widened:
             wide = max(widened, key=lambda r: r.limit)
@@ -149,6 +201,7 @@ class TieReport:
             small = self.smallest_bn()
             line += f" (widest {wide.limit:.1e} at {wide.name}"
             line += f"; smallest BatchNorm reduction M = {small[1]} at {small[0]})" if small else ")"
+        ill = self.ill_conditioned
         if ill:
             line += f"; {len(ill)} rows too ill-conditioned to judge (first: {ill[0].name})"
         if self.failed:
@@ -157,13 +210,12 @@ class TieReport:
 
     def table(self) -> str:
         head_ = (f"{'node':<36} {'shape':<18} {'M':>7} {'envelope':>9} {'limit':>8} {'rel err':>9} "
-                 f"{'err/lim':>7}  ok")
+                 f"{'err/lim':>7}  verdict")
         lines = [head_, "-" * len(head_)]
         for r in self.rows:
             tag = " (0 in ℝ)" if r.zero_in_reals else ""
-            verdict = "ILL" if r.ill_conditioned else ("yes" if r.ok else "NO")
             lines.append(f"{r.name + tag:<36} {str(r.shape):<18} {r.cells if r.cells else '-':>7} "
-                         f"{r.envelope:9.1e} {r.limit:8.1e} {r.rel:9.1e} {r.rel / r.limit:7.2f}  {verdict}")
+                         f"{r.envelope:9.1e} {r.limit:8.1e} {r.rel:9.1e} {ratio_text(r.ratio)}  {r.verdict}")
         return "\n".join(lines)
 
     def as_dict(self) -> dict[str, Any]:
@@ -172,18 +224,19 @@ class TieReport:
                 "nodes": [{"name": r.name, "shape": list(r.shape), "err": r.err, "scale": r.scale,
                            "rel": r.rel, "limit": r.limit, "envelope": r.envelope, "floor": r.floor,
                            "limit_by": r.by, "cells": r.cells, "zero_in_reals": r.zero_in_reals,
-                           "bad": r.bad, "ok": r.ok, "ill_conditioned": r.ill_conditioned}
+                           "bad": r.bad, "ok": r.ok, "ill_conditioned": r.ill_conditioned,
+                           "mismatch": r.mismatch}
                           for r in self.rows]}
 
 
 def zero_in_reals(params: dict[str, jax.Array]) -> set[str]:
-    """Conv biases (a `.bias` beside a rank-4 `.weight`): every conv in both nets feeds BatchNorm,
-    so their gradient is Σ of a BN input cotangent, which is 0 in ℝ."""
+    """Conv biases (a `.bias` beside a rank-4 `.weight`): every conv of the nets here feeds
+    BatchNorm, so their gradient is Σ of a BN input cotangent, which is 0 in ℝ."""
     out = set()
     for name in params:
         if name.endswith(".bias"):
             w = params.get(name[: -len("bias")] + "weight")
-            if w is not None and w.ndim == 4:
+            if w is not None and jnp.ndim(w) == 4:
                 out.add(name)
     return out
 
@@ -195,144 +248,35 @@ def targets_matrix(targets: jax.Array, num_classes: int, dtype) -> jax.Array:
     return targets.astype(dtype)
 
 
-def real_net(net):
-    """The net whose forward the oracle differentiates (a planted control wraps the real net)."""
-    return getattr(net, "real_net", net)
-
-
-def net_label(net) -> str:
-    """"cifar8", "resnet34", or a control's "resnet34 + same_padding_strided"."""
-    return getattr(net, "label", None) or net.__name__.rsplit(".", 1)[-1]
-
-
-def head_cotangent(net):
-    """The cotangent at the logits the rendered chain starts from: the head's six kit ops, unless
-    a control plants its own."""
-    return getattr(net, "head_cotangent", head.cotangent)
-
-
-# ---- the two sides --------------------------------------------------------------------------------
-
-def oracle(net, params, x, targets, cfg, label_smoothing: float = 0.0, selections=None):
-    """Loss, parameter gradients and input gradient by autodiff of the forward (never a backward).
-
-    The parameter gradients are the real net's. The input gradient is the real net's too, unless
-    `selections` {pool: σ} is given: then it is the vector–Jacobian product of the model with those
-    pools frozen at σ (the gather model). At a twin tie the input gradient of the real net does not
-    exist (moving the image breaks the twins), and the frozen model's is what the rendered chain
-    computes at σ = argmax (`batchMapAux_maxPoolBackFlat_eq_selScatter`).
-    """
-    net = real_net(net)
-
-    def loss(p, x_, sel=None):
-        logits, _ = net.forward(p, x_, cfg, selections=sel)
-        return reference.smoothed_cross_entropy(logits, targets, label_smoothing)
-
-    if selections is None:
-        value, (g, dx) = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
-    else:
-        value, g = jax.value_and_grad(loss)(params, x)
-        dx = jax.grad(loss, argnums=1)(params, x, selections)
-    return value, g, dx
-
-
-def rendered(net, params, x, targets, cfg, label_smoothing: float = 0.0):
-    """Loss, parameter gradients and input gradient from the rendered chain."""
-    logits, saved = net.forward(params, x, cfg)
-    dlogits = head_cotangent(net)(logits, targets, label_smoothing)
-    grads, dx = net.backward(params, saved, dlogits, cfg)
-    return head.forward(logits, targets, label_smoothing), grads, dx
-
-
-# Compiled once per (net, config, shapes) and shared by every call: the forward and the backward
-# apart, so that controls planting only the cotangent reuse both, and one oracle serves many ties.
-# The forward is also the census's and the finite differences' (hence every stage's input too):
-# one program where there were three.
-@partial(jax.jit, static_argnums=(0, 3))
-def _forward(net, params, x, cfg):
-    """(logits, saved, [every stage's input]) of the train-mode forward."""
-    return net.forward(params, x, cfg, stage_inputs=True)
-
-
-def _backward_of(backward, params, saved, dlogits, cfg):
-    return backward(params, saved, dlogits, cfg)
-
-
-_backward = jax.jit(_backward_of, static_argnums=(0, 4))
-# A planted control's backward runs once or twice at its point, and compiling it dominates: LLVM's
-# optimisation passes off halve the compile (ResNet-34, N = 2: 5.7 → 3.0 s) and slow the run ~4×,
-# well under a second at a control's shapes. Rounding moves within the point's envelope, so a
-# control that hides (init weights) still ties, and one that is caught stays orders beyond it.
-QUICK = {"xla_backend_optimization_level": 0}
-_backward_control = jax.jit(_backward_of, static_argnums=(0, 4), compiler_options=QUICK)
-
-
-_oracle = jax.jit(oracle, static_argnums=(0, 4, 5))
-
-
-@partial(jax.jit, static_argnums=(0, 3))
-def _head(cotangent, logits, targets, label_smoothing):
-    """(loss, dlogits): the head's forward and the cotangent the chain starts from, one program
-    (op by op they were a dozen small ones to compile). The targets are checked before the trace."""
-    return head.forward(logits, targets, label_smoothing), cotangent(logits, targets, label_smoothing)
-
-
-def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, *, op_by_op: bool = False):
-    """`rendered`, compiled: (loss, grads, dx). targets: rows [N,K] in x's dtype.
-
-    op_by_op: a planted backward runs op by op instead of as one compiled program. A catalogue
-    plants many backwards at one point: their whole-chain programs share nothing, their ops (each
-    compiled once per shape, also by the persistent cache) almost everything. ResNet-34's 18
-    entries at N = 2, 32 px, on an empty cache: 104 s compiled, 57 s op by op; 0.6 s an entry once
-    the ops are compiled. The real chain is always the compiled one."""
-    real = real_net(net)
-    logits, saved, _ = _forward(real, params, x, cfg)
-    head.check_targets("head.cotangent", logits, targets)
-    loss, dlogits = _head(head_cotangent(net), logits, targets, float(label_smoothing))
-    backward = _backward if real is net else (_backward_of if op_by_op else _backward_control)
-    grads, dx = backward(net.backward, params, saved, dlogits, cfg)
-    return loss, grads, dx
-
-
-def oracle_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, selections=None):
-    """`oracle`, compiled: (loss, grads, dx) by autodiff of the real net's forward."""
-    return _oracle(real_net(net), params, x, targets, cfg, label_smoothing, selections)
-
-
-def piece_of(net, saved):
+def piece_of(net: Net, saved):
     """The smooth piece of the loss a point lies in: every ReLU input's sign, every pool's choice."""
     return ({k: z > 0 for k, z in net.preactivations(saved).items()},
-            {k: maxpool.select(r, net.POOLS[k]) for k, r in net.pool_inputs(saved).items()})
-
-
-_piece = jax.jit(piece_of, static_argnums=0)
+            {k: maxpool.select(r, net.pools[k]) for k, r in net.pool_inputs(saved).items()})
 
 
 @partial(jax.jit, static_argnums=0)
-def _tied_windows(net, saved):
+def _tied_windows(net: Net, saved):
     """σ = argmax of every pool, and per pool the windows whose positive maximum is attained twice."""
     sel, ties = {}, {}
     for k, r in net.pool_inputs(saved).items():
-        win = maxpool.windows(r, net.POOLS[k])
+        win = maxpool.windows(r, net.pools[k])
         top = jnp.max(win, axis=-1, keepdims=True)
-        sel[k] = maxpool.select(r, net.POOLS[k])
+        sel[k] = maxpool.select(r, net.pools[k])
         ties[k] = jnp.sum((jnp.sum(win == top, axis=-1) > 1) & (top[..., 0] > 0))
     return sel, ties
 
 
-def frozen_selections(net, params, x, cfg) -> tuple[Optional[dict], int]:
+def frozen_selections(net: Net, params, x, cfg) -> tuple[Optional[dict], int]:
     """(σ = argmax of every pool, windows tied at a positive maximum) when there are such ties, else
     (None, 0): the input gradient is then tied to the model frozen at σ."""
-    net = real_net(net)
-    _, saved, _ = _forward(net, params, x, cfg)
+    _, saved, _ = rendered.forward(net, params, x, cfg)
     sel, ties = _tied_windows(net, saved)
     count = sum(int(v) for v in ties.values())
     return (sel, count) if count else (None, 0)
 
 
-def bn_cells(net, params, x, cfg) -> dict[str, int]:
+def bn_cells(net: Net, params, x, cfg) -> dict[str, int]:
     """M per BatchNorm layer: the cells each channel's statistics average over (N·H·W; H·W per example)."""
-    net = real_net(net)
     _, saved = jax.eval_shape(lambda p, a: net.forward(p, a, cfg), params, x)
     per_ex = getattr(cfg, "bn", "batch") == "example"
     return {name: (1 if per_ex else layer.c.shape[0]) * layer.c.shape[2] * layer.c.shape[3]
@@ -348,27 +292,34 @@ def bn_of(name: str, bn_names) -> Optional[str]:
     return None
 
 
-def host_rng(key) -> np.random.Generator:
-    """A NumPy generator seeded from a JAX key (typed or legacy uint32), for draws made on the host."""
-    data = jax.random.key_data(key) if jnp.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    return np.random.default_rng(np.asarray(data).ravel())
-
-
 # ---- the verdict -----------------------------------------------------------------------------------
+
+def _mismatch(name: str, got, want_shape, want_dtype) -> str:
+    shape = tuple(np.shape(got))
+    if want_shape is not None and shape != tuple(want_shape):
+        return f"shape {shape}, its parameter's is {tuple(want_shape)}"
+    dtype = np.dtype(jnp.result_type(got)).name
+    if want_dtype is not None and dtype != want_dtype:
+        return f"dtype {dtype}, the checked dtype is {want_dtype}"
+    return ""
+
 
 def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict] = None,
             factor: float = tol.ENVELOPE_FACTOR, floor: float = tol.REL_F64, zero_nodes: set[str] = frozenset(),
             dx: Optional[tuple] = None, loss: Optional[tuple] = None, loss_envelope: float = 0.0,
-            cells: Optional[dict] = None) -> list[NodeRow]:
+            cells: Optional[dict] = None, shapes: Optional[dict] = None, dtype: Optional[str] = None) -> list[NodeRow]:
     """One row per node: max error relative to max|oracle|, held to max(factor · envelope, floor).
 
     A node that is 0 in ℝ, or whose oracle is exactly 0, is measured against the net's largest
     gradient (tolerances.ZERO_NODE_SCALE), never against 1.0. `envelope`: node -> max |spread| (the
     point's round-off, `checks.envelope`); without it every limit is the floor. `loss`: (rendered,
-    oracle) losses, judged the same way. `cells`: node -> M of its BatchNorm layer.
+    oracle) losses, judged the same way. `cells`: node -> M of its BatchNorm layer. `shapes`,
+    `dtype`: what each rendered node must be (its parameter's shape, the checked dtype); a node
+    that is not fails, whatever its values (nothing is broadcast).
     """
     envelope = envelope or {}
     cells = cells or {}
+    shapes = shapes or {}
     gmax = max((float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values()), default=0.0)
     net_scale = tol.ZERO_NODE_SCALE * gmax if gmax > 0 else 1.0
     rows = []
@@ -383,65 +334,21 @@ def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict
     if dx is not None:
         pairs.append(("input", dx[0], dx[1]))
     for name, a, b in pairs:
-        a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        diff = np.abs(a64 - b64)
-        err = float(np.max(diff))
+        b64 = np.asarray(b, np.float64)
+        mismatch = _mismatch(name, a, shapes.get(name, np.shape(b64)), dtype)
+        a64 = np.asarray(a, np.float64)
+        diff = np.abs(a64 - b64) if not mismatch else np.full(b64.shape, np.inf)
+        err = float(np.max(diff)) if diff.size else 0.0
         zero = name in zero_nodes
-        scale = float(np.max(np.abs(b64)))
+        scale = float(np.max(np.abs(b64))) if b64.size else 0.0
         if zero or scale == 0:
             scale = max(scale, net_scale)
         env = envelope.get(name, 0.0) / scale
         limit = max(factor * env, floor)
         bad = int(np.sum(diff > limit * scale))
         rows.append(NodeRow(name, tuple(np.shape(a)), err, scale, err / scale, limit, zero, bad, env, floor,
-                            cells.get(name)))
+                            cells.get(name), mismatch))
     return rows
-
-
-def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, point: Optional[Point] = None,
-        key: Optional[jax.Array] = None, factor: float = tol.ENVELOPE_FACTOR,
-        freeze_ties: bool = True, op_by_op: bool = False) -> TieReport:
-    """Tie every parameter node, the input cotangent and the loss of `net` to autodiff at (params, x).
-
-    The rendered chain runs in the dtype of params and x (float64 or float32); the reference is the
-    float64 oracle at the same (exactly widened) point, so this needs `jax_enable_x64`. Each row is
-    held to max(factor × the point's envelope in that dtype, the dtype's floor) (`checks.envelope`).
-    Where a pool window ties at a positive maximum, the input cotangent is tied to the model frozen
-    at σ = argmax (`freeze_ties=False`: to the real net's autodiff even there, which is the
-    derivative only where the ties are twins' — the non-twin tie control). `point`: `reference_at`'s
-    reference and envelope, when several ties share them (the controls of one point). `op_by_op`: a
-    planted backward runs op by op (`rendered_nodes`), for many controls at one point.
-    """
-    dtype = np.dtype(x.dtype).name
-    if dtype not in tol.FLOORS:
-        raise ValueError(f"tie: x must be float64 or float32, got {dtype}")
-    t = targets_matrix(targets, cfg.num_classes, x.dtype)
-    if point is None:
-        point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key,
-                             freeze_ties=freeze_ties)
-    elif point.dtype != dtype:
-        raise ValueError(f"tie: the shared point was measured for {point.dtype}, the chain runs in {dtype}")
-    return report(net_label(net), params, rendered_nodes(net, params, x, t, cfg, label_smoothing, op_by_op=op_by_op),
-                  point, factor=factor)
-
-
-def report(label: str, params, rendered_side: tuple, point: "Point", *, factor: float = tol.ENVELOPE_FACTOR,
-           meta: Optional[dict] = None) -> TieReport:
-    """The verdict of one rendered (loss, grads, dx) against the point's reference and envelope:
-    the one path every tie (single device, data parallel, a control) reports through."""
-    loss_r, g_r, dx_r = rendered_side
-    loss_o, g_o, dx_o = point.reference
-    # compiled code hands dicts back key-sorted: the rows follow the signature order of params
-    g_r, g_o = ({name: g[name] for name in params} for g in (g_r, g_o))
-    cells = {name: point.bn_cells[b] for name in params if (b := bn_of(name, point.bn_cells)) is not None}
-    rows = compare(g_r, g_o, envelope=point.envelope.nodes, factor=factor, floor=tol.FLOORS[point.dtype],
-                   zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
-                   loss_envelope=point.envelope.loss, cells=cells)
-    meta = {"input_model": point.input_model, "tied_windows": point.tied_windows,
-            "bn_cells": point.bn_cells, "envelope_evaluations": list(point.envelope.evaluations),
-            "factor": factor, **(meta or {})}
-    return TieReport(net=label, dtype=point.dtype, rows=rows, loss=float(loss_r),
-                     loss_oracle=float(loss_o), meta=meta)
 
 
 @dataclass(frozen=True)
@@ -455,26 +362,120 @@ class Point:
     bn_cells: dict[str, int]     # M per BatchNorm layer
 
 
+def need_x64(op: str) -> None:
+    if not jax.config.jax_enable_x64:
+        raise ValueError(f"{op}: the reference is float64: it needs jax_enable_x64 "
+                         "(jax.config.update('jax_enable_x64', True))")
+
+
+def checked_dtype(op: str, x) -> str:
+    dtype = np.dtype(jnp.result_type(x)).name
+    if dtype not in tol.FLOORS:
+        raise ValueError(f"{op}: x must be float64 or float32, got {dtype}")
+    need_x64(op)
+    return dtype
+
+
 def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
                  key: Optional[jax.Array] = None, freeze_ties: bool = True) -> Point:
     """The float64 oracle at the exactly widened (params, x) and the point's envelope for the dtype
     of x, with what the report states about them (the input model, the BatchNorm reduction sizes).
     freeze_ties=False keeps the real net's input gradient even where pool windows tie."""
-    if not jax.config.jax_enable_x64:
-        raise ValueError("the tie's reference is float64: it needs jax_enable_x64 "
-                         "(jax.config.update('jax_enable_x64', True))")
-    dtype = np.dtype(x.dtype).name
+    net = as_net(net)
+    dtype = checked_dtype("reference_at", x)
     key = jax.random.key(0) if key is None else key
     p64 = {k: to_device(v, np.float64) for k, v in params.items()}
     x64 = to_device(x, np.float64)
     t64 = targets_matrix(targets, cfg.num_classes, jnp.float64)
-    real = real_net(net)
-    sel, ties = frozen_selections(real, p64, x64, cfg) if freeze_ties else (None, 0)
-    reference = oracle_nodes(real, p64, x64, t64, cfg, label_smoothing, sel)
+    alpha = float(label_smoothing)
+    sel, ties = frozen_selections(net, p64, x64, cfg) if freeze_ties else (None, 0)
+    ref = reference_.compiled(net, p64, x64, t64, cfg, alpha, sel)
+    envelope = env_.measure(net, p64, x64, t64, cfg, ref, dtype=dtype, key=key, alpha=alpha, selections=sel)
+    return Point(dtype, ref, envelope, "frozen" if sel is not None else "real", ties, bn_cells(net, p64, x64, cfg))
 
-    def evaluate(p, x_, t_, s_):
-        return oracle_nodes(real, p, x_, t_, cfg, label_smoothing, s_)
 
-    envelope = env_.measure(evaluate, p64, x64, t64, reference, dtype=dtype, key=key, selections=sel)
-    return Point(dtype, reference, envelope, "frozen" if sel is not None else "real", ties,
-                 bn_cells(real, p64, x64, cfg))
+def report(label: str, params, rendered_side: tuple, point: Point, *, factor: float = tol.ENVELOPE_FACTOR,
+           meta: Optional[dict] = None) -> TieReport:
+    """The verdict of one rendered (loss, grads, dx) against the point's reference and envelope:
+    the one path every tie (single device, data parallel, a planted chain) reports through."""
+    loss_r, g_r, dx_r = rendered_side
+    loss_o, g_o, dx_o = point.reference
+    # compiled code hands dicts back key-sorted: the rows follow the signature order of params
+    missing = [name for name in params if name not in g_r]
+    if missing:
+        raise ValueError(f"tie: the rendered chain returns no node for {missing[:4]}")
+    g_r, g_o = ({name: g[name] for name in params} for g in (g_r, g_o))
+    cells = {name: point.bn_cells[b] for name in params if (b := bn_of(name, point.bn_cells)) is not None}
+    shapes = {name: tuple(np.shape(p)) for name, p in params.items()}
+    shapes["input"] = tuple(np.shape(dx_o))
+    rows = compare(g_r, g_o, envelope=point.envelope.nodes, factor=factor, floor=tol.FLOORS[point.dtype],
+                   zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
+                   loss_envelope=point.envelope.loss, cells=cells, shapes=shapes, dtype=point.dtype)
+    meta = {"input_model": point.input_model, "tied_windows": point.tied_windows,
+            "bn_cells": point.bn_cells, "envelope_evaluations": list(point.envelope.evaluations),
+            "factor": factor, **(meta or {})}
+    return TieReport(net=label, dtype=point.dtype, rows=rows, loss=float(loss_r),
+                     loss_oracle=float(loss_o), meta=meta)
+
+
+def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Optional[Chain] = None,
+        point: Optional[Point] = None, key: Optional[jax.Array] = None, factor: float = tol.ENVELOPE_FACTOR,
+        freeze_ties: bool = True, how: Optional[str] = None) -> TieReport:
+    """Tie every parameter node, the input cotangent and the loss of a rendered chain to autodiff
+    of `net` at (params, x).
+
+    chain: the rendered side (default: `net` through the real kit); a planted bug is a `Chain` of
+    another kit or net definition (`checks.bugs.plant`). The chain runs in the dtype of params and
+    x (float64 or float32); the reference is the float64 oracle of `net` at the same (exactly
+    widened) point, so this needs `jax_enable_x64`. Each row is held to max(factor × the point's
+    envelope in that dtype, the dtype's floor). Where a pool window ties at a positive maximum, the
+    input cotangent is tied to the model frozen at σ = argmax (`freeze_ties=False`: to the real
+    net's autodiff even there, which is the derivative only where the ties are twins' — the
+    non-twin tie control). `point`: `reference_at`'s reference and envelope, when several ties share
+    them. how: "compiled", "quick" or "eager" (`rendered.run`; default: compiled for the real
+    chain, quick for a planted one).
+    """
+    net = as_net(net)
+    chain = chain or Chain(net)
+    dtype = checked_dtype("tie", x)
+    t = targets_matrix(targets, cfg.num_classes, x.dtype)
+    if point is None:
+        point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key, freeze_ties=freeze_ties)
+    elif point.dtype != dtype:
+        raise ValueError(f"tie: the shared point was measured for {point.dtype}, the chain runs in {dtype}")
+    how = how or ("compiled" if chain == Chain(net) else "quick")
+    out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing, how=how)
+    return report(chain.label, params, (out.loss, out.grads, out.dx), point, factor=factor)
+
+
+def tie_replicas(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, replicas: Optional[int] = None,
+                 label_smoothing: float = 0.0, point=None, sync_bn: bool = True,
+                 counts: Optional[tuple[int, ...]] = None, devices=None) -> TieReport:
+    """The data-parallel rendered step (R replicas of N = batch/R, synchronised BN) against the
+    single-device float64 oracle at batch R·N, through the same verdict as every tie
+    (`r34_net_syncTiedB`: the all-reduced nodes are the single-device nodes at N := R·N).
+
+    chain: the rendered side (a planted bug runs in every replica). counts (n_1, …, n_R): uneven
+    replica batches, x the concatenated valid batch (replica r holds n_r of its rows, padded to max
+    n_r on the mesh); the oracle is the single device at x. sync_bn=False: per-replica BatchNorm
+    (the control that must fail). devices: the mesh's devices (default `jax.devices()`)."""
+    net = as_net(net)
+    chain = chain or Chain(net)
+    if counts is not None:
+        counts = parallel.check_counts("tie_replicas", counts, len(tuple(counts)), int(x.shape[0]))
+        if replicas is not None and replicas != len(counts):
+            raise ValueError(f"tie_replicas: replicas {replicas} but {len(counts)} counts {counts}")
+        replicas = len(counts)
+    if replicas is None:
+        raise ValueError("tie_replicas: give replicas R (equal split) or counts (n_1, …, n_R)")
+    mesh = parallel.data_mesh(replicas, devices=devices)
+    if point is None:
+        point = reference_at(net, params, x, targets, cfg, label_smoothing=label_smoothing)
+    out = parallel.forward_backward(chain.net, params, x, targets, cfg, mesh=mesh, kit=chain.kit,
+                                    label_smoothing=label_smoothing, sync_bn=sync_bn, counts=counts, quick=True)
+    split = "+".join(map(str, counts)) if counts is not None else None
+    label = f"{chain.label} on {replicas} replicas" + (f" holding {split}" if split else "")
+    return report(label + ("" if sync_bn else " (per-replica BN)"),
+                  params, (out.loss, out.grads, out.dx), point,
+                  meta={"replicas": replicas, "per_replica": int(x.shape[0]) // replicas, "sync_bn": sync_bn,
+                        "counts": list(counts) if counts is not None else [int(x.shape[0]) // replicas] * replicas})

@@ -20,10 +20,11 @@ from typing import NamedTuple, Optional
 
 import jax
 
-from ..ops import batchnorm, conv, dense, maxpool, relu
-from .stages import (ConvBNSaved, NetDef, Stage, batch_statistic_entries, bn_nodes, bn_saved, bn_specs,
-                     conv_bn, conv_nodes, conv_specs, dense_specs, pool, pool_backward, rounding)
-from . import stages as _stages
+from ..ops import dense, maxpool, relu
+from . import protocol
+from .layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, bn_specs, conv_bn, conv_input, conv_nodes,
+                     conv_specs, dense_nodes, dense_specs, pool, pool_input)
+from .protocol import Net, Pass, Stage
 
 NAME = "cifar8"
 IMAGE_SIZE = 32
@@ -34,28 +35,20 @@ POOL_PREACTIVATIONS = {f"pool{k}": f"bn{2 * k}" for k in range(1, 5)}  # the z f
 
 
 @dataclass(frozen=True)
-class Config:
+class Config(protocol.Config):
     """head_width d: 512 (the wide net) or 64 (the narrow one); bn: "batch" (batch statistics, the
-    net the seeds name) or "example" (each image's own H·W cells; train = eval); bn_axis_name: the
-    mesh axis for synchronised BatchNorm (None on one device)."""
+    net the seeds name) or "example" (each image's own H·W cells; train = eval); conv_bias: every
+    conv with a bias (cifar8's convs have one)."""
     head_width: int = 512
-    num_classes: int = 10
     bn: str = "batch"
     conv_bias: bool = True
-    eps: float = 1e-5
-    bf16: bool = False
-    bn_axis_name: Optional[str] = None
-    bf16_rounding: str = "bf16"  # the conv sites' rounding under bf16: "bf16", "nearest", "identity"
 
     def __post_init__(self):
+        super().__post_init__()
         if self.bn not in ("batch", "example"):
             raise ValueError(f"cifar8.Config: bn must be 'batch' or 'example', got {self.bn!r}")
-        if self.head_width < 1 or self.num_classes < 1:
-            raise ValueError(f"cifar8.Config: head_width and num_classes must be positive, got "
-                             f"{self.head_width} and {self.num_classes}")
-        if not self.eps > 0:
-            raise ValueError(f"cifar8.Config: eps must be positive, got {self.eps}")
-        conv.named_rounding(self.bf16_rounding)  # ValueError naming the choices
+        if isinstance(self.head_width, bool) or not isinstance(self.head_width, int) or self.head_width < 1:
+            raise ValueError(f"cifar8.Config: head_width must be a positive integer, got {self.head_width!r}")
 
 
 def _layers(k: int) -> tuple[int, int]:
@@ -81,11 +74,6 @@ def param_specs(cfg: Config = Config()):
     return [spec for k in range(1, 5) for spec in _stage_specs(k, cfg)] + _head_specs(cfg)
 
 
-def bn_names(cfg: Config = Config()) -> list[str]:
-    return [f"bn{j}" for j in range(1, 9)]
-
-
-
 # ---- stages 1…4: conv→BN→ReLU, conv→BN→ReLU, 2×2 pool ---------------------------------------------
 
 class StageSaved(NamedTuple):
@@ -98,32 +86,45 @@ class StageSaved(NamedTuple):
     sigma: Optional[jax.Array]  # the frozen selection under the gather model, else None
 
 
-def _stage_forward(k: int, params, x, cfg: Config, *, selections=None, running=None):
+def _stage_forward(k: int, params, x, cfg: Config, how: Pass):
     a, b = _layers(k)
-    n1, layer1 = conv_bn(params, f"conv{a}", f"bn{a}", x, cfg, running=running)
+    n1, layer1 = conv_bn(params, f"conv{a}", f"bn{a}", x, cfg, how)
     r1, _ = relu.forward(n1)
-    n2, layer2 = conv_bn(params, f"conv{b}", f"bn{b}", r1, cfg, running=running)
+    n2, layer2 = conv_bn(params, f"conv{b}", f"bn{b}", r1, cfg, how)
     r2, _ = relu.forward(n2)
-    y, sigma = pool(f"pool{k}", POOLS[f"pool{k}"], r2, selections)
+    y, sigma = pool(f"pool{k}", POOLS[f"pool{k}"], r2, how)
     return y, StageSaved(layer1, n1, layer2, n2, r2, sigma)
 
 
 # dv names the cotangent leaving node v's backward (SPEC §4): dn2 = bnBack(c2; dr2) sits at c2.
-def _stage_backward(k: int, params, s: StageSaved, dy, cfg: Config):
+def _stage_backward(k: int, params, s: StageSaved, dy, cfg: Config, kit):
     a, b = _layers(k)
-    rnd = rounding(cfg)
     bn1, bn2 = bn_saved(s.layer1, cfg), bn_saved(s.layer2, cfg)
-    dp = pool_backward(POOLS[f"pool{k}"], s.r2, s.sigma, dy)
-    dr2 = relu.backward(relu.ReluSaved(s.n2), dp)
-    dn2 = batchnorm.backward(bn2, params[f"bn{b}.weight"], dr2)
-    dc2 = conv.backward(params[f"conv{b}.weight"], dn2, input_shape=s.layer2.x.shape, rnd=rnd)
-    dr1 = relu.backward(relu.ReluSaved(s.n1), dc2)
-    dn1 = batchnorm.backward(bn1, params[f"bn{a}.weight"], dr1)
-    dx = conv.backward(params[f"conv{a}.weight"], dn1, input_shape=s.layer1.x.shape, rnd=rnd)
+    dp = pool_input(kit, f"pool{k}", POOLS[f"pool{k}"], s.r2, s.sigma, dy)
+    dr2 = kit.relu_backward(relu.ReluSaved(s.n2), dp)
+    dn2 = bn_input(kit, params, f"bn{b}", bn2, dr2)
+    dc2 = conv_input(kit, params, f"conv{b}", dn2, s.layer2.x.shape, cfg)
+    dr1 = kit.relu_backward(relu.ReluSaved(s.n1), dc2)
+    dn1 = bn_input(kit, params, f"bn{a}", bn1, dr1)
+    dx = conv_input(kit, params, f"conv{a}", dn1, s.layer1.x.shape, cfg)
     # conv{j} ← (its input, the cotangent at its output); bn{j} ← (c, the ReLU-masked cotangent)
-    grads = {**conv_nodes(params, f"conv{a}", s.layer1.x, dn1, cfg), **bn_nodes(f"bn{a}", bn1, dr1),
-             **conv_nodes(params, f"conv{b}", s.layer2.x, dn2, cfg), **bn_nodes(f"bn{b}", bn2, dr2)}
+    grads = {**conv_nodes(kit, params, f"conv{a}", s.layer1.x, dn1, cfg), **bn_nodes(kit, params, f"bn{a}", bn1, dr1),
+             **conv_nodes(kit, params, f"conv{b}", s.layer2.x, dn2, cfg), **bn_nodes(kit, params, f"bn{b}", bn2, dr2)}
     return grads, dx
+
+
+def _stage_relu_inputs(k: int, s: StageSaved) -> dict:
+    a, b = _layers(k)
+    return {f"bn{a}": s.n1, f"bn{b}": s.n2}
+
+
+def _stage_pool_inputs(k: int, s: StageSaved) -> dict:
+    return {f"pool{k}": s.r2}
+
+
+def _stage_bn_layers(k: int, s: StageSaved) -> dict:
+    a, b = _layers(k)
+    return {f"bn{a}": s.layer1, f"bn{b}": s.layer2}
 
 
 # ---- head: flatten → fc1 → ReLU → fc2 → ReLU → fc3 ------------------------------------------------
@@ -136,7 +137,7 @@ class HeadSaved(NamedTuple):
     r2: jax.Array  # fc3's input
 
 
-def _head_forward(params, x, cfg: Config, *, selections=None, running=None):
+def _head_forward(params, x, cfg: Config, how: Pass):
     f = x.reshape(x.shape[0], -1)
     h1, _ = dense.forward(f, params["fc1.weight"], params["fc1.bias"])
     r1, _ = relu.forward(h1)
@@ -146,17 +147,20 @@ def _head_forward(params, x, cfg: Config, *, selections=None, running=None):
     return logits, HeadSaved(f, h1, r1, h2, r2)
 
 
-def _head_backward(params, s: HeadSaved, dlogits, cfg: Config):
-    dfc3 = dense.backward(params["fc3.weight"], dlogits)
-    dr2 = relu.backward(relu.ReluSaved(s.h2), dfc3)
-    dfc2 = dense.backward(params["fc2.weight"], dr2)
-    dr1 = relu.backward(relu.ReluSaved(s.h1), dfc2)
-    dfc1 = dense.backward(params["fc1.weight"], dr1)
+def _head_backward(params, s: HeadSaved, dlogits, cfg: Config, kit):
+    dfc3 = kit.dense_backward("fc3", params["fc3.weight"], dlogits)
+    dr2 = kit.relu_backward(relu.ReluSaved(s.h2), dfc3)
+    dfc2 = kit.dense_backward("fc2", params["fc2.weight"], dr2)
+    dr1 = kit.relu_backward(relu.ReluSaved(s.h1), dfc2)
+    dfc1 = kit.dense_backward("fc1", params["fc1.weight"], dr1)
     dx = dfc1.reshape(s.f.shape[0], WIDTHS[-1], 2, 2)  # unflatten in (C,H,W) order
-    grads = {"fc1.weight": dense.grad_weight(s.f, dr1), "fc1.bias": dense.grad_bias(dr1),
-             "fc2.weight": dense.grad_weight(s.r1, dr2), "fc2.bias": dense.grad_bias(dr2),
-             "fc3.weight": dense.grad_weight(s.r2, dlogits), "fc3.bias": dense.grad_bias(dlogits)}
+    grads = {**dense_nodes(kit, "fc1", s.f, dr1), **dense_nodes(kit, "fc2", s.r1, dr2),
+             **dense_nodes(kit, "fc3", s.r2, dlogits)}
     return grads, dx
+
+
+def _head_relu_inputs(s: HeadSaved) -> dict:
+    return {"fc1": s.h1, "fc2": s.h2}
 
 
 # ---- the net ---------------------------------------------------------------------------------------
@@ -164,14 +168,96 @@ def _head_backward(params, s: HeadSaved, dlogits, cfg: Config):
 def stage_list(cfg: Config = Config()) -> list[Stage]:
     """stage1 … stage4 (kind "conv"), then head (kind "head")."""
     out = [Stage(f"stage{k}", "conv", partial(_stage_forward, k), partial(_stage_backward, k),
-                 tuple(spec.name for spec in _stage_specs(k, cfg)))
+                 tuple(spec.name for spec in _stage_specs(k, cfg)), partial(_stage_relu_inputs, k),
+                 partial(_stage_pool_inputs, k), partial(_stage_bn_layers, k))
            for k in range(1, 5)]
     out.append(Stage("head", "head", _head_forward, _head_backward,
-                     tuple(spec.name for spec in _head_specs(cfg))))
+                     tuple(spec.name for spec in _head_specs(cfg)), _head_relu_inputs))
     return out
 
 
-NET = NetDef(NAME, Config, param_specs, stage_list, bn_names, f"{IMAGE_SIZE}", lambda s: s == IMAGE_SIZE, POOLS, (1, 3, IMAGE_SIZE, IMAGE_SIZE))
+# ---- the same net as seventeen CertLayers (`cifar8BbnInputGradB_correct`'s `cifar8BbnLayer`) -------
+
+class LayerSaved(NamedTuple):
+    x: jax.Array                 # the layer's input
+    z: Optional[jax.Array]       # the ReLU input (conv→BN→ReLU, relu) or the pool input (pool)
+    layer: Optional[ConvBNSaved] = None   # conv→BN→ReLU: the conv and BN record
+    sigma: Optional[jax.Array] = None     # pool: the frozen selection, else None
+
+
+def _cbr_forward(j: int, params, x, cfg: Config, how: Pass):
+    n, layer = conv_bn(params, f"conv{j}", f"bn{j}", x, cfg, how)
+    return relu.forward(n)[0], LayerSaved(x, n, layer)
+
+
+def _cbr_backward(j: int, params, s: LayerSaved, dy, cfg: Config, kit):
+    bn = bn_saved(s.layer, cfg)
+    dr = kit.relu_backward(relu.ReluSaved(s.z), dy)
+    dn = bn_input(kit, params, f"bn{j}", bn, dr)
+    dx = conv_input(kit, params, f"conv{j}", dn, s.x.shape, cfg)
+    return {**conv_nodes(kit, params, f"conv{j}", s.x, dn, cfg), **bn_nodes(kit, params, f"bn{j}", bn, dr)}, dx
+
+
+def _pool_forward(k: int, params, x, cfg: Config, how: Pass):
+    y, sigma = pool(f"pool{k}", POOLS[f"pool{k}"], x, how)
+    return y, LayerSaved(x, x, sigma=sigma)
+
+
+def _pool_backward(k: int, params, s: LayerSaved, dy, cfg: Config, kit):
+    return {}, pool_input(kit, f"pool{k}", POOLS[f"pool{k}"], s.x, s.sigma, dy)
+
+
+def _dense_forward(name: str, params, x, cfg: Config, how: Pass):
+    y, _ = dense.forward(x.reshape(x.shape[0], -1), params[f"{name}.weight"], params[f"{name}.bias"])
+    return y, LayerSaved(x, None)
+
+
+def _dense_backward(name: str, params, s: LayerSaved, dy, cfg: Config, kit):
+    f = s.x.reshape(s.x.shape[0], -1)
+    dx = kit.dense_backward(name, params[f"{name}.weight"], dy).reshape(s.x.shape)
+    return dense_nodes(kit, name, f, dy), dx
+
+
+def _relu_forward(params, x, cfg: Config, how: Pass):
+    return relu.forward(x)[0], LayerSaved(x, x)
+
+
+def _relu_backward(params, s: LayerSaved, dy, cfg: Config, kit):
+    return {}, kit.relu_backward(relu.ReluSaved(s.z), dy)
+
+
+def layer_list(cfg: Config = Config()) -> list[Stage]:
+    """The seventeen layers in forward order: (conv→BN→ReLU)², pool per stage; fc1, ReLU, fc2, ReLU,
+    fc3. Composed, they are `stage_list`'s net, op for op."""
+    names = {spec.name for spec in param_specs(cfg)}
+
+    def own(*candidates):
+        return tuple(n for n in candidates if n in names)
+
+    out = []
+    for k in range(1, 5):
+        for j in _layers(k):
+            out.append(Stage(f"conv{j}-bn{j}-relu", "conv-bn-relu", partial(_cbr_forward, j), partial(_cbr_backward, j),
+                             own(f"conv{j}.weight", f"conv{j}.bias", f"bn{j}.weight", f"bn{j}.bias"),
+                             lambda s, j=j: {f"bn{j}": s.z}, bn_layers=lambda s, j=j: {f"bn{j}": s.layer}))
+        out.append(Stage(f"pool{k}", "pool", partial(_pool_forward, k), partial(_pool_backward, k), (),
+                         pool_inputs=lambda s, k=k: {f"pool{k}": s.z}))
+    for name, relu_after in (("fc1", "fc1"), ("fc2", "fc2"), ("fc3", None)):
+        out.append(Stage(name, "dense", partial(_dense_forward, name), partial(_dense_backward, name),
+                         own(f"{name}.weight", f"{name}.bias")))
+        if relu_after:
+            out.append(Stage(f"relu({name})", "relu", _relu_forward, _relu_backward, (),
+                             lambda s, n=relu_after: {n: s.z}))
+    return out
+
+
+_SIZE = dict(size_rule=f"{IMAGE_SIZE}", size_ok=lambda s: s == IMAGE_SIZE, default_size=IMAGE_SIZE, suite=NAME)
+LAYERS = Net(f"{NAME} (17 CertLayers)", Config, param_specs, layer_list, POOLS, POOL_PREACTIVATIONS, **_SIZE,
+             stage_lean={"conv-bn-relu": "cbReluLayer", "pool": "maxPool2Layer (MaxPool2Smooth)",
+                         "dense": "denseLayer", "relu": "reluOut"})
+NET = Net(NAME, Config, param_specs, stage_list, POOLS, POOL_PREACTIVATIONS, **_SIZE,
+          stage_lean={"conv": "cbReluLayer ×2 + maxPool2Layer (MaxPool2Smooth)", "head": "denseLayer, reluOut"},
+          layers=LAYERS)
 init = NET.init
 init_running = NET.init_running
 stages = NET.stages
@@ -180,40 +266,9 @@ backward = NET.backward
 loss_and_grads = NET.loss_and_grads
 forward_eval = NET.forward_eval
 summary = NET.summary
-
-
-# ---- reading `saved` -------------------------------------------------------------------------------
-
-def preactivations(saved) -> dict[str, jax.Array]:
-    """Every ReLU's input: "bn1" … "bn8" (BN outputs, [N,C,H,W]), then "fc1", "fc2" ([N,d])."""
-    out = {}
-    for k in range(1, 5):
-        a, b = _layers(k)
-        out[f"bn{a}"], out[f"bn{b}"] = saved[f"stage{k}"].n1, saved[f"stage{k}"].n2
-    out["fc1"], out["fc2"] = saved["head"].h1, saved["head"].h2
-    return out
-
-
-def pool_inputs(saved) -> dict[str, jax.Array]:
-    """"pool1" … "pool4": each pool's (post-ReLU) input."""
-    return {f"pool{k}": saved[f"stage{k}"].r2 for k in range(1, 5)}
-
-
-def bn_layers(saved) -> dict[str, ConvBNSaved]:
-    """"bn1" … "bn8": each BN layer's saved record (its input c and batch statistics)."""
-    out = {}
-    for k in range(1, 5):
-        a, b = _layers(k)
-        out[f"bn{a}"], out[f"bn{b}"] = saved[f"stage{k}"].layer1, saved[f"stage{k}"].layer2
-    return out
-
-
-def batch_stats(saved) -> dict[str, jax.Array]:
-    """`bn{j}.running_mean` / `bn{j}.running_var`: this batch's mean and biased variance."""
-    out = {}
-    for name, layer in bn_layers(saved).items():
-        out.update(batch_statistic_entries(name, layer))
-    return out
-
-
-census = _stages.census
+preactivations = NET.preactivations
+pool_inputs = NET.pool_inputs
+bn_layers = NET.bn_layers
+batch_stats = NET.batch_stats
+bn_names = NET.bn_names
+census = protocol.census

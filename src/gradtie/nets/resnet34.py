@@ -16,10 +16,11 @@ from typing import NamedTuple, Optional
 
 import jax
 
-from ..ops import batchnorm, conv, dense, gap, maxpool, relu, residual
-from .stages import (ConvBNSaved, NetDef, Stage, batch_statistic_entries, bn_nodes, bn_saved, bn_specs,
-                     conv_bn, conv_nodes, conv_specs, dense_specs, pool, pool_backward, rounding)
-from . import stages as _stages
+from ..ops import dense, gap, maxpool, relu, residual
+from . import protocol
+from .layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, bn_specs, conv_bn, conv_input, conv_nodes,
+                     conv_specs, dense_specs, pool, pool_input)
+from .protocol import Net, Pass, Stage
 
 NAME = "resnet34"
 STAGE_SIZES = (3, 4, 6, 3)      # basic blocks per layer
@@ -27,25 +28,15 @@ WIDTHS = (64, 128, 256, 512)    # channels per layer
 STEM_WIDTH = 64
 POOLS = {"stem.pool": maxpool.POOL3S2}
 POOL_PREACTIVATIONS = {"stem.pool": "bn1"}  # the z feeding ReLU → the stem pool
+# The suite's statements fix the resolution as a literal (N is the only binder)
+SUITE_IMAGE_SIZE = 224
 
 
 @dataclass(frozen=True)
-class Config:
-    """num_classes K (1000 for ImageNet); conv_bias adds a bias to every conv (36 vectors);
-    bn_axis_name: the mesh axis for synchronised BatchNorm (None on one device)."""
+class Config(protocol.Config):
+    """num_classes K (1000 for ImageNet); conv_bias adds a bias to every conv (36 vectors)."""
     num_classes: int = 1000
     conv_bias: bool = False
-    eps: float = 1e-5
-    bf16: bool = False
-    bn_axis_name: Optional[str] = None
-    bf16_rounding: str = "bf16"  # the conv sites' rounding under bf16: "bf16", "nearest", "identity"
-
-    def __post_init__(self):
-        if self.num_classes < 1:
-            raise ValueError(f"resnet34.Config: num_classes must be positive, got {self.num_classes}")
-        if not self.eps > 0:
-            raise ValueError(f"resnet34.Config: eps must be positive, got {self.eps}")
-        conv.named_rounding(self.bf16_rounding)  # ValueError naming the choices
 
 
 class Block(NamedTuple):
@@ -94,16 +85,6 @@ def param_specs(cfg: Config = Config()):
             + _head_specs(cfg))
 
 
-def bn_names(cfg: Config = Config()) -> list[str]:
-    names = ["bn1"]
-    for block in blocks():
-        names += [f"{block.name}.bn1", f"{block.name}.bn2"]
-        if block.stride == 2:
-            names.append(f"{block.name}.downsample.1")
-    return names
-
-
-
 # ---- stem: conv 7×7/s2 → BN → ReLU → max pool 3×3/s2 pad 1 -----------------------------------------
 
 class StemSaved(NamedTuple):
@@ -113,22 +94,26 @@ class StemSaved(NamedTuple):
     sigma: Optional[jax.Array]  # the frozen selection under the gather model, else None
 
 
-def _stem_forward(params, x, cfg: Config, *, selections=None, running=None):
-    n1, layer = conv_bn(params, "conv1", "bn1", x, cfg, stride=2, running=running)
+def _stem_forward(params, x, cfg: Config, how: Pass):
+    n1, layer = conv_bn(params, "conv1", "bn1", x, cfg, how, stride=2)
     r1, _ = relu.forward(n1)
-    y, sigma = pool("stem.pool", POOLS["stem.pool"], r1, selections)
+    y, sigma = pool("stem.pool", POOLS["stem.pool"], r1, how)
     return y, StemSaved(layer, n1, r1, sigma)
 
 
 # dv names the cotangent leaving node v's backward (SPEC §4): dn1 = bnBack(c1; dr1) sits at c1.
-def _stem_backward(params, s: StemSaved, dy, cfg: Config):
+def _stem_backward(params, s: StemSaved, dy, cfg: Config, kit):
     bn1 = bn_saved(s.layer, cfg)
-    dp = pool_backward(POOLS["stem.pool"], s.r1, s.sigma, dy)  # overlapping windows accumulate
-    dr1 = relu.backward(relu.ReluSaved(s.n1), dp)
-    dn1 = batchnorm.backward(bn1, params["bn1.weight"], dr1)
-    dx = conv.backward(params["conv1.weight"], dn1, input_shape=s.layer.x.shape, stride=2, rnd=rounding(cfg))
-    grads = {**conv_nodes(params, "conv1", s.layer.x, dn1, cfg, stride=2), **bn_nodes("bn1", bn1, dr1)}
+    dp = pool_input(kit, "stem.pool", POOLS["stem.pool"], s.r1, s.sigma, dy)  # overlapping windows accumulate
+    dr1 = kit.relu_backward(relu.ReluSaved(s.n1), dp)
+    dn1 = bn_input(kit, params, "bn1", bn1, dr1)
+    dx = conv_input(kit, params, "conv1", dn1, s.layer.x.shape, cfg, stride=2)
+    grads = {**conv_nodes(kit, params, "conv1", s.layer.x, dn1, cfg, stride=2), **bn_nodes(kit, params, "bn1", bn1, dr1)}
     return grads, dx
+
+
+def _stem_readers():
+    return (lambda s: {"bn1": s.n1}, lambda s: {"stem.pool": s.r1}, lambda s: {"bn1": s.layer})
 
 
 # ---- basic blocks ----------------------------------------------------------------------------------
@@ -141,15 +126,15 @@ class BlockSaved(NamedTuple):
     proj: Optional[ConvBNSaved]    # downsample: x, cp = 1×1/s2 conv(x), projection BN statistics
 
 
-def _block_forward(block: Block, params, x, cfg: Config, *, selections=None, running=None):
+def _block_forward(block: Block, params, x, cfg: Config, how: Pass):
     p = block.name
-    n1, layer1 = conv_bn(params, f"{p}.conv1", f"{p}.bn1", x, cfg, stride=block.stride, running=running)
+    n1, layer1 = conv_bn(params, f"{p}.conv1", f"{p}.bn1", x, cfg, how, stride=block.stride)
     r1, _ = relu.forward(n1)
-    n2, layer2 = conv_bn(params, f"{p}.conv2", f"{p}.bn2", r1, cfg, running=running)
+    n2, layer2 = conv_bn(params, f"{p}.conv2", f"{p}.bn2", r1, cfg, how)
     if block.stride == 1:
         skip, proj = x, None
     else:
-        skip, proj = conv_bn(params, f"{p}.downsample.0", f"{p}.downsample.1", x, cfg, stride=2, running=running)
+        skip, proj = conv_bn(params, f"{p}.downsample.0", f"{p}.downsample.1", x, cfg, how, stride=2)
     a = residual.forward(n2, skip)
     out, _ = relu.forward(a)
     return out, BlockSaved(layer1, n1, layer2, a, proj)
@@ -157,30 +142,38 @@ def _block_forward(block: Block, params, x, cfg: Config, *, selections=None, run
 
 # da = mask(a>0)·dy, dn2 = bnBack(c2; da), dc2 = convBack(W2; dn2), dr1 = mask(n1>0)·dc2,
 # dn1 = bnBack(c1; dr1), dx = convBack(W1; dn1) + da  (downsample: + stridedConvBack(Wp; bnBack(cp; da)))
-def _block_backward(block: Block, params, s: BlockSaved, dy, cfg: Config):
-    p, rnd = block.name, rounding(cfg)
+def _block_backward(block: Block, params, s: BlockSaved, dy, cfg: Config, kit):
+    p = block.name
     bn1, bn2 = bn_saved(s.layer1, cfg), bn_saved(s.layer2, cfg)
-    da = relu.backward(relu.ReluSaved(s.a), dy)
-    dn2 = batchnorm.backward(bn2, params[f"{p}.bn2.weight"], da)
-    dc2 = conv.backward(params[f"{p}.conv2.weight"], dn2, input_shape=s.layer2.x.shape, rnd=rnd)
-    dr1 = relu.backward(relu.ReluSaved(s.n1), dc2)
-    dn1 = batchnorm.backward(bn1, params[f"{p}.bn1.weight"], dr1)
-    dc1 = conv.backward(params[f"{p}.conv1.weight"], dn1, input_shape=s.layer1.x.shape,
-                        stride=block.stride, rnd=rnd)
-    grads = {**conv_nodes(params, f"{p}.conv1", s.layer1.x, dn1, cfg, stride=block.stride),
-             **bn_nodes(f"{p}.bn1", bn1, dr1),
-             **conv_nodes(params, f"{p}.conv2", s.layer2.x, dn2, cfg),
-             **bn_nodes(f"{p}.bn2", bn2, da)}
+    da = kit.relu_backward(relu.ReluSaved(s.a), dy)
+    dn2 = bn_input(kit, params, f"{p}.bn2", bn2, da)
+    dc2 = conv_input(kit, params, f"{p}.conv2", dn2, s.layer2.x.shape, cfg)
+    dr1 = kit.relu_backward(relu.ReluSaved(s.n1), dc2)
+    dn1 = bn_input(kit, params, f"{p}.bn1", bn1, dr1)
+    dc1 = conv_input(kit, params, f"{p}.conv1", dn1, s.layer1.x.shape, cfg, stride=block.stride)
+    grads = {**conv_nodes(kit, params, f"{p}.conv1", s.layer1.x, dn1, cfg, stride=block.stride),
+             **bn_nodes(kit, params, f"{p}.bn1", bn1, dr1),
+             **conv_nodes(kit, params, f"{p}.conv2", s.layer2.x, dn2, cfg),
+             **bn_nodes(kit, params, f"{p}.bn2", bn2, da)}
     if s.proj is None:
-        dx = residual.backward(dc1, da)
-        return grads, dx
+        return grads, kit.residual_backward(dc1, da)
     bnp = bn_saved(s.proj, cfg)
-    dnp = batchnorm.backward(bnp, params[f"{p}.downsample.1.weight"], da)  # reads the same da as bn2
-    dcp = conv.backward(params[f"{p}.downsample.0.weight"], dnp, input_shape=s.proj.x.shape, stride=2, rnd=rnd)
-    dx = residual.backward(dc1, dcp)
-    grads.update({**conv_nodes(params, f"{p}.downsample.0", s.proj.x, dnp, cfg, stride=2),
-                  **bn_nodes(f"{p}.downsample.1", bnp, da)})
-    return grads, dx
+    dnp = bn_input(kit, params, f"{p}.downsample.1", bnp, da)  # reads the same da as bn2
+    dcp = conv_input(kit, params, f"{p}.downsample.0", dnp, s.proj.x.shape, cfg, stride=2)
+    grads.update({**conv_nodes(kit, params, f"{p}.downsample.0", s.proj.x, dnp, cfg, stride=2),
+                  **bn_nodes(kit, params, f"{p}.downsample.1", bnp, da)})
+    return grads, kit.residual_backward(dc1, dcp)
+
+
+def _block_relu_inputs(block: Block, s: BlockSaved) -> dict:
+    return {f"{block.name}.bn1": s.n1, f"{block.name}.add": s.a}
+
+
+def _block_bn_layers(block: Block, s: BlockSaved) -> dict:
+    out = {f"{block.name}.bn1": s.layer1, f"{block.name}.bn2": s.layer2}
+    if s.proj is not None:
+        out[f"{block.name}.downsample.1"] = s.proj
+    return out
 
 
 # ---- head: global average pool → fc ----------------------------------------------------------------
@@ -190,16 +183,16 @@ class HeadSaved(NamedTuple):
     g: jax.Array  # GAP output [N,512]: the fc input
 
 
-def _head_forward(params, x, cfg: Config, *, selections=None, running=None):
+def _head_forward(params, x, cfg: Config, how: Pass):
     g, _ = gap.forward(x)
     logits, _ = dense.forward(g, params["fc.weight"], params["fc.bias"])
     return logits, HeadSaved(x, g)
 
 
-def _head_backward(params, s: HeadSaved, dlogits, cfg: Config):
-    dg = dense.backward(params["fc.weight"], dlogits)
-    dx = gap.backward(s.x.shape, dg)
-    grads = {"fc.weight": dense.grad_weight(s.g, dlogits), "fc.bias": dense.grad_bias(dlogits)}
+def _head_backward(params, s: HeadSaved, dlogits, cfg: Config, kit):
+    dg = kit.dense_backward("fc", params["fc.weight"], dlogits)
+    dx = kit.gap_backward(s.x.shape, dg)
+    grads = {"fc.weight": kit.dense_grad_weight("fc", s.g, dlogits), "fc.bias": kit.dense_grad_bias("fc", dlogits)}
     return grads, dx
 
 
@@ -207,15 +200,21 @@ def _head_backward(params, s: HeadSaved, dlogits, cfg: Config):
 
 def stage_list(cfg: Config = Config()) -> list[Stage]:
     """The eighteen stages: stem, 13 identity and 3 downsample blocks, head."""
-    out = [Stage("stem", "stem", _stem_forward, _stem_backward, tuple(s.name for s in _stem_specs(cfg)))]
+    out = [Stage("stem", "stem", _stem_forward, _stem_backward, tuple(s.name for s in _stem_specs(cfg)),
+                 *_stem_readers())]
     out += [Stage(block.name, block.kind, partial(_block_forward, block), partial(_block_backward, block),
-                  tuple(s.name for s in _block_specs(block, cfg)))
+                  tuple(s.name for s in _block_specs(block, cfg)), partial(_block_relu_inputs, block),
+                  bn_layers=partial(_block_bn_layers, block))
             for block in blocks()]
     out.append(Stage("head", "head", _head_forward, _head_backward, tuple(s.name for s in _head_specs(cfg))))
     return out
 
 
-NET = NetDef(NAME, Config, param_specs, stage_list, bn_names, "a positive multiple of 32", lambda s: s >= 32 and s % 32 == 0, POOLS, (1, 3, 224, 224))
+NET = Net(NAME, Config, param_specs, stage_list, POOLS, POOL_PREACTIVATIONS, size_rule="a positive multiple of 32",
+          size_ok=lambda s: s >= 32 and s % 32 == 0, default_size=SUITE_IMAGE_SIZE, suite=NAME,
+          stage_lean={"stem": "cbReluStridedBBack_eq_vjp_backward + the stem pool (StemPoolSmoothAt)",
+                      "identity": "r34IdCotIn_eq_vjp", "downsample": "r34DownCotIn_eq_vjp",
+                      "head": "r34HeadBBack_eq_vjp_backward (r34HeadBHasVJP: global)"})
 init = NET.init
 init_running = NET.init_running
 stages = NET.stages
@@ -224,42 +223,9 @@ backward = NET.backward
 loss_and_grads = NET.loss_and_grads
 forward_eval = NET.forward_eval
 summary = NET.summary
-
-
-# ---- reading `saved` -------------------------------------------------------------------------------
-
-def preactivations(saved) -> dict[str, jax.Array]:
-    """Every ReLU's input: "bn1" (the stem), then per block "<block>.bn1" (n1) and "<block>.add"
-    (a = n2 + skip, feeding the block's output ReLU)."""
-    out = {"bn1": saved["stem"].n1}
-    for block in blocks():
-        out[f"{block.name}.bn1"] = saved[block.name].n1
-        out[f"{block.name}.add"] = saved[block.name].a
-    return out
-
-
-def pool_inputs(saved) -> dict[str, jax.Array]:
-    """"stem.pool": the stem pool's (post-ReLU) input."""
-    return {"stem.pool": saved["stem"].r1}
-
-
-def bn_layers(saved) -> dict[str, ConvBNSaved]:
-    """Every BN layer's saved record (its input c and batch statistics), torchvision names."""
-    out = {"bn1": saved["stem"].layer}
-    for block in blocks():
-        s = saved[block.name]
-        out[f"{block.name}.bn1"], out[f"{block.name}.bn2"] = s.layer1, s.layer2
-        if s.proj is not None:
-            out[f"{block.name}.downsample.1"] = s.proj
-    return out
-
-
-def batch_stats(saved) -> dict[str, jax.Array]:
-    """`<bn>.running_mean` / `<bn>.running_var` (torchvision names): this batch's mean and biased variance."""
-    out = {}
-    for name, layer in bn_layers(saved).items():
-        out.update(batch_statistic_entries(name, layer))
-    return out
-
-
-census = _stages.census
+preactivations = NET.preactivations
+pool_inputs = NET.pool_inputs
+bn_layers = NET.bn_layers
+batch_stats = NET.batch_stats
+bn_names = NET.bn_names
+census = protocol.census

@@ -2,8 +2,8 @@
 
 `per_example=False` normalises each channel over (N,H,W) (batch BN, the nets' default);
 `per_example=True` over each example's own (H,W) cells. `axis_name` makes the statistics global
-across replicas of a `shard_map` (synchronised BatchNorm, Chan's variance combine). `valid` (or
-the `valid_examples` block) marks the real examples of a padded batch: replicas holding different
+across replicas of a `shard_map` (synchronised BatchNorm, Chan's variance combine). `valid` marks
+the real examples of a padded batch: replicas holding different
 numbers of examples, as the last batch of an epoch does. Statistics and backward means then run
 over the valid cells only, combined across replicas by counts, and padded examples get a zero
 cotangent. Shown in: Whole-net tie, Data-parallel tie.
@@ -11,7 +11,6 @@ cotangent. Shown in: Whole-net tie, Data-parallel tie.
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import NamedTuple, Optional
 
@@ -44,26 +43,6 @@ def _bcast(v: jax.Array, per_example: bool) -> jax.Array:
 
 # ---- padded batches: which examples are real ---------------------------------------------------------
 
-_VALID: Optional[jax.Array] = None
-
-
-@contextlib.contextmanager
-def valid_examples(valid: Optional[jax.Array]):
-    """Every BatchNorm traced inside the block treats only the examples with valid[n] = 1 as the
-    batch (`valid` [N], 1 real, 0 padding; None: every example). It acts at trace time, as the nets
-    call the op kit without a mask: the data-parallel step wraps its forward and backward in it."""
-    global _VALID
-    old, _VALID = _VALID, valid
-    try:
-        yield
-    finally:
-        _VALID = old
-
-
-def _valid_of(valid: Optional[jax.Array]) -> Optional[jax.Array]:
-    return _VALID if valid is None else valid
-
-
 def _weights(valid: jax.Array, dtype) -> jax.Array:
     """valid [N] -> [N,1,1,1] in the data's dtype: a factor 0 removes a padded example from a sum."""
     return jnp.asarray(valid).astype(dtype)[:, None, None, None]
@@ -95,11 +74,10 @@ def statistics(x: jax.Array, *, per_example: bool = False, axis_name: Optional[s
     """Mean and population variance per channel; across replicas when `axis_name` is given.
 
     Replicas hold equal counts, so Chan's combine is σ² = mean_r[σ_r² + (μ_r − μ)²]: it never forms
-    E[x²] − μ², which drifts in float32 when the mean is large. With `valid` (padded batches, see
-    `valid_examples`) only the valid cells count and replicas combine by their counts m_r:
+    E[x²] − μ², which drifts in float32 when the mean is large. With `valid` (a padded batch: 1 for
+    a real example, 0 for padding) only the valid cells count and replicas combine by their counts m_r:
     μ = Σ_r m_r·μ_r / Σ_r m_r, σ² = Σ_r m_r[σ_r² + (μ_r − μ)²] / Σ_r m_r.
     """
-    valid = _valid_of(valid)
     if valid is not None and not per_example:
         return _counted_statistics(x, valid, axis_name)
     axes = _axes(per_example)
@@ -133,11 +111,11 @@ def forward(x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float = EP
             valid: Optional[jax.Array] = None) -> tuple[jax.Array, BNSaved]:
     """y = γ·x̂ + β, x̂ = (x − μ)·s, s = 1/√(σ² + ε). x [N,C,H,W], γ, β [C] -> y [N,C,H,W].
 
-    valid [N]: the real examples of a padded batch (default: the `valid_examples` block, else all).
+    valid [N]: the real examples of a padded batch (None: every example); the saved record carries
+    it to the backward.
     """
     _check("batchnorm.forward", x, weight, bias)
     _validate.finite("batchnorm.forward", "x", x)
-    valid = _valid_of(valid)
     if valid is not None and tuple(jnp.shape(valid)) != (x.shape[0],):
         raise ValueError(f"batchnorm.forward: valid must have shape ({x.shape[0]},) for x "
                          f"{tuple(x.shape)}, got {tuple(jnp.shape(valid))}")
@@ -165,13 +143,13 @@ def backward(saved: BNSaved, weight: jax.Array, dy: jax.Array) -> jax.Array:
     are the ones the β and γ nodes take (Σdy, Σx̂·dy), and the compiler computes them once for all
     three; x̂ is recomputed from the saved input inside the same pass.
 
-    Padded batches (`saved.valid`, or the `valid_examples` block): the means run over the valid
-    cells of every replica (`combine_means`, by counts) and padded examples get dx = 0.
+    Padded batches (`saved.valid`): the means run over the valid cells of every replica
+    (`combine_means`, by counts) and padded examples get dx = 0.
     """
     _check("batchnorm.backward", dy, weight, None)
     _validate.same_shape("batchnorm.backward", ("x", "dy"), saved.x, dy)
     xhat, s = normalized(saved)
-    valid = _valid_of(saved.valid)
+    valid = saved.valid
     if valid is not None:
         return _counted_backward(saved, valid, weight, dy, xhat, s)
     axes = _axes(saved.per_example)
@@ -208,9 +186,8 @@ def grad_weight(saved: BNSaved, dy: jax.Array) -> jax.Array:
     examples excluded."""
     _validate.same_shape("batchnorm.grad_weight", ("x", "dy"), saved.x, dy)
     xhat, _ = normalized(saved)
-    valid = _valid_of(saved.valid)
-    if valid is not None:
-        dy = _weights(valid, dy.dtype) * dy
+    if saved.valid is not None:
+        dy = _weights(saved.valid, dy.dtype) * dy
     return jnp.sum(dy * xhat, axis=(0, 2, 3))
 
 

@@ -10,7 +10,6 @@ convs asymmetrically and so reads a window one cell off).
 
 from __future__ import annotations
 
-import contextlib
 from typing import Callable, NamedTuple, Optional
 
 import jax
@@ -64,31 +63,21 @@ def _correlate(lhs, rhs, *, strides, pads, lhs_dilation=(1, 1), rhs_dilation=(1,
 PATCHES_RATIO = 32
 
 
-def use_patches(out_cells: int, contraction: int, kernel_size: int) -> bool:
+def use_patches(out_cells: int, contraction: int, kernel_size: int, formulation: Optional[str] = None) -> bool:
     """Whether a contraction of `contraction` terms per output, over `out_cells` output cells per
-    image, runs as patches · weights (CPU backend only; elsewhere always XLA's convolution)."""
-    if _FORMULATION is not None:
-        return _FORMULATION == "patches"
+    image, runs as patches · weights. `formulation` pins it ("conv": XLA's convolution, what an
+    accelerator runs; "patches": the product); None applies the shape rule (CPU backend only;
+    elsewhere always XLA's convolution). Configuration, read at trace time: a net's
+    `Config.conv_formulation`."""
+    if formulation is not None:
+        if formulation not in FORMULATIONS:
+            raise ValueError(f"conv formulation: expected one of {', '.join(map(repr, FORMULATIONS))} or None, "
+                             f"got {formulation!r}")
+        return formulation == "patches"
     return jax.default_backend() == "cpu" and (kernel_size == 1 or contraction >= PATCHES_RATIO * out_cells)
 
 
-_FORMULATION: Optional[str] = None
 FORMULATIONS = ("conv", "patches")
-
-
-@contextlib.contextmanager
-def formulation(name: Optional[str]):
-    """Pin every conv site traced inside the block to one formulation ("conv": XLA's convolution,
-    what an accelerator runs; "patches": the product), or None for the shape rule. It acts at trace
-    time: a function jitted and traced before the block keeps the formulation it was traced with."""
-    global _FORMULATION
-    if name is not None and name not in FORMULATIONS:
-        raise ValueError(f"conv.formulation: expected one of {', '.join(map(repr, FORMULATIONS))} or None, got {name!r}")
-    old, _FORMULATION = _FORMULATION, name
-    try:
-        yield
-    finally:
-        _FORMULATION = old
 
 
 def _patches(x: jax.Array, k: int, stride: int) -> jax.Array:
@@ -175,7 +164,7 @@ def _check(op: str, x, w, b, stride: int) -> None:
 
 
 def forward(x: jax.Array, weight: jax.Array, bias: Optional[jax.Array] = None, *, stride: int = 1,
-            rnd: Optional[Rounding] = None) -> tuple[jax.Array, ConvSaved]:
+            rnd: Optional[Rounding] = None, formulation: Optional[str] = None) -> tuple[jax.Array, ConvSaved]:
     """y[n,o,i,j] = Σ_{c,kh,kw} xpad[n,c,s·i+kh,s·j+kw]·W[o,c,kh,kw] + b[o].
 
     x [N,C,H,W], weight [O,C,k,k] -> y [N,O,H',W'], H' = (H + 2p − k)//s + 1, p = (k−1)//2.
@@ -186,7 +175,8 @@ def forward(x: jax.Array, weight: jax.Array, bias: Optional[jax.Array] = None, *
     rnd_ = rnd or identity
     k = weight.shape[2]
     xr, wr = rnd_(x), rnd_(weight)
-    if use_patches(out_size(x.shape[2], k, stride) * out_size(x.shape[3], k, stride), x.shape[1] * k * k, k):
+    if use_patches(out_size(x.shape[2], k, stride) * out_size(x.shape[3], k, stride), x.shape[1] * k * k, k,
+                   formulation):
         n, ho, wo = x.shape[0], out_size(x.shape[2], k, stride), out_size(x.shape[3], k, stride)
         y = _matmul(wr.reshape(wr.shape[0], -1), _patches(xr, k, stride), (1, 0))   # [O, N·H'·W']
         y = y.reshape(wr.shape[0], n, ho, wo).transpose(1, 0, 2, 3)
@@ -208,7 +198,7 @@ def upsample(dy: jax.Array, stride: int) -> jax.Array:
 
 # dy[N,O,H',W'] upsampled to the stride-1 grid, correlated with flip(W)ᵀ[C,O,k,k] -> dx[N,C,H,W]
 def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], stride: int = 1,
-             rnd: Optional[Rounding] = None) -> jax.Array:
+             rnd: Optional[Rounding] = None, formulation: Optional[str] = None) -> jax.Array:
     """Input cotangent: linear in dy, independent of the primal.
 
     dx[n,c,h,w] = Σ_{o,kh,kw} dyup[n,o,h+p−kh,w+p−kw]·W[o,c,kh,kw], dyup = dy upsampled by the
@@ -227,7 +217,7 @@ def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], 
     p = padding(k)
     rnd_ = rnd or identity
     dyr, wr = rnd_(dy), rnd_(weight)
-    if use_patches(h * w, weight.shape[0] * k * k, k):
+    if use_patches(h * w, weight.shape[0] * k * k, k, formulation):
         # the transpose of the patches: every tap's products in one matrix product with W read in
         # place, then each tap's plane added back onto the input grid at its offset
         cols = _matmul(_rows(dyr), wr.reshape(wr.shape[0], -1), (1, 0))  # [N·H'·W', C·k·k]
@@ -246,7 +236,7 @@ def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], 
 
 # x[N,C,H,W] (padded) correlated with dy[N,O,H',W'] dilated by s, summed over N -> dW[O,C,k,k]
 def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 1,
-                rnd: Optional[Rounding] = None) -> jax.Array:
+                rnd: Optional[Rounding] = None, formulation: Optional[str] = None) -> jax.Array:
     """dW[o,c,kh,kw] = Σ_n Σ_{i,j} dy[n,o,i,j]·xpad[n,c,s·i+kh,s·j+kw].
 
     The bf16 kind rounds the result once, outside the batch sum. Lean: `convWeightGradB` and its
@@ -264,7 +254,7 @@ def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 
     rnd_ = rnd or identity
     xr, dyr = rnd_(x), rnd_(dy)
     ho, wo = dy.shape[2], dy.shape[3]
-    if use_patches(ho * wo, c * kernel_size ** 2, kernel_size):  # the forward's rule at this site
+    if use_patches(ho * wo, c * kernel_size ** 2, kernel_size, formulation):  # the forward's rule at this site
         # the forward's own patches (the compiler shares them with the forward under one jit)
         dw = _matmul(_channels_first(dyr), _patches(xr, kernel_size, stride), (1, 1))
         dw = dw.reshape(dy.shape[1], c, kernel_size, kernel_size)

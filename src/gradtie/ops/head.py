@@ -47,6 +47,23 @@ def one_hot(labels: jax.Array, num_classes: int, dtype=jnp.float32) -> jax.Array
     return jax.nn.one_hot(labels, num_classes, dtype=dtype)
 
 
+def as_targets(net: str, targets, n: int, num_classes: int, dtype=None) -> jax.Array:
+    """Int labels [N] -> one-hot rows; soft targets [N,K] pass through, their rows checked to sum to
+    1 where the values can be seen (not under a trace)."""
+    shape = tuple(jnp.shape(targets))
+    if len(shape) == 1 and jnp.issubdtype(jnp.result_type(targets), jnp.integer):
+        if shape[0] != n:
+            raise ValueError(f"{net}: labels must have shape ({n},) for a batch of {n}, got {shape}")
+        return one_hot(targets, num_classes, dtype or jnp.float32)
+    if shape != (n, num_classes) or not jnp.issubdtype(jnp.result_type(targets), jnp.floating):
+        raise ValueError(f"{net}: targets must be int labels ({n},) or float rows summing to 1 of "
+                         f"shape ({n}, {num_classes}), got {jnp.result_type(targets)} {shape}")
+    t = jnp.asarray(targets)
+    t = t if dtype is None else t.astype(dtype)
+    check_targets(net, t, t)
+    return t
+
+
 def smoothed(targets: jax.Array, alpha: float) -> jax.Array:
     """t̃ = (1−α)·t + α/K."""
     k = targets.shape[1]
@@ -59,6 +76,13 @@ def forward(logits: jax.Array, targets: jax.Array, alpha: float = 0.0) -> jax.Ar
     zmax = jnp.max(logits, axis=1, keepdims=True)
     logp = logits - zmax - jnp.log(jnp.sum(jnp.exp(logits - zmax), axis=1, keepdims=True))
     return -jnp.mean(jnp.sum(smoothed(targets, alpha) * logp, axis=1))
+
+
+def row_losses(logits: jax.Array, targets: jax.Array, alpha: float = 0.0) -> jax.Array:
+    """Each example's smoothed cross-entropy [N] (the values `forward` averages)."""
+    zmax = jnp.max(logits, axis=1, keepdims=True)
+    logp = logits - zmax - jnp.log(jnp.sum(jnp.exp(logits - zmax), axis=1, keepdims=True))
+    return -jnp.sum(smoothed(targets, alpha) * logp, axis=1)
 
 
 # ---- the six kit ops ---------------------------------------------------------------------------
@@ -95,14 +119,16 @@ def div_const(a: jax.Array, n: int) -> jax.Array:
 
 
 # z[N,K], t[N,K] -> dy[N,K] = (p − t̃)/N through the six ops
-def cotangent(logits: jax.Array, targets: jax.Array, alpha: float = 0.0) -> jax.Array:
+def cotangent(logits: jax.Array, targets: jax.Array, alpha: float = 0.0, divisor=None) -> jax.Array:
     """∂/∂z of the mean smoothed cross-entropy, composed exactly as the render composes it.
 
     p = softmaxRow(z); d0 = p − t; a = α·t; d1 = d0 + a; d2 = d1 − α/K; dy = d2 / N.
-    Valid because every row of t sums to 1 (checked).
+    Valid because every row of t sums to 1 (checked). divisor: the N of `divConstB` (default the
+    batch; a data-parallel step over uneven replicas divides by the global count).
     """
     check_targets("head.cotangent", logits, targets)
     n, k = logits.shape
+    n = n if divisor is None else divisor
     p = softmax_row(logits)
     d0 = sub(p, targets)
     a = scale(alpha, targets)

@@ -15,7 +15,7 @@ from ..checks.bf16.kinds import U_BF16
 from ..checks.bf16.replicas import MeshReplicaReport
 from ..checks.data_parallel import SweepReport
 from ..checks.tie import TieReport
-from ..checks.tolerances import CHAN_FACTOR
+from ..tolerances import CHAN_FACTOR
 from ..parallel import UNIT_ROUNDOFF, DriftReport
 from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
 

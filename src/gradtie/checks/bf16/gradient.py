@@ -41,7 +41,7 @@ import numpy as np
 from ... import prng, reference
 from ...ops import batchnorm, conv, dense
 from ..tie import rendered, targets_matrix, zero_in_reals
-from ..tolerances import (BF16_F32_DISTANCE_DRAWS, BF16_F32_DISTANCE_NUDGE, BF16_GRADIENT_DRAWS, BF16_GRADIENT_FACTOR,
+from ...tolerances import (BF16_F32_DISTANCE_DRAWS, BF16_F32_DISTANCE_NUDGE, BF16_GRADIENT_DRAWS, BF16_GRADIENT_FACTOR,
                           BF16_GRADIENT_NUDGE, BF16_ONE_ULP)
 from .kinds import QUICK, U_F32, _chain
 

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 from ... import prng
 from ...nets import stages
 from ..tie import targets_matrix
-from ..tolerances import BF16_GRADIENT_FACTOR
+from ...tolerances import BF16_GRADIENT_FACTOR
 from .gradient import GradientRow, gradient_rows
 from .kinds import ErasureReport, _need_x64, chain_erasure
 from .sites import SiteRow, conv_sites, site_rows

@@ -47,10 +47,8 @@ ZERO_NODE_SCALE = 1.0
 # Central differences along a unit direction start at this step: truncation O(h²) and round-off
 # O(ε_L/h) both near 1e-8 relative in float64.
 FD_STEP = 1e-4
-# A step is kept inside the point's smooth piece: this fraction of the first-order radius to the
-# nearest kink along the direction, so [−h, h] holds no kink.
-FD_RADIUS_FRACTION = 0.1
-# … and never below this: there the round-off ε_L/h (2e-8 at |L| ≈ 2) nears the floor below.
+# A step whose ends leave the point's smooth piece is halved, never below this: there the round-off
+# ε_L/h (2e-8 at |L| ≈ 2) nears the floor below. A step still outside is no evidence (a kink).
 FD_MIN_STEP = 1e-8
 # The finite-difference envelope is the truncation seen between h and h/2 (Richardson: the error
 # of D(h) is 4/3·|D(h) − D(h/2)|) plus the round-off 2·ε_L/h, ε_L the spread of the loss over the
