@@ -969,8 +969,8 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
     `epochs`), rendered and autodiff side by side, and the per-step bound.
 
     Free runs: the rendered run and the autodiff run, each on its own. Checked steps: at every
-    step, from the rendered run's state, the autodiff step, each must-fail control (a net-like
-    object with a `name`, e.g. `gradtie.checks.controls.swap_gamma_beta(cifar8)`) and `draws`
+    step, from the rendered run's state, the autodiff step, each must-fail control (a planted
+    chain, e.g. `gradtie.checks.bugs.plant("bn_swap_dgamma_dbeta", cifar8.NET)`) and `draws`
     rendered steps from one-ulp nudged weights (the envelope; bound = `factor` × envelope). Steps
     taken at a non-twin pool tie or a zero pre-activation (no gradient exists there) are counted in
     `kinks` and left out of the verdict.

@@ -2,7 +2,7 @@
 
 `r34_net_syncTiedB` quantifies over the batch: the all-reduced nodes of R replicas holding N
 examples each ARE the single-device nodes at N := R·N, for every R and N. `sweep` runs the mesh
-step (`check.tie_replicas`, the one verdict path) at several R and N, each against the float64
+step (`tie.tie_replicas`, the one verdict path) at several R and N, each against the float64
 oracle and round-off envelope of its own global batch (one reference serves every split of the same
 batch), and takes the smoothness census of each point (the statement is about smooth points).
 Shown in: Data-parallel tie.
@@ -16,7 +16,11 @@ from typing import Any, Optional, Sequence
 import jax.numpy as jnp
 import numpy as np
 
-from .tie import TieReport, reference_at, targets_matrix
+from .. import data
+from ..progress import bar
+from ..nets.protocol import as_net
+from . import census as census_
+from .tie import TieReport, reference_at, targets_matrix, tie_replicas
 
 
 def splits(largest_replicas: int, largest_per_replica: int) -> list[tuple[int, int]]:
@@ -98,7 +102,6 @@ class SweepReport:
 
 def photo_batch(batch: int, image_size: int, num_classes: int, *, seed: int = 0):
     """Photo crops in float64 and one-hot rows of the photo each was cut from (7 photos ≤ K)."""
-    from .. import data
     x, labels = data.photo_labels(batch, image_size, seed=seed)
     return jnp.asarray(x, jnp.float64), targets_matrix(jnp.asarray(labels), num_classes, jnp.float64)
 
@@ -108,14 +111,10 @@ def sweep(net, params, cfg, shapes: Sequence[tuple[int, int]], *, image_size: in
     """The mesh step at every (R, N) of `shapes` against the single-device float64 oracle at R·N
     (photo crops, one reference and envelope per global batch), with the smoothness census of each
     global batch when `census`. devices: the mesh's devices (a chapter passes the host CPU's)."""
-    from tqdm.auto import tqdm
-
-    from . import census as census_
-    from .check import tie_replicas
-    from .tie import net_label
+    net = as_net(net)
     points: dict[int, Any] = {}
     rows = []
-    for r, n in tqdm(list(shapes), desc="R·N sweep", disable=not progress):
+    for r, n in bar(list(shapes), desc="R·N sweep", enabled=progress):
         b = r * n
         if b not in points:
             x, t = photo_batch(b, image_size, cfg.num_classes, seed=seed)
@@ -125,9 +124,4 @@ def sweep(net, params, cfg, shapes: Sequence[tuple[int, int]], *, image_size: in
         rep = tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
                            devices=devices)
         rows.append(SweepRow(r, n, rep, smooth))
-    return SweepReport(net_label(net), rows, {b: v[:3] for b, v in points.items()})
-
-
-def worst_ratios(report: SweepReport) -> np.ndarray:
-    """[R·N, R, N, worst err/limit] per row (what the sweep figure draws)."""
-    return np.array([[r.global_batch, r.replicas, r.per_replica, r.ratio] for r in report.rows])
+    return SweepReport(net.name, rows, {b: v[:3] for b, v in points.items()})

@@ -479,3 +479,14 @@ def tie_replicas(net, params, x, targets, cfg, *, chain: Optional[Chain] = None,
                   params, (out.loss, out.grads, out.dx), point,
                   meta={"replicas": replicas, "per_replica": int(x.shape[0]) // replicas, "sync_bn": sync_bn,
                         "counts": list(counts) if counts is not None else [int(x.shape[0]) // replicas] * replicas})
+
+
+def float32_view(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
+                 key: Optional[jax.Array] = None) -> TieReport:
+    """The float32 view of the tie: the chain in float32 against the float64 oracle, node by node,
+    within the point's float32 envelope (correct float32 evaluations say how close float32 can be:
+    a node near a kink or behind a small BatchNorm reduction is asked for less, a well-conditioned
+    one for more). Both sides read the float32-rounded point (the reference widens it exactly), so
+    the error is the float32 chain's own."""
+    p32 = {k: to_device(v, np.float32) for k, v in params.items()}
+    return tie(net, p32, to_device(x, np.float32), targets, cfg, chain=chain, label_smoothing=label_smoothing, key=key)
