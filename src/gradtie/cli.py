@@ -14,8 +14,8 @@ def _check(args: argparse.Namespace) -> int:
     from .fake_devices import request_host_devices
 
     if args.plant_bug == "list":
-        from .checks import bugs
-        print(bugs.listing())
+        from .checks import bugs, check
+        print(bugs.listing(check.load_net(args.net)))
         return 0
     if args.replica_counts is not None:   # uneven replica batches: R from the counts
         args.replica_counts = _counts(args.replica_counts)
@@ -183,9 +183,12 @@ def parser() -> argparse.ArgumentParser:
                "examples:\n  gradtie check --net cifar8\n"
                "  gradtie check --net resnet34 --batch 2 --image-size 64 --timings\n"
                "  gradtie check --net cifar8 --plant-bug bn_forget_gamma     # exit 1\n"
+               "  gradtie check --net examples/bottleneck.py:NET              # a net of your own\n"
                "  gradtie check --net resnet34 --batch 4 --replicas 2 --plant-bug sync_local_means_backward\n"
                "  gradtie check --net resnet34 --batch 4 --replica-counts 3,1 --plant-bug sync_plain_mean_of_means")
-    c.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
+    c.add_argument("--net", default="cifar8", metavar="{cifar8,resnet34,FILE.py:NAME,MODULE:NAME}",
+                   help="the book's nets, or a net of your own: a gradtie.nets.protocol.Net value named "
+                        "NAME in a Python file or an importable module (default cifar8)")
     c.add_argument("--batch", type=int, default=4, help="examples in the batch, R·N with --replicas (default 4)")
     c.add_argument("--image-size", type=int, default=None,
                    help="image side in pixels: 32 for cifar8, a multiple of 32 for resnet34 (default 32)")
@@ -198,7 +201,7 @@ def parser() -> argparse.ArgumentParser:
                         "training checkpoint (checkpoint.npz or its run folder)")
     c.add_argument("--plant-bug", default=None, metavar="NAME",
                    help="plant one bug of the catalogue in the rendered backward (exit 1 expected); "
-                        "'list' prints the catalogue")
+                        "'list' prints the entries that apply to --net")
     c.add_argument("--replicas", type=int, default=1,
                    help="tie the data-parallel step (R replicas, synchronised BN) at R·N = --batch to "
                         "one device (host devices on a CPU)")

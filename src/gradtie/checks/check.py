@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -143,11 +144,14 @@ def load_net(spec) -> Net:
         path = Path(where)
         if not path.is_file():
             raise FileNotFoundError(f"net {spec!r}: no such file {where}")
-        module_spec = importlib.util.spec_from_file_location(f"gradtie_user_net_{path.stem}", path)
+        module_name = f"gradtie_user_net_{path.stem}"
+        module_spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(module_spec)
+        sys.modules[module_name] = module   # dataclasses look their module up there
         try:
             module_spec.loader.exec_module(module)
         except Exception as e:
+            del sys.modules[module_name]
             raise ValueError(f"net {spec!r}: importing {where} failed ({type(e).__name__}: {e})") from None
     else:
         try:
