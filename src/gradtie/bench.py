@@ -29,12 +29,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional, Sequence
 
+from concurrent.futures import ThreadPoolExecutor
+
 import jax
 import jax.extend
 import jax.numpy as jnp
+from jax import lax
+from jax.sharding import NamedSharding, PartitionSpec as P
 
-from . import prng
+from . import nets, parallel, prng, reference, rendered
 from .fake_devices import with_host_devices
+from .kit import KIT
+from .ops import dense, gap, head
+from .progress import bar
+from .tolerances import GPU_FIT_GIB
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -131,30 +139,22 @@ class BenchResult:
 
 # ---- the two steps ----------------------------------------------------------------------------------
 
-def _net(name: str):
-    from .checks.check import net_module
-    return net_module(name)
-
-
-def net_config(config: BenchConfig):
-    net = _net(config.net)
-    return net, net.Config(bf16=config.bf16, num_classes=config.num_classes)
+def net_config(config: BenchConfig, **overrides):
+    net = nets.load(config.net)
+    return net, net.config(bf16=config.bf16, num_classes=config.num_classes, **overrides)
 
 
 def grad_fns(net, cfg) -> tuple[Callable, Callable]:
-    """The rendered and the autodiff (loss, grads) functions of one device, both plain (unjitted)."""
-    from . import reference
-
-    def rendered(params, x, targets):
-        return net.loss_and_grads(params, x, targets, cfg)
+    """The rendered and the autodiff (loss, grads) functions of one device, both plain (unjitted):
+    the one rendered step (`rendered.step`) and the oracle's gradient of the forward-based loss."""
+    def rendered_(params, x, targets):
+        out = rendered.step(net, KIT, params, x, targets, cfg)
+        return out.loss, out.grads
 
     def autodiff(params, x, targets):
-        def loss(p):
-            logits, _ = net.forward(p, x, cfg)
-            return reference.smoothed_cross_entropy(logits, targets)
-        return jax.value_and_grad(loss)(params)
+        return reference.value_and_grad(lambda p: reference.loss_at(net, p, x, targets, cfg))(params)
 
-    return rendered, autodiff
+    return rendered_, autodiff
 
 
 def mesh_grad_fns(net, cfg, mesh) -> tuple[Callable, Callable]:
@@ -162,52 +162,29 @@ def mesh_grad_fns(net, cfg, mesh) -> tuple[Callable, Callable]:
     BatchNorm (`gradtie.parallel.replica_config`) and divides its loss by N; the loss and the
     gradients are mean-all-reduced.
 
-    Autodiff: `jax.value_and_grad` of the global loss (the replica mean of each replica's loss) with
-    respect to the replicated parameters. Rendered: the same forward, the head's cotangent and the rendered chain stage by stage
-    (`net.stage_list`), each stage's nodes all-reduced as soon as the chain has produced them — what
-    a hand-written backward knows and `value_and_grad` does not. The next stage's backward is made to
-    read the reduced nodes (a NaN in any of them poisons its cotangent, as it would poison the
-    update): without that data dependence XLA's all-reduce combiner merges every node's all-reduce
-    into one at the end, which holds all local gradients at once (ResNet-34 at R = 2: 81 MiB of
-    temporaries instead of 26)."""
-    from jax import lax
-    from jax.sharding import PartitionSpec as P
-
-    from . import parallel, reference
-    from .ops import head
+    Rendered: the data-parallel rendered step itself (`parallel.replica_step`: each stage's nodes
+    all-reduced as soon as the chain has produced them). Autodiff: `jax.value_and_grad` of the global
+    loss (the replica mean of each replica's loss) with respect to the replicated parameters."""
     rcfg = parallel.replica_config(cfg, True)
     axis = parallel.AXIS
+    step = parallel.replica_step(net, KIT, cfg, 0.0, True, parallel.replica_count(mesh), with_dx=False)
 
-    def rendered(params, x, targets):
-        logits, saved = net.forward(params, x, rcfg)
-        targets = targets.astype(logits.dtype)
-        loss = head.forward(logits, targets)
-        dy = head.cotangent(logits, targets)
-        grads = {}
-        for stage in reversed(net.stage_list(rcfg)):
-            nodes, dy = stage.backward(params, saved[stage.name], dy, rcfg)
-            nodes = lax.pmean(nodes, axis)
-            probe = sum(v.ravel()[0] for v in nodes.values())
-            dy = dy + jnp.where(jnp.isnan(probe), jnp.nan, 0.0).astype(dy.dtype)
-            grads.update(nodes)
-        return lax.pmean(loss, axis), {k: grads[k] for k in params}
+    def rendered_(params, x, targets):
+        loss, grads, _, _, _ = step(params, x, targets)
+        return loss, grads
 
     def autodiff(params, x, targets):
         # the global loss, the replica mean; differentiating it with respect to the replicated
         # parameters all-reduces their cotangents where autodiff meets them
-        def loss(p):
-            logits, _ = net.forward(p, x, rcfg)
-            return lax.pmean(reference.smoothed_cross_entropy(logits, targets), axis)
-        return jax.value_and_grad(loss)(params)
+        return reference.value_and_grad(lambda p: lax.pmean(reference.loss_at(net, p, x, targets, rcfg), axis))(params)
 
-    def shard(step):
-        return jax.shard_map(step, mesh=mesh, in_specs=(P(), P(axis), P(axis)), out_specs=(P(), P()))
+    def shard(fn):
+        return jax.shard_map(fn, mesh=mesh, in_specs=(P(), P(axis), P(axis)), out_specs=(P(), P()))
 
-    return shard(rendered), shard(autodiff)
+    return shard(rendered_), shard(autodiff)
 
 
 def _mesh(config: BenchConfig):
-    from . import parallel
     if len(jax.devices()) < config.replicas:
         raise ValueError(f"bench: {config.replicas} replicas need as many devices, this process has "
                          f"{len(jax.devices())} (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count="
@@ -230,7 +207,6 @@ def placed(config: BenchConfig, args):
     sharded over "data" (so no call pays for moving them)."""
     if config.replicas <= 1:
         return args
-    from . import parallel
     mesh = _mesh(config)
     params, x, targets = args
     return parallel.replicate(mesh, params), *parallel.global_batch(mesh, (x, targets))
@@ -374,9 +350,6 @@ def _abstract_placed(config: BenchConfig):
     args = inputs(config, abstract=True)
     if config.replicas <= 1:
         return args
-    from jax.sharding import NamedSharding, PartitionSpec as P
-
-    from . import parallel
     mesh = _mesh(config)
     rep, data = NamedSharding(mesh, P()), NamedSharding(mesh, P(parallel.AXIS))
     params, x, targets = args
@@ -392,9 +365,6 @@ def warm_cache(configs: Iterable[BenchConfig], *, workers: int = 8, progress: bo
 
     On a GPU the compiles, not the steps, are what the benchmark's time goes to; XLA compiles in C++
     without holding Python's lock, so threads overlap them."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    from tqdm.auto import tqdm
     if not jax.config.jax_compilation_cache_dir:
         raise ValueError("bench.warm_cache: JAX's persistent compilation cache is off; set "
                          "JAX_COMPILATION_CACHE_DIR (benchmarks/gpu.sh does)")
@@ -407,8 +377,8 @@ def warm_cache(configs: Iterable[BenchConfig], *, workers: int = 8, progress: bo
         lowered += [f.lower(*args) for f in step_fns(c)]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        list(tqdm(pool.map(lambda low: low.compile(), lowered), total=len(lowered), desc="compiling",
-                  disable=not progress))
+        list(bar(pool.map(lambda low: low.compile(), lowered), total=len(lowered), desc="compiling",
+                 enabled=progress))
     return time.perf_counter() - t0
 
 
@@ -433,12 +403,11 @@ def run(configs: Iterable[BenchConfig], *, progress: bool = True, fresh: bool = 
         out: Optional[Path] = None, suite: str = "custom") -> list[BenchResult]:
     """One fresh process per configuration (or all in this one), results in order. With `out`, the
     JSON is rewritten after every configuration, so a run cut short keeps what it measured."""
-    from tqdm.auto import tqdm
     configs = list(configs)
     one = measure_in_fresh_process if fresh else measure
     results = []
     info = machine()
-    for c in tqdm(configs, desc="benchmarks", disable=not progress):
+    for c in bar(configs, desc="benchmarks", enabled=progress):
         results.append(one(c))
         if not fresh:
             jax.clear_caches()
@@ -632,9 +601,8 @@ def profile_workloads(profile: str, chapters: Optional[Sequence[str]] = None) ->
 
 
 def _abstract_fn(w: Workload):
-    """(function, abstract arguments) of a workload."""
-    from . import reference
-    from .ops import dense, gap, head
+    """(function, abstract arguments) of a workload; every conv site as XLA's convolution (what an
+    accelerator runs), by configuration."""
     dtype = jnp.dtype(w.dtype)
     if w.side == "head":
         def fold(g, weight, bias, targets):
@@ -645,14 +613,9 @@ def _abstract_fn(w: Workload):
         return fold, (s((w.batch, 512, 7, 7), dtype), s((w.num_classes, 512), dtype), s((w.num_classes,), dtype),
                       s((w.batch, w.num_classes), dtype))
     config = BenchConfig(w.net, w.batch, w.image_size, w.bf16, w.replicas, num_classes=w.num_classes)
-    net = _net(w.net)
     kw = {"head_width": w.head_width} if w.net == "cifar8" else {}
-    cfg = net.Config(bf16=w.bf16, num_classes=w.num_classes, **kw)
-    if w.replicas > 1:
-        from . import parallel
-        pair = mesh_grad_fns(net, cfg, parallel.data_mesh(w.replicas))
-    else:
-        pair = grad_fns(net, cfg)
+    net, cfg = net_config(config, conv_formulation="conv", **kw)
+    pair = mesh_grad_fns(net, cfg, parallel.data_mesh(w.replicas)) if w.replicas > 1 else grad_fns(net, cfg)
     fn = pair[0] if w.side == "rendered" else pair[1]
     params = jax.eval_shape(lambda: net.init(jax.random.key(0), cfg))
     params = {k: jax.ShapeDtypeStruct(v.shape, dtype) for k, v in params.items()}
@@ -665,9 +628,7 @@ def abstract_one(w: Workload) -> AbstractRow:
     """Lower and compile one workload from shapes alone; XLA's memory analysis of the executable."""
     fn, args = _abstract_fn(w)
     t0 = time.perf_counter()
-    from .ops import conv
-    with conv.formulation("conv"):   # XLA's convolution at every site: what an accelerator runs
-        compiled = jax.jit(fn).lower(*args).compile()
+    compiled = jax.jit(fn).lower(*args).compile()
     m = compiled.memory_analysis()
     total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes - m.alias_size_in_bytes
     return AbstractRow(w, m.temp_size_in_bytes / GIB, total / GIB, time.perf_counter() - t0)
@@ -675,14 +636,13 @@ def abstract_one(w: Workload) -> AbstractRow:
 
 def abstract(workloads: Sequence[Workload], *, progress: bool = True) -> list[AbstractRow]:
     """Compile every workload at its shapes (float64 workloads turn on x64 for the whole run)."""
-    from tqdm.auto import tqdm
     if any(w.dtype == "float64" for w in workloads):
         jax.config.update("jax_enable_x64", True)
     need = max([w.replicas for w in workloads] + [1])
     if len(jax.devices()) < need:
         raise ValueError(f"bench --abstract: the workloads need {need} devices, this process has "
                          f"{len(jax.devices())} (on a CPU: XLA_FLAGS=--xla_force_host_platform_device_count={need})")
-    return [abstract_one(w) for w in tqdm(list(workloads), desc="abstract compile", disable=not progress)]
+    return [abstract_one(w) for w in bar(list(workloads), desc="abstract compile", enabled=progress)]
 
 
 def abstract_in_fresh_process(profile: str, chapters: Optional[Sequence[str]] = None) -> list[AbstractRow]:
@@ -702,7 +662,6 @@ def abstract_in_fresh_process(profile: str, chapters: Optional[Sequence[str]] = 
 def fit_table(rows: Sequence[AbstractRow], limit_gib: Optional[float] = None) -> tuple[str, bool]:
     """A table per owner: the largest computation's footprint against the limit; all fit?"""
     if limit_gib is None:
-        from .tolerances import GPU_FIT_GIB
         limit_gib = GPU_FIT_GIB
     lines = [f"{'owner':<14} {'computation':<34} {'side':<8} {'dtype':<8} {'temp GiB':>9} {'total GiB':>10}"]
     ok = True

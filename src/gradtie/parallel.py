@@ -167,17 +167,21 @@ def replica_config(cfg, sync_bn: bool):
     return dataclasses.replace(cfg, bn_axis_name=AXIS if sync_bn else None)
 
 
-def _reduce_packed(tree: dict[str, jax.Array], reduce: Callable = lax.pmean) -> dict[str, jax.Array]:
-    """One all-reduce for the whole gradient: the nodes packed into one flat vector per dtype
-    (a single collective instead of one per tensor; the arithmetic per element is the same)."""
-    out = {}
-    for dtype in sorted({jnp.dtype(g.dtype) for g in tree.values()}, key=str):
-        names = [k for k, g in tree.items() if jnp.dtype(g.dtype) == dtype]
-        flat = reduce(jnp.concatenate([jnp.ravel(tree[k]) for k in names]), AXIS)
-        offsets = np.cumsum([0] + [tree[k].size for k in names])
-        for k, a, b in zip(names, offsets[:-1], offsets[1:]):
-            out[k] = flat[a:b].reshape(tree[k].shape)
-    return {k: out[k] for k in tree}
+def reducing(params, reduce: Callable = lax.pmean) -> Callable:
+    """The data-parallel step's `after_stage`: each stage's nodes all-reduced (in the parameters'
+    dtype: float32 under bf16 convs, SPEC §7) as soon as the chain has produced them, while the
+    stages below still run — what a hand-written backward knows and `value_and_grad` does not. The
+    next stage's backward is made to read the reduced nodes (a NaN in any of them poisons its
+    cotangent, as it would poison the update): without that data dependence XLA's all-reduce
+    combiner merges every node's all-reduce into one at the end, which holds all local gradients at
+    once (ResNet-34 at R = 2: 81 MiB of temporaries instead of 26)."""
+    def after_stage(nodes, dx):
+        if not nodes:
+            return nodes, dx
+        nodes = reduce({k: g.astype(params[k].dtype) for k, g in nodes.items()}, AXIS)
+        probe = sum(v.ravel()[0] for v in nodes.values())
+        return nodes, dx + jnp.where(jnp.isnan(probe), jnp.nan, 0.0).astype(dx.dtype)
+    return after_stage
 
 
 def _varies(v: jax.Array) -> bool:
@@ -209,25 +213,24 @@ def replica_step(net, kit: Kit, cfg, label_smoothing: float, sync_bn: bool, repl
 
     def even(params, x, targets):
         # the head divides by this replica's N: the mean over replicas then divides by R·N
-        out = rendered.step(net, kit, params, x, targets, rcfg, alpha=label_smoothing)
-        # all-reduce in the parameters' dtype (float32 under bf16 convs: SPEC §7)
-        grads = _reduce_packed({k: g.astype(params[k].dtype) for k, g in out.grads.items()})
+        out = rendered.step(net, kit, params, x, targets, rcfg, alpha=label_smoothing,
+                            after_stage=reducing(params, lax.pmean))
         # synchronised: already global; per-replica (or per-example BN): the replica mean
         stats = jax.tree.map(_global, out.stats)
         # equal N on every replica: the mean of the replica means is the global mean
-        return (lax.pmean(out.loss, AXIS), grads, out.dx / replicas if with_dx else None, stats,
+        return (lax.pmean(out.loss, AXIS), out.grads, out.dx / replicas if with_dx else None, stats,
                 lax.pmean(jnp.mean(_hits(out.logits, targets.astype(out.logits.dtype))), AXIS))
 
     def uneven(params, x, targets, valid):
         local = jnp.sum(valid)
         count = lax.psum(local, AXIS)                      # n = Σ_r n_r
         # BatchNorm over the valid cells only; the loss and its cotangent divided by the global count
-        out = rendered.step(net, kit, params, x, targets, rcfg, alpha=label_smoothing, valid=valid, divisor=count)
         # every replica's nodes already carry 1/n: the all-reduce sums them
-        grads = _reduce_packed({k: g.astype(params[k].dtype) for k, g in out.grads.items()}, lax.psum)
+        out = rendered.step(net, kit, params, x, targets, rcfg, alpha=label_smoothing, valid=valid, divisor=count,
+                            after_stage=reducing(params, lax.psum))
         stats = jax.tree.map(lambda v: lax.psum(local * v, AXIS) / count if _varies(v) else v, out.stats)
         hits = lax.psum(jnp.sum(valid * _hits(out.logits, targets.astype(out.logits.dtype))), AXIS) / count
-        return lax.psum(out.loss, AXIS), grads, out.dx if with_dx else None, stats, hits
+        return lax.psum(out.loss, AXIS), out.grads, out.dx if with_dx else None, stats, hits
 
     return uneven if masked else even
 

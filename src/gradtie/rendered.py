@@ -48,7 +48,7 @@ def new_tape() -> Tape:
 
 
 def step(net, kit: Kit, params, x, targets, cfg, *, alpha: float = 0.0, selections=None, valid=None,
-         divisor=None, tape: Optional[Tape] = None) -> Rendered:
+         divisor=None, tape: Optional[Tape] = None, after_stage=None) -> Rendered:
     """The rendered train step's gradient computation at (params, x).
 
     targets: int labels [N] or rows summing to 1 [N,K]. alpha: label smoothing. selections {pool:
@@ -56,7 +56,8 @@ def step(net, kit: Kit, params, x, targets, cfg, *, alpha: float = 0.0, selectio
     backward. valid [N] (a padded batch: 1 real, 0 padding): BatchNorm counts the real examples,
     the loss is Σ valid·rows / divisor and padded rows get a zero cotangent. divisor: the N of the
     cotangent's ÷N (default: the batch, or Σ valid). tape: filled with every stage's input and
-    cotangent (pass it to the un-jitted function)."""
+    cotangent (pass it to the un-jitted function). after_stage(nodes, dx) -> (nodes, dx): sees each
+    stage's nodes as soon as they exist (`protocol.fold_backward`)."""
     cfg = net.cfg(cfg)
     logits, saved = net.forward(params, x, cfg, kit=kit, selections=selections, valid=valid,
                                 inputs=None if tape is None else tape.inputs)
@@ -71,7 +72,7 @@ def step(net, kit: Kit, params, x, targets, cfg, *, alpha: float = 0.0, selectio
         loss = jnp.sum(v * net.loss.rows(logits, t, alpha)) / divisor
         dlogits = cotangent(logits, t, alpha, divisor) * v[:, None]
     grads, dx = net.backward(params, saved, dlogits, cfg, kit=kit,
-                             cotangents=None if tape is None else tape.cotangents)
+                             cotangents=None if tape is None else tape.cotangents, after_stage=after_stage)
     return Rendered(loss, grads, dx, net.batch_stats(saved), logits)
 
 

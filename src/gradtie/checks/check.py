@@ -14,9 +14,6 @@ By default the point is drawn weights (γ ≠ 1, β and biases ≠ 0), where a b
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -31,14 +28,13 @@ from .. import data as data_
 from .. import parallel, prng
 from .. import tolerances as tol
 from ..host import to_device
-from ..nets import cifar8, resnet34
+from .. import nets
 from ..nets.protocol import Net, as_net
 from . import bugs, census, fd
 from .tie import Chain, reference_at, targets_matrix, tie, tie_replicas
 
 EXIT_TIED, EXIT_FAILED, EXIT_NOT_SMOOTH = 0, 1, 2
 WEIGHTS = ("drawn", "init")
-NETS = {"cifar8": cifar8.NET, "resnet34": resnet34.NET}
 
 
 @dataclass
@@ -131,39 +127,8 @@ class CheckReport:
 # ---- which net ---------------------------------------------------------------------------------
 
 def load_net(spec) -> Net:
-    """A net by name ("cifar8", "resnet34"), or `path/to/file.py:NAME` or `package.module:NAME`
-    naming a `Net` value (a net of your own, built from `gradtie.nets.protocol`)."""
-    if isinstance(spec, Net) or hasattr(spec, "NET"):
-        return as_net(spec)
-    if spec in NETS:
-        return NETS[spec]
-    where, sep, name = str(spec).rpartition(":")
-    if not sep or not where or not name:
-        raise ValueError(f"net {spec!r}: expected cifar8, resnet34, path/to/file.py:NAME or package.module:NAME")
-    if where.endswith(".py"):
-        path = Path(where)
-        if not path.is_file():
-            raise FileNotFoundError(f"net {spec!r}: no such file {where}")
-        module_name = f"gradtie_user_net_{path.stem}"
-        module_spec = importlib.util.spec_from_file_location(module_name, path)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[module_name] = module   # dataclasses look their module up there
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as e:
-            del sys.modules[module_name]
-            raise ValueError(f"net {spec!r}: importing {where} failed ({type(e).__name__}: {e})") from None
-    else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            raise ValueError(f"net {spec!r}: cannot import {where} ({e})") from None
-    if not hasattr(module, name):
-        raise ValueError(f"net {spec!r}: {where} defines no {name}")
-    value = getattr(module, name)
-    if not isinstance(value, Net):
-        raise ValueError(f"net {spec!r}: {name} is a {type(value).__name__}, not a gradtie.nets.protocol.Net")
-    return value
+    """`gradtie.nets.load`: a net by name or `FILE.py:NAME` / `MODULE:NAME`."""
+    return nets.load(spec)
 
 
 def make_batch(data: str, batch: int, image_size: int, seed: int, channels: int = 3):
@@ -196,7 +161,7 @@ def checkpoint_params(path, net) -> tuple[dict, dict]:
         raise ValueError(f"weights {str(file)!r}: not a readable .npz checkpoint ({type(e).__name__}: {e})") from None
     params = {k[len("params/"):]: v for k, v in flat.items() if k.startswith("params/")} or flat
     overrides = {}
-    if net.suite in NETS:   # the book's nets: their Config read off the tensors
+    if net.suite in nets.NETS:   # the book's nets: their Config read off the tensors
         overrides["conv_bias"] = "conv1.bias" in params
         if net.name == "cifar8" and "fc1.weight" in params and "fc3.weight" in params:
             overrides.update(head_width=int(params["fc1.weight"].shape[0]), num_classes=int(params["fc3.weight"].shape[0]))

@@ -140,9 +140,11 @@ def fold_forward(stage_list: Sequence[Stage], params, x, cfg, how: Pass = Pass()
 
 
 def fold_backward(stage_list: Sequence[Stage], params, saved, dy, cfg, kit: Kit = KIT,
-                  cotangents: Optional[dict] = None):
+                  cotangents: Optional[dict] = None, after_stage: Optional[Callable] = None):
     """dy through every stage's rendered backward in reverse -> (grads in params' order, dx);
-    `cotangents` (a tape), when given, gets the cotangent each stage is handed at its output."""
+    `cotangents` (a tape), when given, gets the cotangent each stage is handed at its output;
+    `after_stage(nodes, dx) -> (nodes, dx)` sees each stage's nodes as soon as they exist (the
+    data-parallel step all-reduces them there, while the stages below still run)."""
     names = [stage.name for stage in stage_list]
     if not isinstance(saved, Mapping) or sorted(saved) != sorted(names):
         got = sorted(saved) if isinstance(saved, Mapping) else type(saved).__name__
@@ -152,6 +154,8 @@ def fold_backward(stage_list: Sequence[Stage], params, saved, dy, cfg, kit: Kit 
         if cotangents is not None:
             cotangents[stage.name] = dy
         stage_grads, dy = stage.backward(params, saved[stage.name], dy, cfg, kit)
+        if after_stage is not None:
+            stage_grads, dy = after_stage(stage_grads, dy)
         grads.update(stage_grads)
     return {name: grads[name] for name in params}, dy
 
@@ -260,12 +264,14 @@ class Net:
         x = as_input(self.name, x, params)
         return fold_forward(self.stage_list(cfg), params, x, cfg, Pass(kit, selections, None, valid), inputs)
 
-    def backward(self, params, saved, dlogits, cfg=None, *, kit: Kit = KIT, cotangents: Optional[dict] = None):
+    def backward(self, params, saved, dlogits, cfg=None, *, kit: Kit = KIT, cotangents: Optional[dict] = None,
+                 after_stage: Optional[Callable] = None):
         """The rendered chain through `kit` -> (grads with params' keys in their order, dx at the
-        input). cotangents (a tape): gets the cotangent each stage is handed."""
+        input). cotangents (a tape): gets the cotangent each stage is handed; after_stage: see
+        `fold_backward`."""
         cfg = self.cfg(cfg)
         check_params(self.name, params, self.param_specs(cfg))
-        return fold_backward(self.stage_list(cfg), params, saved, dlogits, cfg, kit, cotangents)
+        return fold_backward(self.stage_list(cfg), params, saved, dlogits, cfg, kit, cotangents, after_stage)
 
     def loss_and_grads(self, params, x, targets, cfg=None, label_smoothing: float = 0.0, *, kit: Kit = KIT):
         """The loss and its gradient from the rendered chain (never autodiff).
