@@ -3,8 +3,8 @@
     .venv/bin/python benchmarks/conv_sites.py [--suite cpu] [--repeats 15]
 
 For every distinct conv site (N, C, O, H, k, stride) of the suite's configurations, times the
-forward, the input backward and the weight gradient under `conv.formulation("conv")` and
-`conv.formulation("patches")` (minimum over the repeats, one process, interleaved) and prints what
+forward, the input backward and the weight gradient with `formulation="conv"` and
+`formulation="patches"` (minimum over the repeats, one process, interleaved) and prints what
 the shape rule (`gradtie.ops.conv.use_patches`) picks. Run it pinned to one core
 (`taskset -c 0 ...`) for per-op times that do not depend on thread scheduling. This is where
 `conv.PATCHES_RATIO` comes from.
@@ -68,12 +68,13 @@ def main() -> None:
         dy = jax.random.normal(jax.random.fold_in(key, 2), (n, o, ho, ho))
         ms = {}
         for form in conv.FORMULATIONS:
-            with conv.formulation(form):
-                ms[form] = _min_ms({
-                    "fwd": (jax.jit(lambda a, b: conv.forward(a, b, stride=s)[0]), (x, w)),
-                    "bwd": (jax.jit(lambda b, d: conv.backward(b, d, input_shape=x.shape, stride=s)), (w, dy)),
-                    "gw": (jax.jit(lambda a, d: conv.grad_weight(a, d, kernel_size=k, stride=s)), (x, dy))},
-                    args.repeats)
+            ms[form] = _min_ms({
+                "fwd": (jax.jit(lambda a, b: conv.forward(a, b, stride=s, formulation=form)[0]), (x, w)),
+                "bwd": (jax.jit(lambda b, d: conv.backward(b, d, input_shape=x.shape, stride=s, formulation=form)),
+                        (w, dy)),
+                "gw": (jax.jit(lambda a, d: conv.grad_weight(a, d, kernel_size=k, stride=s, formulation=form)),
+                       (x, dy))},
+                args.repeats)
         rule = ("patches" if conv.use_patches(ho * ho, c * k * k, k) else "conv",
                 "patches" if conv.use_patches(h * h, o * k * k, k) else "conv")
         cells = "  ".join(f"{ms['conv'][op]:9.2f} / {ms['patches'][op]:9.2f}" for op in ("fwd", "bwd", "gw"))
