@@ -62,7 +62,7 @@ from gradtie import tolerances
 from gradtie.checks import bugs, census
 from gradtie.checks import data_parallel as dp
 from gradtie.checks.bf16 import replicas as bf16_replicas
-from gradtie.checks.check import tie_replicas
+from gradtie.checks.tie import tie_replicas
 from gradtie.nets import cifar8, resnet34
 
 # %% tags=["parameters"]
@@ -120,7 +120,7 @@ print(f"{p.net}: {len(params)} parameter tensors at drawn weights; {len(devices)
 # `r34_net_syncTiedB` holds at every R and N. We sweep R = 2, 4, … up to `replicas` (2 in the ci
 # profile, 8 in the cpu and gpu profiles) and N = 1, 2, … up to `batch`. Each global
 # batch R·N of photo crops (labelled by the photo they come from) gets its own float64 oracle,
-# envelope and smoothness census. Every split of it is tied through `checks.check.tie_replicas`,
+# envelope and smoothness census. Every split of it is tied through `checks.tie.tie_replicas`,
 # the verdict path `gradtie check --replicas` uses.
 
 # %%
@@ -201,9 +201,9 @@ counts = (b2 - 1, 1)
 uneven = tie_replicas(model, params, x2, t2, cfg, counts=counts, label_smoothing=alpha, point=point2,
                       devices=devices)
 plain = bugs.plant("sync_plain_mean_of_means", model)
-plain_uneven = tie_replicas(plain, params, x2, t2, cfg, counts=counts, label_smoothing=alpha, point=point2,
-                            devices=devices)
-plain_even = tie_replicas(plain, params, x2, t2, cfg, counts=(p.batch, p.batch), label_smoothing=alpha,
+plain_uneven = tie_replicas(model, params, x2, t2, cfg, chain=plain, counts=counts, label_smoothing=alpha,
+                            point=point2, devices=devices)
+plain_even = tie_replicas(model, params, x2, t2, cfg, chain=plain, counts=(p.batch, p.batch), label_smoothing=alpha,
                           point=point2, devices=devices)
 for rep in (uneven, plain_uneven, plain_even):
     print(rep.net, "|", rep.summary())

@@ -31,6 +31,7 @@ from jax import lax
 
 from .. import kit as kit_
 from ..kit import KIT, Call
+from .. import nets
 from ..nets import protocol
 from ..nets.protocol import SMOOTHED_CE, Net, as_net
 from ..ops import batchnorm, conv, head, maxpool
@@ -53,7 +54,7 @@ class Bug:
     needs_uneven: bool = False   # plants nothing unless replicas hold different counts (--replica-counts)
 
     def applies(self, net, cfg=None) -> bool:
-        net = as_net(net)
+        net = nets.load(net)
         return self.uses(net, calls(net, net.cfg(cfg)))
 
 
@@ -422,7 +423,7 @@ def catalogue(net=None) -> dict[str, Bug]:
     """The catalogue, with `net`'s own entries (`Net.bugs`) after it."""
     if net is None:
         return dict(CATALOGUE)
-    return {**CATALOGUE, **{b.name: b for b in as_net(net).bugs}}
+    return {**CATALOGUE, **{b.name: b for b in nets.load(net).bugs}}
 
 
 def entries(net=None, *, replicas: Optional[bool] = None, cfg=None) -> list[Bug]:
@@ -438,7 +439,7 @@ def entries(net=None, *, replicas: Optional[bool] = None, cfg=None) -> list[Bug]
 def plant(name: str, net, cfg=None) -> Chain:
     """The chain of `net` with entry `name` planted; ValueError for an unknown name or an entry
     that plants nothing in this net."""
-    net = as_net(net)
+    net = nets.load(net)
     known = catalogue(net)
     if name not in known:
         raise ValueError(f"plant-bug {name!r}: expected one of {', '.join(known)} (or 'list')")
