@@ -3,7 +3,8 @@ same three nodes: each against jax.vjp of the forward traced in the same formula
 the other, and the bf16 kinds' erasure and rounding identity in both. The shape rule picks the
 product only where XLA's CPU convolution is slow. A control: patches read in the wrong tap order.
 
-Each formulation is pinned with `conv.formulation` around a fresh jit (it acts at trace time).
+Each formulation is pinned by the ops' `formulation=` argument (a static argument of the jit; a
+net reads it from `cfg.conv_formulation`).
 """
 
 from functools import partial
@@ -14,9 +15,10 @@ import numpy as np
 import pytest
 
 from gradtie import reference
+from gradtie.nets import cifar8
 from gradtie.ops import conv
+from gradtie.rendered import QUICK
 
-QUICK = {"xla_backend_optimization_level": 0}
 TOL_F64 = 1e-12
 # (N, C, O, size, k, stride): odd and even sizes, the three kernel sizes of the nets, a 1×1 grid
 CASES = [(2, 3, 4, 9, 3, 1), (2, 3, 5, 8, 3, 2), (2, 4, 3, 7, 1, 2), (1, 3, 4, 10, 7, 2), (2, 6, 5, 1, 3, 1)]
@@ -42,30 +44,31 @@ def operands(case, dtype, seed=0):
                  for shape in ((n, c, h, h), (o, c, k, k), (n, o, h2, h2)))
 
 
-def nodes(x, w, dy, stride, rnd=None):
-    return (conv.forward(x, w, stride=stride, rnd=rnd)[0],
-            conv.backward(w, dy, input_shape=x.shape, stride=stride, rnd=rnd),
-            conv.grad_weight(x, dy, kernel_size=w.shape[2], stride=stride, rnd=rnd))
+def nodes(x, w, dy, stride, formulation, rnd=None):
+    return (conv.forward(x, w, stride=stride, rnd=rnd, formulation=formulation)[0],
+            conv.backward(w, dy, input_shape=x.shape, stride=stride, rnd=rnd, formulation=formulation),
+            conv.grad_weight(x, dy, kernel_size=w.shape[2], stride=stride, rnd=rnd, formulation=formulation))
 
 
-def _evaluate(x, w, dy, x32, w32, dy32, stride):
-    """f64 nodes and jax.vjp's; f32 nodes, the kinds at identity and under bf16 rounding, and the
-    rounded reference rnd(f32 node at rounded operands)."""
-    dx_ref, dw_ref, _ = reference.conv_vjp(x, w, None, dy, stride=stride)
+@partial(jax.jit, static_argnames=("stride", "formulation"), compiler_options=QUICK)
+def evaluate(x, w, dy, x32, w32, dy32, stride, formulation):
+    """f64 nodes and jax.vjp's of the forward in the same formulation; f32 nodes, the kinds at
+    identity and under bf16 rounding, and the rounded reference rnd(f32 node at rounded operands)."""
+    dx_ref, dw_ref = reference.vjp(lambda x_, w_: conv.forward(x_, w_, stride=stride, formulation=formulation)[0],
+                                   x, w, cotangent=dy)
     rnd = conv.round_bf16
     rx, rw, rdy = rnd(x32), rnd(w32), rnd(dy32)
-    rounded = tuple(rnd(a) for a in nodes(rx, rw, rdy, stride))
-    return dict(f64=nodes(x, w, dy, stride), vjp=(dx_ref, dw_ref), f32=nodes(x32, w32, dy32, stride),
-                identity=nodes(x32, w32, dy32, stride, conv.identity),
-                kind=nodes(x32, w32, dy32, stride, rnd), rounded=rounded)
+    rounded = tuple(rnd(a) for a in nodes(rx, rw, rdy, stride, formulation))
+    return dict(f64=nodes(x, w, dy, stride, formulation), vjp=(dx_ref, dw_ref),
+                f32=nodes(x32, w32, dy32, stride, formulation),
+                identity=nodes(x32, w32, dy32, stride, formulation, conv.identity),
+                kind=nodes(x32, w32, dy32, stride, formulation, rnd), rounded=rounded)
 
 
 def evaluate_in(formulation, case):
     x, w, dy = operands(case, jnp.float64)
     x32, w32, dy32 = (a.astype(jnp.float32) for a in (x, w, dy))
-    with conv.formulation(formulation):
-        fn = jax.jit(_evaluate, static_argnames="stride", compiler_options=QUICK)
-        return fn(x, w, dy, x32, w32, dy32, stride=case[5])
+    return evaluate(x, w, dy, x32, w32, dy32, stride=case[5], formulation=formulation)
 
 
 @pytest.fixture(scope="module", params=list(zip(CASES, IDS)), ids=IDS)
@@ -102,11 +105,9 @@ def test_control_transposed_taps_go_red():
     """Patches whose taps are read (kw, kh) instead of (kh, kw): the forward no longer agrees."""
     case = (2, 3, 4, 6, 3, 1)
     x, w, _ = operands(case, jnp.float64)
-    with conv.formulation("patches"):
-        right = jax.jit(lambda a, b: conv.forward(a, b)[0])(x, w)
-    wrong = jax.jit(lambda a, b: conv.forward(a, jnp.swapaxes(b, 2, 3))[0])
-    with conv.formulation("patches"):
-        assert rel_err(wrong(x, w), right) > 0.1
+    right = jax.jit(lambda a, b: conv.forward(a, b, formulation="patches")[0])(x, w)
+    wrong = jax.jit(lambda a, b: conv.forward(a, jnp.swapaxes(b, 2, 3), formulation="patches")[0])
+    assert rel_err(wrong(x, w), right) > 0.1
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the rule is the CPU backend's")
@@ -120,9 +121,17 @@ def test_rule_picks_the_product_only_where_xla_convolution_is_slow():
 
 
 def test_formulation_rejects_unknown_names():
-    with pytest.raises(ValueError, match="conv.formulation: expected one of 'conv', 'patches'"):
-        with conv.formulation("winograd"):
-            pass
+    x, w, dy = operands(CASES[0], jnp.float64)
+    with pytest.raises(ValueError, match="conv formulation: expected one of 'conv', 'patches'"):
+        conv.forward(x, w, formulation="winograd")
+    with pytest.raises(ValueError, match="conv formulation: expected one of 'conv', 'patches'"):
+        conv.grad_weight(x, dy, kernel_size=3, formulation="winograd")
+    with pytest.raises(ValueError, match="conv_formulation must be one of 'conv', 'patches'"):
+        cifar8.Config(conv_formulation="winograd")
+    # control: the named formulations and the shape rule (None) are taken
+    for formulation in (*conv.FORMULATIONS, None):
+        cifar8.Config(conv_formulation=formulation)
+        conv.forward(x, w, formulation=formulation)
 
 
 @pytest.mark.parametrize("node", ["forward", "grad_weight"])
@@ -133,11 +142,11 @@ def test_the_product_reads_the_weights_in_place(node):
     x = jnp.ones((2, 64, 2, 2), jnp.float32)
     w = jnp.ones((256, 64, 3, 3), jnp.float32)
     dy = jnp.ones((2, 256, 2, 2), jnp.float32)
-    with conv.formulation("patches"):
-        if node == "forward":
-            fn = jax.jit(lambda a, b: conv.forward(a, b)[0]).lower(x, w).compile()
-            copied = jax.jit(lambda a, b: conv.forward(a, jnp.transpose(b, (0, 2, 3, 1)).reshape(b.shape) * 2)[0])
-            assert copied.lower(x, w).compile().memory_analysis().temp_size_in_bytes >= w.nbytes
-        else:
-            fn = jax.jit(lambda a, d: conv.grad_weight(a, d, kernel_size=3)).lower(x, dy).compile()
+    patches = partial(conv.forward, formulation="patches")
+    if node == "forward":
+        fn = jax.jit(lambda a, b: patches(a, b)[0]).lower(x, w).compile()
+        copied = jax.jit(lambda a, b: patches(a, jnp.transpose(b, (0, 2, 3, 1)).reshape(b.shape) * 2)[0])
+        assert copied.lower(x, w).compile().memory_analysis().temp_size_in_bytes >= w.nbytes
+    else:
+        fn = jax.jit(lambda a, d: conv.grad_weight(a, d, kernel_size=3, formulation="patches")).lower(x, dy).compile()
     assert fn.memory_analysis().temp_size_in_bytes < w.nbytes / 4
