@@ -54,15 +54,10 @@ unit-all: $(STAMP)
 	$(PY) -m pytest tests -n 2 --durations=$(DURATIONS)
 
 # nbval re-executes the committed chapter notebooks, every one of them: the chapters, the table of
-# contents and the notebooks must agree first (nothing collected is a failure, never a pass)
-# The longest chapters go first, so that the two workers finish together: worker seconds under nbval
-# after the unit tests filled the cache, 2-core CPU: data_parallel 329 (its R·N sweep since cut to
-# R = 2 in the ci profile, about 80 s less), whole_net_tie 325, training 315, would_it_catch 192,
-# stage_germs 160, bf16_erasure 113, pools 72, performance 26, head_fold 10.
-# A chapter missing from the list goes first; every chapter is always collected.
-NBVAL_ORDER := whole_net_tie training data_parallel would_it_catch stage_germs bf16_erasure pools performance head_fold
+# contents and the notebooks must agree first (nothing collected is a failure, never a pass). The
+# order is book.CHAPTERS' costliest first (`book.nbval_order`), so that the two workers finish together.
 CHAPTER_COUNT := $(PY) -c "from gradtie import book; print(len(book.chapter_notebooks()), 'chapter notebooks')"
-CHAPTERS_IN_ORDER = $$($(PY) -c "import sys; from gradtie import book; order = sys.argv[1:]; print(*(p.relative_to(book.ROOT) for p in sorted(book.chapter_notebooks(), key=lambda p: order.index(p.stem) if p.stem in order else -1)))" $(NBVAL_ORDER))
+CHAPTERS_IN_ORDER = $$($(PY) -c "from gradtie import book; book.chapter_notebooks(); print(*(p.relative_to(book.ROOT) for p in book.nbval_order()))")
 nbval: $(STAMP)
 	$(CHAPTER_COUNT)
 	$(PY) -m pytest --nbval-lax --nbval-sanitize-with nbval_sanitize.cfg -n 2 --dist loadfile --no-loadscope-reorder --durations=$(DURATIONS) \

@@ -24,6 +24,8 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Optional
 
+from .progress import bar
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
 BOOK = ROOT / "book"
@@ -35,34 +37,62 @@ class Chapter:
     title: str
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)  # profile -> overrides
     reads: tuple[str, ...] = ()     # files or folders (from the root) the chapter reads: in its source key
+    part: str = "Chapters"          # the table of contents' part: "Chapters" (numbered) or "Appendices"
+    nbval_cost: int = 1             # relative seconds under nbval: `make test` starts the costliest first
 
 
-# In book order; each chapter's notebook holds the ci defaults in its parameters cell, and a
-# profile overrides a few of them (cpu: larger CPU runs; gpu: ImageNet shapes where they apply).
+# THE chapter list, in book order: the table of contents (`toc`), nbval's order (`nbval_order`),
+# the build, the plots' modules and the benchmark's memory plan all read it. Each chapter's
+# notebook holds the ci defaults in its parameters cell, and a profile overrides a few of them
+# (cpu: larger CPU runs; gpu: ImageNet shapes where they apply).
 CHAPTERS: list[Chapter] = [
-    Chapter("pools", "Pools", profiles={"cpu": {"batch": 16}, "gpu": {"batch": 64, "image_size": 224}}),
-    Chapter("head_fold", "Head fold", profiles={"cpu": {"num_classes": 100}, "gpu": {"num_classes": 1000}}),
+    Chapter("pools", "Pools", profiles={"cpu": {"batch": 16}, "gpu": {"batch": 64, "image_size": 224}},
+            nbval_cost=72),
+    Chapter("head_fold", "Head fold", profiles={"cpu": {"num_classes": 100}, "gpu": {"num_classes": 1000}},
+            nbval_cost=10),
     Chapter("stage_germs", "Stage germs",
-            profiles={"cpu": {"directions": 6, "batch": 4}, "gpu": {"directions": 9, "batch": 8}}),
+            profiles={"cpu": {"directions": 6, "batch": 4}, "gpu": {"directions": 9, "batch": 8}}, nbval_cost=160),
     Chapter("whole_net_tie", "Whole-net tie",
             profiles={"cpu": {"batch": 16, "image_size": 64, "resnet_batch": 4, "fd_nodes": 24, "every_n": True},
                       "gpu": {"batch": 128, "image_size": 224, "resnet_batch": 64, "num_classes": 1000,
-                              "fd_nodes": 0, "every_n": True}}),
+                              "fd_nodes": 0, "every_n": True}}, nbval_cost=325),
     Chapter("would_it_catch", "Would the check catch it?",
             profiles={"cpu": {"batch": 8, "resnet_batch": 4, "replicas": 4},
-                      "gpu": {"batch": 32, "resnet_batch": 8, "image_size": 64, "replicas": 4}}),
+                      "gpu": {"batch": 32, "resnet_batch": 8, "image_size": 64, "replicas": 4}}, nbval_cost=192),
+    Chapter("check_your_own", "Check your own backward",
+            profiles={"cpu": {"batch": 8}, "gpu": {"batch": 32, "image_size": 224}}, reads=("examples",),
+            nbval_cost=90),
     Chapter("bf16_erasure", "bf16 erasure",
-            profiles={"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 32, "image_size": 224, "replicas": 4}}),
+            profiles={"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 32, "image_size": 224, "replicas": 4}},
+            nbval_cost=113),
     Chapter("data_parallel", "Data-parallel tie",
-            {"cpu": {"batch": 4, "replicas": 8}, "gpu": {"batch": 4, "replicas": 8, "image_size": 64}}),
+            {"cpu": {"batch": 4, "replicas": 8}, "gpu": {"batch": 4, "replicas": 8, "image_size": 64}},
+            nbval_cost=250),
     Chapter("training", "Training with the rendered step",
             {"cpu": {"batch": 64, "epochs": 8, "steps": 100},
-             "gpu": {"net": "resnet34", "batch": 64, "epochs": 8, "steps": 100}}),
+             "gpu": {"net": "resnet34", "batch": 64, "epochs": 8, "steps": 100}}, part="Appendices", nbval_cost=315),
     Chapter("performance", "Performance",
             {"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 64, "image_size": 224}},
-            reads=("benchmarks/results",)),
+            reads=("benchmarks/results",), part="Appendices", nbval_cost=26),
 ]
 PROFILES = ("ci", "cpu", "gpu")
+PAGES = ("api",)   # book/<page>.md after the appendices: the API reference
+
+
+def toc() -> str:
+    """_toc.yml, from CHAPTERS: the intro, the numbered chapters, the appendices, the pages."""
+    lines = ["format: jb-book", "root: book/intro", "parts:"]
+    for part, numbered in (("Chapters", "true"), ("Appendices", "false")):
+        lines += [f"  - caption: {part}", f"    numbered: {numbered}", "    chapters:"]
+        lines += [f"      - file: book/{c.name}" for c in CHAPTERS if c.part == part]
+        if part == "Appendices":
+            lines += [f"      - file: book/{page}" for page in PAGES]
+    return "\n".join(lines) + "\n"
+
+
+def nbval_order() -> list[Path]:
+    """The committed chapter notebooks, costliest first: nbval's order, so the workers end together."""
+    return [NOTEBOOKS / f"{c.name}.ipynb" for c in sorted(CHAPTERS, key=lambda c: -c.nbval_cost)]
 
 
 # ---- parameter validation: a clear error naming the parameter, the value and what is allowed ----
@@ -233,11 +263,10 @@ def execute(profile: str = "ci", chapters: Optional[Iterable[str]] = None, *, pr
     the committed notebooks/<name>.ipynb when those are its parameters) is reused, not re-run,
     unless `force`."""
     import papermill
-    from tqdm.auto import tqdm
 
     chosen = [c for c in CHAPTERS if chapters is None or c.name in set(chapters)]
     written = []
-    for chapter in tqdm(chosen, desc=f"chapters ({profile})", disable=not progress):
+    for chapter in bar(chosen, desc=f"chapters ({profile})", enabled=progress):
         src = NOTEBOOKS / f"{chapter.name}.ipynb"
         dst = BOOK / f"{chapter.name}.ipynb"
         parameters = chapter_parameters(chapter, profile)
@@ -292,11 +321,8 @@ def chapter_notebooks() -> list[Path]:
     """The committed executed notebooks nbval re-runs, one per chapter, in book order; ValueError when
     the chapters, the table of contents and the committed notebooks disagree (so that `make test`
     can never pass having collected fewer notebooks than the book has chapters)."""
-    toc = (ROOT / "_toc.yml").read_text()
-    problems = []
+    problems = [] if (ROOT / "_toc.yml").read_text() == toc() else ["_toc.yml is not book.toc() (run `gradtie book`)"]
     for chapter in CHAPTERS:
-        if f"file: book/{chapter.name}\n" not in toc + "\n":
-            problems.append(f"{chapter.name} is not in _toc.yml")
         for suffix in (".py", ".ipynb"):
             if not (NOTEBOOKS / f"{chapter.name}{suffix}").is_file():
                 problems.append(f"notebooks/{chapter.name}{suffix} is missing")
@@ -311,5 +337,6 @@ def chapter_notebooks() -> list[Path]:
 def render() -> None:
     """jupyter-book build from a clean _build, -W -n --keep-going: any warning fails the build."""
     shutil.rmtree(ROOT / "_build", ignore_errors=True)
+    (ROOT / "_toc.yml").write_text(toc())
     jb = Path(sys.executable).with_name("jupyter-book")
     subprocess.run([str(jb), "build", str(ROOT), "-W", "-n", "--keep-going"], check=True)

@@ -93,7 +93,7 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
               factor: float = tol.ENVELOPE_FACTOR) -> VJPReport:
     """Tie the hand-written VJP of `f` at `args` to autodiff and to finite differences; raise
     `NotSmooth` at a kink and `VJPMismatch` on a wrong VJP. args: float arrays (float64, which
-    needs `jax_enable_x64`). vjp: (*args, ct) -> one cotangent per argument, for a plain `f`."""
+    needs `jax_enable_x64`). vjp: `(*args, ct)` -> one cotangent per argument, for a plain `f`."""
     if not jax.config.jax_enable_x64:
         raise ValueError("check_vjp: the oracle is float64: it needs jax_enable_x64")
     if not args:

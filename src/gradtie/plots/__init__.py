@@ -7,12 +7,11 @@ O(h²) reference slope; controls in red; fixed size.
 
 import importlib
 
-# one module per chapter, imported when a chapter first reads it (a chapter needs only its own)
-CHAPTERS = ("bf16_erasure", "data_parallel", "head_fold", "performance", "pools", "stage_germs", "training",
-            "whole_net_tie", "would_it_catch")
-
 
 def __getattr__(name: str):
-    if name in CHAPTERS:
+    """`plots.<chapter>`: a chapter's module, imported when the chapter first reads it (a chapter
+    needs only its own; the chapters are `gradtie.book.CHAPTERS`)."""
+    try:
         return importlib.import_module(f".{name}", __name__)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    except ModuleNotFoundError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None

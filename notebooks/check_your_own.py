@@ -1,0 +1,175 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # Check your own backward
+#
+# Everything the book does to cifar8-BN and ResNet-34 it does to any net built from the same
+# parts. This chapter is about a net of ours the Lean suite knows nothing of: a small
+# ResNet-50-style bottleneck net (1×1–3×3–1×1 blocks, the stride in the 3×3, projection shortcuts
+# with BatchNorm), with one op gradtie's kit does not have — a depthwise 3×3 conv, the op of the
+# MobileNet and EfficientNet family — written with its own hand-written backward. It lives in
+# `examples/bottleneck.py`, outside the package, and is built only from the public protocol
+# (`gradtie.nets.protocol`): a list of stages, each with its forward and, beside it, its rendered
+# backward, which calls every op through the kit it is handed.
+#
+# **Everything in this chapter is beyond the suite.** The suite states nothing about this net: no
+# named hypothesis, no theorem. What carries over is the method — a census of the point, a tie of
+# every node to autodiff within the point's own round-off envelope, finite differences of the whole
+# loss, and planted bugs that must go red — and `gradtie check --net examples/bottleneck.py:NET`
+# runs it from the command line with the same exit codes.
+
+# %%
+import sys
+
+import jax
+import jax.numpy as jnp
+import matplotlib.pyplot as plt
+
+jax.config.update("jax_enable_x64", True)
+
+import gradtie
+from gradtie import book, nets, plots
+from gradtie.checks import bugs, census, check, stages
+from gradtie.checks.tie import targets_matrix
+from gradtie.nets import protocol
+
+# %% tags=["parameters"]
+batch = 4         # photo crops
+image_size = 32   # the net takes any multiple of 4; 32 keeps the ci profile quick
+seed = 0
+
+# %%
+p = book.validated(batch=batch, image_size=image_size, seed=seed)
+sys.path.insert(0, str(book.ROOT / "examples"))
+import bottleneck as example                                   # noqa: E402 (the example module)
+
+net = nets.load("bottleneck:NET")                              # as `gradtie check --net` loads it
+cfg = net.config()
+key = jax.random.key(p.seed)
+params = {k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()}
+x = check.make_batch("photos", p.batch, p.image_size, p.seed)
+t = targets_matrix((jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64)
+
+# %% [markdown]
+# ## The net, as the protocol reads it
+#
+# Five stages: a stem (conv, BatchNorm, ReLU, a 2×2 max pool), the depthwise stage, two bottleneck
+# blocks and a head (global average pool, dense). The summary is read off the stages at abstract
+# shapes; nothing is computed.
+
+# %% tags=["nbval-check-output"]
+rows = net.summary(params, cfg, x.shape)
+print(protocol.format_summary(rows))
+print(f"{len(params)} tensors, {protocol.census(params).floats:,} floats; stages: {[r.name for r in rows]}")
+assert [r.kind for r in rows] == ["stem", "depthwise", "bottleneck", "bottleneck", "head"]
+
+# %% [markdown]
+# ## The census: which hypothesis applies
+#
+# The suite's named hypotheses belong to its own two nets. For a net it does not name, the census
+# reads the generic smooth-point hypothesis: no ReLU input exactly 0, and every max-pool window
+# dead, strict, or tied only between twins (cells equal for every value of the weights upstream).
+# That is where the loss is differentiable in every parameter, whatever the net.
+
+# %% tags=["nbval-check-output"]
+smooth = census.smoothness(net, params, x, cfg)
+print(smooth.summary())
+print([h.name for h in smooth.hypotheses])
+assert smooth.ok and [h.key for h in smooth.hypotheses] == [census.PARAMETERS]
+
+# %% [markdown]
+# ## Every node, tied
+#
+# `gradtie.check` runs the census, the tie and the finite differences, as the command line does.
+# Every node — the depthwise conv's weight included, whose node comes from our own backward — is
+# tied to autodiff of the forward within ten times the point's round-off envelope, and to finite
+# differences of the whole loss.
+
+# %%
+report = gradtie.check(net, params, x, t, cfg, key=key)
+print(report.tie.table())
+
+# %% tags=["nbval-check-output"]
+print(f"exit code {report.exit_code}; {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes "
+      f"tied, input gradient {report.tie.row('input').verdict}; finite differences: "
+      f"{sum(r.verdict == 'FAILED' for r in report.fd_rows)} failed of {len(report.fd_rows)}")
+book.glue("own_tied", (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)), "{}/{} nodes tied")
+assert report.exit_code == 0 and report.tie.tied
+
+# %% [markdown]
+# Stage by stage: each stage's rendered backward, at the cotangent the chain hands it, against the
+# VJP of that stage alone. The depthwise stage is where our own op sits.
+
+# %% tags=["nbval-check-output"]
+st = stages.stage_ties(net, params, x, t, cfg, key=key)
+print(st.summary().split("; worst")[0])
+assert st.ok and len(st.ties) == 5
+
+# %% [markdown]
+# ## Planted bugs: the catalogue and our own
+#
+# A catalogue entry applies to a net when the net's chain calls the kit op it replaces; the
+# catalogue reads that off the chain itself. Our net has no overlapping pool and no square dense
+# layer, so those entries do not apply; it has projection shortcuts, so the projection entry does.
+# Our own op brings its own entry (`Net.bugs`): the depthwise input backward correlating with the
+# kernel unflipped. Each is planted as data — another kit, or another net definition — and tied at
+# the same point against the same reference.
+
+# %% tags=["nbval-check-output"]
+print(bugs.listing(net))
+caught = bugs.run(net, params, x, t, cfg, label_smoothing=0.1)
+print(caught.summary())
+print(caught.table())
+book.glue("own_bugs", caught.summary())
+assert caught.ok and "depthwise_kernel_not_flipped" in {c.bug for c in caught.caught}
+
+# %%
+plots.would_it_catch.caught([caught], title="Every planted bug fails its first node by orders of magnitude")
+plt.show()
+
+# %% [markdown]
+# ## One function at a time: `check_vjp`
+#
+# Below the net, the same idea for one function with a VJP of your own. `gradtie.check_vjp` ties
+# the hand VJP to autodiff within the point's round-off envelope and to finite differences, raises
+# `VJPMismatch` on a wrong one, and refuses a point on a kink (`NotSmooth`) rather than judge it.
+# Here it checks the example's depthwise backward, then the unflipped one, then a ReLU at an input
+# exactly 0.
+
+# %% tags=["nbval-check-output"]
+w = params["dw.conv.weight"]
+h = jax.random.normal(jax.random.fold_in(key, 1), (2, w.shape[0], 6, 6), jnp.float64)
+
+
+def depthwise_vjp(backward):
+    return lambda x_, w_, dy: (backward(w_, dy), example.depthwise_grad_weight(example.DepthwiseSaved(x_), dy))
+
+
+ok = gradtie.check_vjp(lambda x_, w_: example.depthwise_forward(x_, w_)[0], h, w,
+                       vjp=depthwise_vjp(example.depthwise_backward))
+print("depthwise backward:", ok.summary().split(";")[0])
+try:
+    gradtie.check_vjp(lambda x_, w_: example.depthwise_forward(x_, w_)[0], h, w,
+                      vjp=depthwise_vjp(example.depthwise_backward_not_flipped))
+    wrong = "passed"
+except gradtie.VJPMismatch:
+    wrong = "VJPMismatch"
+try:
+    gradtie.check_vjp(lambda z: jnp.maximum(z, 0.0), jnp.array([1.0, 0.0, -2.0]),
+                      vjp=lambda z, dy: (dy * (z > 0),))
+    kink = "judged"
+except gradtie.NotSmooth:
+    kink = "NotSmooth"
+print(f"unflipped depthwise backward: {wrong}; ReLU at an input exactly 0: {kink}")
+assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
