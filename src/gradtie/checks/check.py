@@ -25,12 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import data as data_
-from .. import parallel, prng
+from .. import parallel, prng, rendered
 from .. import tolerances as tol
 from ..host import to_device
 from .. import nets
 from ..nets.protocol import Net, as_net
-from . import bugs, census, fd
+from . import bf16, bugs, census, fd, stages
 from .tie import Chain, reference_at, targets_matrix, tie, tie_replicas
 
 EXIT_TIED, EXIT_FAILED, EXIT_NOT_SMOOTH = 0, 1, 2
@@ -255,9 +255,8 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
             if not smooth.ok:
                 return CheckReport(None, [], smooth, settings, timings)
         if bf16:   # a bf16 chain does not tie to float64 autodiff: its stages do, within a bf16 envelope
-            from . import bf16 as bf16_
             with _phase(timings, "bf16 check"):
-                rep = bf16_.check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
+                rep = bf16.check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                   key=jax.random.fold_in(key, 2))
             return CheckReport(rep, [], smooth, settings, timings)
         with _phase(timings, "reference + envelope"):
@@ -270,14 +269,12 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
                 result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain)
         parting = None
         if replicas == 1 and counts is None and result.failed:
-            from . import stages   # the stage where rendered and VJP first part
             with _phase(timings, "first parting"):
                 parting = stages.first_parting(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                                key=jax.random.fold_in(key, 4))
         fd_rows = []
         if finite_differences and dtype == "float64" and replicas == 1 and counts is None:
             with _phase(timings, "finite differences"):
-                from .. import rendered
                 out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
                                    how="compiled" if not chain.planted else "quick")
                 fd_rows = fd.derivatives(net, params, x, t, cfg, out.grads, reference_grads=point.reference[1],

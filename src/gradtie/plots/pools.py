@@ -5,6 +5,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..checks.census import CLASSES
 from ._style import OK_COLOR, CONTROL_COLOR, FIGSIZE
 
 
@@ -15,7 +16,6 @@ def pool_census(reports: dict, title: str = "Photos: dead and strict windows; fl
                                               "no non-twin tie") -> plt.Figure:
     """Stacked bars: each window class's share of every pool, for labelled censuses
     ({"cifar8, photos": census.SmoothReport, …}); non-twin ties in red."""
-    from ..checks.census import CLASSES
     rows = [(f"{label}: {p.pool}", p.counts, p.windows) for label, r in reports.items() for p in r.pools]
     fig, ax = plt.subplots(figsize=(FIGSIZE[0], 1.2 + 0.32 * len(rows)))
     y = np.arange(len(rows))[::-1]

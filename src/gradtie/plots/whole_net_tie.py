@@ -5,12 +5,12 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..checks.tie import is_beta
 from ._style import OK_COLOR, CONTROL_COLOR, FIGSIZE
 
 
 def _backward_rows(report):
     """Rows in backward order, with the x positions and the BN β rows flagged."""
-    from ..checks.tie import is_beta
     rows = report.backward_order()
     shapes = {r.name: r.shape for r in rows}
     return rows, np.arange(len(rows)), np.array([is_beta(r.name, shapes) for r in rows])
