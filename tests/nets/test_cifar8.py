@@ -1,7 +1,9 @@
 """cifar8-BN end to end at drawn weights (γ ≠ 1, β and biases ≠ 0): the rendered chain equals autodiff
 of the forward, node by node, in float64 (rows built by the tie kit, `tie_helpers`)."""
 
+import dataclasses
 import math
+from collections import Counter
 
 import jax
 import jax.extend
@@ -9,8 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradtie import prng
-from gradtie.nets import cifar8, stages
+from gradtie import kit, prng
+from gradtie.checks import bugs
+from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.ops import head, maxpool
 
 import tie_helpers as th
@@ -18,6 +21,7 @@ import tie_helpers as th
 N = 4
 K = 10
 SHAPE = (N, 3, 32, 32)
+NET = cifar8.NET
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +63,7 @@ def test_loss_and_grads_equal_autodiff_f64(case):
     p = th.f64(cifar8.init(jax.random.PRNGKey(3), cfg, weights="drawn"))
     x, t = _images(images), _targets(targets)
     loss, grads = cifar8.loss_and_grads(p, x, t, cfg, label_smoothing=alpha)
-    loss_ref, grads_ref = th.oracle_loss_and_grads(cifar8, p, x, t, cfg, alpha)
+    loss_ref, grads_ref = th.oracle_loss_and_grads(NET, p, x, t, cfg, alpha)
     assert th.loss_tied(loss, loss_ref)
     assert list(grads) == list(p)
     th.assert_tied(grads, grads_ref, p)
@@ -83,15 +87,14 @@ def test_input_cotangent_equals_vjp_of_the_loss(params, x):
     t = th.soft_targets(N, K)
     logits, saved = cifar8.forward(params, x, cfg)
     _, dx = cifar8.backward(params, saved, head.cotangent(logits, t, 0.1), cfg)
-    dx_ref = jax.grad(lambda x_: th.reference.smoothed_cross_entropy(
-        cifar8.forward(params, x_, cfg)[0], t, 0.1))(x)
+    _, _, dx_ref = th.reference.oracle(NET, params, x, t, cfg, 0.1)
     assert th.input_tied(dx, dx_ref)
 
 
 # ---- the gather model ------------------------------------------------------------------------------
 
 def _argmax_selections(saved):
-    return {name: maxpool.select(r, cifar8.POOLS[name]) for name, r in cifar8.pool_inputs(saved).items()}
+    return {name: maxpool.select(r, NET.pools[name]) for name, r in cifar8.pool_inputs(saved).items()}
 
 
 def test_gather_model_at_argmax_is_the_net_bit_for_bit(params, x):
@@ -109,7 +112,7 @@ def test_gather_model_at_argmax_is_the_net_bit_for_bit(params, x):
 
 def _random_selections(saved, seed=5):
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
-    return {name: prng.randint(k, maxpool.select(r, cifar8.POOLS[name]).shape, 0, 4)
+    return {name: prng.randint(k, maxpool.select(r, NET.pools[name]).shape, 0, 4)
             for k, (name, r) in zip(keys, cifar8.pool_inputs(saved).items())}
 
 
@@ -148,7 +151,7 @@ def tie_point(params, x):
     t = th.soft_targets(N, K)
     logits, saved = cifar8.forward(params, x, cfg)
     dlogits = head.cotangent(logits, t, 0.1)
-    _, grads_ref = th.oracle_loss_and_grads(cifar8, params, x, t, cfg, 0.1)
+    _, grads_ref = th.oracle_loss_and_grads(NET, params, x, t, cfg, 0.1)
     return cfg, saved, dlogits, grads_ref
 
 
@@ -192,8 +195,72 @@ def test_doubled_cotangent_input_control_goes_red(params, x):
     dlogits = th.randn(7, (N, K))
     _, saved = cifar8.forward(params, x, cfg)
     _, dx = cifar8.backward(params, saved, 2 * dlogits, cfg)
-    dx_ref = th.oracle_input_cotangent(cifar8, params, x, cfg, dlogits)
+    dx_ref = th.oracle_input_cotangent(NET, params, x, cfg, dlogits)
     assert not th.input_tied(dx, dx_ref)
+
+
+# ---- the kit: the rendered chain calls every op through the kit it is handed ----------------------
+
+KIT_CALLS = {"conv_backward": 8, "conv_grad_weight": 8, "conv_grad_bias": 8, "bn_backward": 8, "bn_nodes": 8,
+             "relu_backward": 10, "pool_backward": 4, "dense_backward": 3, "dense_grad_weight": 3,
+             "dense_grad_bias": 3}
+
+
+def test_backward_makes_every_op_call_through_its_kit(params, tie_point):
+    """A recording kit sees every op backward and node of the chain, each BN site by its name, and
+    recording changes no bit (a kit is all the chain reads besides the saved record)."""
+    cfg, saved, dlogits, _ = tie_point
+    log = []
+    grads, dx = cifar8.backward(params, saved, dlogits, cfg, kit=kit.recording(kit.KIT, log))
+    assert Counter(c.op for c in log) == KIT_CALLS
+    assert sorted(c.args[0] for c in log if c.op == "bn_nodes") == [f"bn{j}" for j in range(1, 9)]
+    grads_real, dx_real = cifar8.backward(params, saved, dlogits, cfg)
+    assert all(jnp.array_equal(grads[k], grads_real[k]) for k in params) and jnp.array_equal(dx, dx_real)
+    # control: a kit with one op left out of the recording is not seen making that call
+    log_without = []
+    cifar8.backward(params, saved, dlogits, cfg,
+                    kit=kit.recording(kit.KIT, log_without, ops=[op for op in kit.OPS if op != "bn_nodes"]))
+    assert Counter(c.op for c in log_without) == {k: v for k, v in KIT_CALLS.items() if k != "bn_nodes"}
+
+
+def test_planted_kit_breaks_exactly_the_nodes_it_replaces(params, tie_point):
+    """`bn_swap_dgamma_dbeta` (SPEC §6's γ↔β control) is another kit for the same net: every BN's γ
+    and β node goes red and nothing else does, while the real kit, called the same way, ties."""
+    cfg, saved, dlogits, grads_ref = tie_point
+    chain = bugs.plant("bn_swap_dgamma_dbeta", NET)
+    assert chain.net is NET and chain.kit != kit.KIT and chain.label == "cifar8 + bn_swap_dgamma_dbeta"
+    grads, _ = chain.net.backward(params, saved, dlogits, cfg, kit=chain.kit)
+    assert sorted(th.untied(grads, grads_ref, params)) == sorted(f"bn{j}.{w}" for j in range(1, 9)
+                                                                for w in ("weight", "bias"))
+    th.assert_tied(cifar8.backward(params, saved, dlogits, cfg, kit=kit.KIT)[0], grads_ref, params)
+
+
+# ---- padded batches: the validity mask is an argument --------------------------------------------
+
+def test_padded_batch_is_the_batch_of_its_valid_rows(params, x):
+    """forward(valid=) hands the mask to every BatchNorm, whose saved record carries it to the
+    backward: statistics, logits and cotangents of the real rows as if the padding were not there,
+    and dx = 0 on the padding (the chain hands padded rows a zero cotangent at the logits)."""
+    cfg = cifar8.Config()
+    valid = jnp.asarray([1.0, 1.0, 1.0, 0.0])
+    junk = x.at[3].set(5 * th.randn(9, SHAPE[1:]))
+    logits, saved = cifar8.forward(params, junk, cfg, valid=valid)
+    layers = cifar8.bn_layers(saved)
+    assert len(layers) == 8 and all(jnp.array_equal(layer.valid, valid) for layer in layers.values())
+    logits0, saved0 = cifar8.forward(params, x[:3], cfg)
+    stats, stats0 = cifar8.batch_stats(saved), cifar8.batch_stats(saved0)
+    assert max(th.rel_err(stats[k], stats0[k]) for k in stats0) <= 1e-12
+    assert th.rel_err(logits[:3], logits0) <= 1e-12
+    dlogits = th.randn(7, (N, K)) * valid[:, None]
+    grads, dx = cifar8.backward(params, saved, dlogits, cfg)
+    grads0, dx0 = cifar8.backward(params, saved0, dlogits[:3], cfg)
+    assert th.rel_err(dx[:3], dx0) <= 1e-12 and jnp.all(dx[3] == 0)
+    th.assert_tied(grads, grads0, params)
+    # control: the same batch without the mask keeps no mask and moves every statistic and logit
+    logits1, saved1 = cifar8.forward(params, junk, cfg)
+    assert all(layer.valid is None for layer in cifar8.bn_layers(saved1).values())
+    assert th.rel_err(cifar8.batch_stats(saved1)["bn1.running_var"], stats0["bn1.running_var"]) > 1e-2
+    assert th.rel_err(logits1[:3], logits0) > 1e-3
 
 
 # ---- stages, saved views, running statistics -------------------------------------------------------
@@ -203,7 +270,7 @@ def test_five_stages_compose_to_the_forward_bit_for_bit(params, x):
     logits, _ = cifar8.forward(params, x, cfg)
     pairs = cifar8.stages(params, cfg)
     assert [name for name, _ in pairs] == ["stage1", "stage2", "stage3", "stage4", "head"]
-    assert [s.kind for s in cifar8.stage_list(cfg)] == ["conv"] * 4 + ["head"]
+    assert [s.kind for s in NET.stage_list(cfg)] == ["conv"] * 4 + ["head"]
     a = x
     for _, f in pairs:
         a = f(a)
@@ -216,8 +283,31 @@ def test_five_stages_compose_to_the_forward_bit_for_bit(params, x):
     assert not jnp.array_equal(b, logits)
 
 
+def test_seventeen_cert_layers_are_the_five_stage_net_op_for_op(params, x):
+    """`cifar8.LAYERS` (the suite's seventeen `cifar8BbnLayer`s: (conv→BN→ReLU)² and a pool per
+    stage, fc1, ReLU, fc2, ReLU, fc3) gives the net's forward and rendered backward bit for bit."""
+    cfg = cifar8.Config()
+    layers = cifar8.LAYERS.stage_list(cfg)
+    assert len(layers) == 17 and Counter(s.kind for s in layers) == {"conv-bn-relu": 8, "pool": 4, "dense": 3,
+                                                                     "relu": 2}
+    assert [n for s in layers for n in s.params] == list(params)
+    logits, saved = NET.forward(params, x, cfg)
+    logits_l, saved_l = cifar8.LAYERS.forward(params, x, cfg)
+    assert jnp.array_equal(logits_l, logits)
+    assert list(cifar8.LAYERS.preactivations(saved_l)) == list(NET.preactivations(saved))
+    assert list(cifar8.LAYERS.pool_inputs(saved_l)) == list(NET.pools)
+    dlogits = th.randn(2, (N, K))
+    grads, dx = NET.backward(params, saved, dlogits, cfg)
+    grads_l, dx_l = cifar8.LAYERS.backward(params, saved_l, dlogits, cfg)
+    assert all(jnp.array_equal(grads_l[k], grads[k]) for k in params) and jnp.array_equal(dx_l, dx)
+    # control: the same layers with one ReLU left out (the shapes still fit) are not the net
+    short = dataclasses.replace(cifar8.LAYERS, stage_list=lambda c: [s for s in cifar8.LAYERS.stage_list(c)
+                                                                     if s.name != "relu(fc1)"])
+    assert not jnp.array_equal(short.forward(params, x, cfg)[0], logits)
+
+
 def test_stages_own_every_parameter_once_in_order(params):
-    names = [n for s in cifar8.stage_list(cifar8.Config()) for n in s.params]
+    names = [n for s in NET.stage_list(cifar8.Config()) for n in s.params]
     assert names == list(params)
 
 
@@ -225,7 +315,7 @@ def test_summary_rows(params):
     rows = cifar8.summary(params, cifar8.Config(), (N, 3, 32, 32))
     assert [r.output_shape for r in rows] == [(N, 16, 16, 16), (N, 16, 8, 8), (N, 32, 4, 4), (N, 32, 2, 2), (N, 10)]
     assert sum(r.params for r in rows) == 374_010
-    assert "374,010" in stages.format_summary(rows)
+    assert "374,010" in protocol.format_summary(rows)
 
 
 def test_saved_views(params, x):
@@ -233,8 +323,8 @@ def test_saved_views(params, x):
     pre = cifar8.preactivations(saved)
     assert list(pre) == [f"bn{j}" for j in range(1, 9)] + ["fc1", "fc2"]
     pools = cifar8.pool_inputs(saved)
-    assert list(pools) == list(cifar8.POOLS) == ["pool1", "pool2", "pool3", "pool4"]
-    for name, layer in cifar8.POOL_PREACTIVATIONS.items():  # each pool reads the ReLU of that BN output
+    assert list(pools) == list(NET.pools) == ["pool1", "pool2", "pool3", "pool4"]
+    for name, layer in NET.pool_preactivations.items():  # each pool reads the ReLU of that BN output
         assert jnp.array_equal(pools[name], jnp.maximum(pre[layer], 0))
     assert pre["fc1"].shape == (N, 512)
     assert jax.tree.leaves(saved)  # a pytree of arrays
@@ -270,7 +360,7 @@ def test_per_example_bn_eval_is_train(params, x):
 def test_init_names_layouts_and_rules():
     cfg = cifar8.Config()
     p = cifar8.init(jax.random.PRNGKey(0), cfg)
-    assert list(p) == [s.name for s in cifar8.param_specs(cfg)]
+    assert list(p) == [s.name for s in NET.param_specs(cfg)]
     assert list(p)[:4] == ["conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias"]
     assert list(p)[-6:] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
     assert p["conv1.weight"].shape == (16, 3, 3, 3) and p["fc1.weight"].shape == (512, 128)
@@ -316,6 +406,8 @@ def _bad_calls(p, x):
         "running missing": (lambda: cifar8.forward_eval(p, {}, x, cfg), "running"),
         "saved of another net": (lambda: cifar8.backward(p, {"stem": None}, jnp.zeros((N, K)), cfg), "stage1"),
         "bn kind": (lambda: cifar8.Config(bn="layer"), "'batch' or 'example'"),
+        "cfg of another net": (lambda: cifar8.forward(p, x, resnet34.Config()), "cfg must be a Config"),
+        "mask length": (lambda: cifar8.forward(p, x, cfg, valid=jnp.ones(N - 1)), r"valid must have shape \(4,\)"),
     }
 
 
@@ -380,3 +472,12 @@ def test_bf16_rounds_every_conv_site_and_nothing_else(params, x, bf16):
     assert len(sites) == 24
     assert sites == [((operand, operand), "float32")] * 24
     assert [str(v.aval.dtype) for v in closed.jaxpr.outvars] == ["float32"] * (1 + len(params))
+
+
+@pytest.mark.parametrize("formulation, sites", [("conv", 24), ("patches", 0)])
+def test_config_conv_formulation_pins_every_conv_site(params, x, formulation, sites):
+    """cfg.conv_formulation reaches all 24 conv sites: each one XLA's convolution, or none left (each
+    one patches · weights). The two configs are each other's control."""
+    cfg = cifar8.Config(conv_formulation=formulation)
+    closed = jax.make_jaxpr(lambda p, x_, t: cifar8.loss_and_grads(p, x_, t, cfg))(params, x, th.labels(N, K))
+    assert len(_conv_sites(closed.jaxpr)) == sites

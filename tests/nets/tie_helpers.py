@@ -1,7 +1,8 @@
 """Shared by the net tests: images, targets, the autodiff oracle and the node-by-node comparison.
 
-The oracle is built from `net.forward`'s logits and `gradtie.reference.smoothed_cross_entropy`
-only: it never reads the rendered backward or the head cotangent.
+The oracle is `gradtie.reference.oracle`, the one every check ties to: autodiff of `net.forward`
+and the net's loss value (`net.loss.value`, tied to plain-jnp cross-entropy in tests/ops/test_head.py).
+It never reads the rendered backward or the head cotangent.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sklearn.datasets import load_digits
 from gradtie import prng, reference
 from gradtie import tolerances
 from gradtie.checks.tie import compare, zero_in_reals as zero_nodes
+from gradtie.nets.protocol import as_net
 
 # These tests run both sides unjitted, op by op, where rendered and autodiff agree to round-off even
 # at a BatchNorm over M = 2 cells: every row is held to the float64 floor (SPEC §6,
@@ -96,18 +98,14 @@ def f64(params):
 
 
 def oracle_loss_and_grads(net, params, x, targets, cfg, alpha):
-    """jax.value_and_grad of the forward-based loss (reference.smoothed_cross_entropy of the logits)."""
-    t = as_rows(targets, cfg.num_classes)
-
-    def loss(p):
-        return reference.smoothed_cross_entropy(net.forward(p, x, cfg)[0], t, alpha)
-
-    return jax.value_and_grad(loss)(params)
+    """(loss, parameter gradients) of `reference.oracle`: autodiff of the forward-based loss."""
+    loss, grads, _ = reference.oracle(as_net(net), params, x, as_rows(targets, cfg.num_classes), cfg, alpha)
+    return loss, grads
 
 
 def oracle_input_cotangent(net, params, x, cfg, dlogits):
-    """jax.vjp of the forward's logits with respect to the image."""
-    (dx,) = reference.vjp(lambda x_: net.forward(params, x_, cfg)[0], x, cotangent=dlogits)
+    """`reference.vjp` of the forward's logits with respect to the image."""
+    (dx,) = reference.vjp(lambda x_: as_net(net).forward(params, x_, cfg)[0], x, cotangent=dlogits)
     return dx
 
 
