@@ -3,7 +3,7 @@
 import jax
 import pytest
 
-from gradtie.nets import cifar8, resnet34, stages
+from gradtie.nets import cifar8, protocol, resnet34
 
 
 def _shapes(net, cfg):
@@ -37,7 +37,7 @@ def _torchvision_resnet34_names(conv_bias=False):
     (cifar8.Config(conv_bias=False), 30, 374_010 - 2 * (16 + 16 + 32 + 32)),
 ])
 def test_cifar8_census(cfg, tensors, floats):
-    c = cifar8.census(_shapes(cifar8, cfg))
+    c = cifar8.census(_shapes(cifar8.NET, cfg))
     assert (c.tensors, c.floats) == (tensors, floats)
     assert c.table().endswith(f"{tensors} tensors, {floats:,} floats")
 
@@ -48,7 +48,7 @@ def test_cifar8_census(cfg, tensors, floats):
     (resnet34.Config(conv_bias=True), 146, 21_797_672 + 8_512),
 ])
 def test_resnet34_census(cfg, tensors, floats):
-    shapes = _shapes(resnet34, cfg)
+    shapes = _shapes(resnet34.NET, cfg)
     c = resnet34.census(shapes)
     assert (c.tensors, c.floats) == (tensors, floats)
     assert [spec.name for spec in resnet34.param_specs(cfg)] == _torchvision_resnet34_names(conv_bias=cfg.conv_bias)
@@ -56,17 +56,21 @@ def test_resnet34_census(cfg, tensors, floats):
 
 
 def test_resnet34_layouts():
-    shapes = _shapes(resnet34, resnet34.Config())
+    shapes = _shapes(resnet34.NET, resnet34.Config())
     assert shapes["conv1.weight"].shape == (64, 3, 7, 7)
     assert shapes["layer2.0.conv1.weight"].shape == (128, 64, 3, 3)
     assert shapes["layer2.0.downsample.0.weight"].shape == (128, 64, 1, 1)
     assert shapes["layer4.2.bn2.bias"].shape == (512,)
     assert shapes["fc.weight"].shape == (1000, 512)
+    # the protocol's abstract point reads the same shapes off the specs, in the same order
+    abstract, x = protocol.abstract_inputs(resnet34.NET, resnet34.Config())
+    assert [(k, v.shape) for k, v in abstract.items()] == [(k, v.shape) for k, v in shapes.items()]
+    assert x.shape == (1, 3, 224, 224)
 
 
 def test_resnet34_summary_at_imagenet_shapes():
     cfg = resnet34.Config()
-    rows = resnet34.summary(_shapes(resnet34, cfg), cfg, (8, 3, 224, 224))
+    rows = resnet34.summary(_shapes(resnet34.NET, cfg), cfg, (8, 3, 224, 224))
     by_name = {r.name: r for r in rows}
     assert len(rows) == 18
     assert by_name["stem"].output_shape == (8, 64, 56, 56)
@@ -76,12 +80,12 @@ def test_resnet34_summary_at_imagenet_shapes():
     assert by_name["layer4.2"].output_shape == (8, 512, 7, 7)
     assert by_name["head"].output_shape == (8, 1000)
     assert sum(r.params for r in rows) == 21_797_672
-    assert stages.format_summary(rows).splitlines()[-1].endswith("21,797,672")
+    assert protocol.format_summary(rows).splitlines()[-1].endswith("21,797,672")
 
 
 def test_census_control_goes_red():
     """A missing tensor or a wrong head width shows in the counts."""
-    shapes = _shapes(resnet34, resnet34.Config())
+    shapes = _shapes(resnet34.NET, resnet34.Config())
     c = resnet34.census({k: v for k, v in shapes.items() if k != "layer3.4.bn1.bias"})
     assert (c.tensors, c.floats) == (109, 21_797_672 - 256)
-    assert cifar8.census(_shapes(cifar8, cifar8.Config(head_width=256))).floats != 374_010
+    assert cifar8.census(_shapes(cifar8.NET, cifar8.Config(head_width=256))).floats != 374_010
