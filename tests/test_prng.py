@@ -7,10 +7,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import monitoring
 
 from gradtie import prng
-from gradtie.nets import cifar8, stages
+from gradtie.nets import cifar8
 
 KEY = jax.random.fold_in(jax.random.key(3), 7)
 SHAPES = [(), (1,), (5,), (3, 4, 5, 7), (64, 3, 3, 3), (2, 3, 32, 32)]
@@ -59,13 +58,18 @@ def test_one_compilation_per_size_class():
         if event == "/jax/core/compile/jaxpr_to_mlir_module_duration":     # a new program, cached or not
             seen.append(kw.get("fun_name"))
 
-    monitoring.register_event_duration_secs_listener(listen)
+    jax.monitoring.register_event_duration_secs_listener(listen)
     try:
         for shape in [(5, 2, 3, 3), (3, 5, 2, 3), (2, 45), (90,), (11, 11)]:     # 90, 90, 90, 90, 121 → 128
             prng.normal(jax.random.fold_in(KEY, math.prod(shape)), shape, jnp.float16)
+        first = seen.count("jit(_normal)")
+        # control: the listener sees a new size class compile (1000 → 1024), once for two shapes of it
+        for shape in [(1000,), (30, 31)]:
+            prng.normal(KEY, shape, jnp.float16)
     finally:
-        monitoring.unregister_event_duration_listener(listen)
-    assert seen.count("jit(_normal)") <= 1, seen     # float16 draws of 128 values: one program at most
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert first <= 1, seen     # float16 draws of 128 values: one program at most
+    assert seen.count("jit(_normal)") == first + 1, seen
 
 
 def test_under_a_trace_it_is_part_of_the_callers_program():
@@ -83,14 +87,17 @@ def test_under_a_trace_it_is_part_of_the_callers_program():
 
 def test_initial_weights_are_the_flat_draw_cut_into_tensors():
     """The nets draw one standard normal for every weight (float32) and cut it: the first conv
-    weight is std · z[:size] of jax.random.normal's flat draw."""
+    weight is std · z[:size] of jax.random.normal's flat draw, std = √(2/(O·kh·kw)) (He fan-out)."""
     key = jax.random.key(0)
     cfg = cifar8.Config()
     params = cifar8.init(key, cfg, weights="drawn")
-    specs = [s for s in cifar8.param_specs(cfg) if s.init in ("conv", "dense")]
+    specs = [s for s in cifar8.NET.param_specs(cfg) if s.init in ("conv", "dense")]
     total = sum(math.prod(s.shape) for s in specs)
     z = jax.random.normal(key, (total,), jnp.float32)
     first = specs[0]
+    assert (first.name, first.shape) == ("conv1.weight", (16, 3, 3, 3))
     size = math.prod(first.shape)
-    expect = jnp.float32(stages._std(first)) * z[:size].reshape(first.shape)
+    expect = jnp.float32(math.sqrt(2 / (16 * 3 * 3))) * z[:size].reshape(first.shape)
     assert same(params[first.name], expect)
+    # control: the draw's next values are the next tensor's, not these
+    assert not same(params[first.name], jnp.float32(math.sqrt(2 / (16 * 3 * 3))) * z[1:size + 1].reshape(first.shape))
