@@ -21,10 +21,10 @@ from gradtie import reference_numpy as rn
 from gradtie import tolerances as tol
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import batchnorm, conv, maxpool
+# compile-bound on CPU: the jitted forwards compile with LLVM optimisation off (the values are the same ops)
+from gradtie.rendered import QUICK
 
 K = 10
-# compile-bound on CPU: the jitted forwards compile with LLVM optimisation off (the values are the same ops)
-QUICK = {"xla_backend_optimization_level": 0}
 
 
 def over_limit(got, want, limit) -> float:
@@ -180,13 +180,13 @@ class NetPoint:
 
 @pytest.fixture(scope="module")
 def cifar8_point():
-    return NetPoint(cifar8, cifar8.Config(num_classes=K), rn.cifar8_forward, 3, 0)
+    return NetPoint(cifar8.NET, cifar8.Config(num_classes=K), rn.cifar8_forward, 3, 0)
 
 
 @pytest.fixture(scope="module")
 def resnet34_point():
     # batch 2 at 32 px: layer4's BNs normalise over M = 2 cells, the ill-conditioned point of issue 9
-    return NetPoint(resnet34, resnet34.Config(num_classes=K), rn.resnet34_forward, 2, 1)
+    return NetPoint(resnet34.NET, resnet34.Config(num_classes=K), rn.resnet34_forward, 2, 1)
 
 
 def assert_drawn(params):
