@@ -5,11 +5,14 @@ Kept quick: K = 10, batch 2, 32-px images (one case at 64 px), eager so that eve
 first reuses the compiled ops of its shapes.
 """
 
+from collections import Counter
+
 import jax
 import jax.numpy as jnp
 import pytest
 
-from gradtie.nets import resnet34
+from gradtie import kit
+from gradtie.nets import protocol, resnet34
 from gradtie.ops import head, maxpool
 
 import tie_helpers as th
@@ -17,6 +20,7 @@ import tie_helpers as th
 N = 2
 K = 10
 CFG = resnet34.Config(num_classes=K)
+NET = resnet34.NET
 
 
 @pytest.fixture(scope="module")
@@ -40,20 +44,18 @@ def tied_point(params, point):
     x, t = point["x"], point["t"]
     dlogits = head.cotangent(point["logits"], t, 0.1)
     grads, dx = resnet34.backward(params, point["saved"], dlogits, CFG)
-
-    def loss(p, x_):
-        return th.reference.smoothed_cross_entropy(resnet34.forward(p, x_, CFG)[0], t, 0.1)
-
-    _, (grads_ref, dx_ref) = jax.value_and_grad(loss, argnums=(0, 1))(params, x)
+    _, grads_ref, dx_ref = th.reference.oracle(NET, params, x, t, CFG, 0.1)
     return dict(point, dlogits=dlogits, grads=grads, dx=dx, grads_ref=grads_ref, dx_ref=dx_ref)
 
 
+@pytest.mark.slow
 def test_rendered_chain_equals_autodiff_f64(params, tied_point):
     point = tied_point
     assert list(point["grads"]) == list(params)
     th.assert_tied(point["grads"], point["grads_ref"], params)
 
 
+@pytest.mark.slow
 def test_input_cotangent_equals_autodiff_f64(tied_point):
     point = tied_point
     assert point["dx"].shape == point["x"].shape
@@ -67,16 +69,19 @@ CASES = {
                                          lambda: th.randn(2, (N, 3, 32, 32)), "labels", 0.1),
     "photos-64px-labels-a0.1": (CFG, lambda: th.photos(N, 64), "labels", 0.1),
 }
+# the conv-bias case is the one net-level ResNet-34 tie `make test` runs; the Whole-net tie chapter
+# ties the others' points (photos, flat images, 64 px in its cpu profile)
+QUICK_CASES = ("randn-32px-conv-bias-labels-a0.1",)
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("case", [c if c in QUICK_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_loss_and_grads_equal_autodiff_f64(params, case):
     cfg, images, targets, alpha = CASES[case]
     p = params if cfg == CFG else th.f64(resnet34.init(jax.random.PRNGKey(3), cfg, weights="drawn"))
     x = images()
     t = th.labels(N, K) if targets == "labels" else th.soft_targets(N, K)
     loss, grads = resnet34.loss_and_grads(p, x, t, cfg, label_smoothing=alpha)
-    loss_ref, grads_ref = th.oracle_loss_and_grads(resnet34, p, x, t, cfg, alpha)
+    loss_ref, grads_ref = th.oracle_loss_and_grads(NET, p, x, t, cfg, alpha)
     assert th.loss_tied(loss, loss_ref)
     assert list(grads) == list(p)
     th.assert_tied(grads, grads_ref, p)
@@ -84,6 +89,7 @@ def test_loss_and_grads_equal_autodiff_f64(params, case):
 
 # ---- controls --------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_doubled_cotangent_control_goes_red(params, tied_point):
     point = tied_point
     grads, dx = resnet34.backward(params, point["saved"], 2 * point["dlogits"], CFG)
@@ -91,6 +97,7 @@ def test_doubled_cotangent_control_goes_red(params, tied_point):
     assert not th.input_tied(dx, point["dx_ref"])
 
 
+@pytest.mark.slow
 def test_swap_gamma_beta_control_goes_red(params, tied_point):
     point = tied_point
     grads = dict(point["grads"])
@@ -99,6 +106,7 @@ def test_swap_gamma_beta_control_goes_red(params, tied_point):
     assert sorted(th.untied(grads, point["grads_ref"], params)) == [b, a]
 
 
+@pytest.mark.slow
 def test_projection_bn_reads_da_control_goes_red(params, tied_point):
     """Feeding the projection BN's β the cotangent of bn1 (not the block's da) fails the tie."""
     point = tied_point
@@ -115,7 +123,7 @@ def test_eighteen_stages_compose_to_the_forward_bit_for_bit(params, point):
     assert len(pairs) == 18
     assert names == (["stem"] + [f"layer{l}.{i}" for l, n in zip((1, 2, 3, 4), (3, 4, 6, 3)) for i in range(n)]
                      + ["head"])
-    kinds = [s.kind for s in resnet34.stage_list(CFG)]
+    kinds = [s.kind for s in NET.stage_list(CFG)]
     assert kinds == ["stem"] + ["identity"] * 3 + (["downsample"] + ["identity"] * 3) \
         + (["downsample"] + ["identity"] * 5) + (["downsample"] + ["identity"] * 2) + ["head"]
     assert kinds.count("identity") == 13 and kinds.count("downsample") == 3
@@ -131,16 +139,16 @@ def test_eighteen_stages_compose_to_the_forward_bit_for_bit(params, point):
 
 
 def test_stages_own_every_parameter_once_in_order(params):
-    assert list(params) == [spec.name for spec in resnet34.param_specs(CFG)]
-    assert [n for s in resnet34.stage_list(CFG) for n in s.params] == list(params)
-    assert resnet34.stage_list(CFG)[0].params == ("conv1.weight", "bn1.weight", "bn1.bias")
+    assert list(params) == [spec.name for spec in NET.param_specs(CFG)]
+    assert [n for s in NET.stage_list(CFG) for n in s.params] == list(params)
+    assert NET.stage_list(CFG)[0].params == ("conv1.weight", "bn1.weight", "bn1.bias")
 
 
 def test_stem_pool_gather_at_argmax_is_the_net_bit_for_bit(params, point):
     r = resnet34.pool_inputs(point["saved"])["stem.pool"]
-    assert list(resnet34.POOLS) == ["stem.pool"] and r.shape == (N, 64, 16, 16)
-    assert resnet34.POOL_PREACTIVATIONS == {"stem.pool": "bn1"}
-    sigma = maxpool.select(r, resnet34.POOLS["stem.pool"])
+    assert list(NET.pools) == ["stem.pool"] and r.shape == (N, 64, 16, 16)
+    assert NET.pool_preactivations == {"stem.pool": "bn1"}
+    sigma = maxpool.select(r, NET.pools["stem.pool"])
     logits_g, saved_g = resnet34.forward(params, point["x"], CFG, selections={"stem.pool": sigma})
     assert jnp.array_equal(logits_g, point["logits"])
     assert jnp.array_equal(saved_g["stem"].sigma, sigma)
@@ -166,6 +174,33 @@ def test_batch_stats_are_this_batch_and_drive_eval(params, point):
     assert th.rel_err(logits_eval, point["logits"]) <= 1e-8
     assert th.rel_err(resnet34.forward_eval(params, resnet34.init_running(params, CFG), point["x"], CFG),
                       point["logits"]) > 1e-3
+
+
+# ---- the kit ---------------------------------------------------------------------------------------
+
+KIT_CALLS = {"conv_backward": 36, "conv_grad_weight": 36, "bn_backward": 36, "bn_nodes": 36, "relu_backward": 33,
+             "pool_backward": 1, "residual_backward": 16, "gap_backward": 1, "dense_backward": 1,
+             "dense_grad_weight": 1, "dense_grad_bias": 1}
+
+
+@pytest.mark.parametrize("conv_bias", [False, True])
+def test_backward_makes_every_op_call_through_its_kit(conv_bias):
+    """At abstract shapes (nothing computed), a recording kit sees the chain's every op: 36 convs
+    and BNs (stem, 32 in blocks, 3 projections), 33 ReLUs, the stem pool, 16 residual fan-ins,
+    GAP and fc; the conv bias nodes exactly when the config has conv biases (each case the other's
+    control)."""
+    cfg = resnet34.Config(num_classes=K, conv_bias=conv_bias)
+    params, x = protocol.abstract_inputs(NET, cfg, (N, 3, 32, 32))
+    log = []
+
+    def chain(p, x_):
+        logits, saved = NET.forward(p, x_, cfg)
+        return NET.backward(p, saved, logits, cfg, kit=kit.recording(kit.KIT, log))
+
+    jax.eval_shape(chain, params, x)
+    assert Counter(c.op for c in log) == {**KIT_CALLS, **({"conv_grad_bias": 36} if conv_bias else {})}
+    projections = sorted(c.args[0] for c in log if c.op == "bn_backward" and "downsample" in c.args[0])
+    assert projections == [f"layer{k}.0.downsample.1" for k in (2, 3, 4)]
 
 
 # ---- jit, bad input --------------------------------------------------------------------------------
