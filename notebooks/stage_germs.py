@@ -37,14 +37,14 @@
 # For a path θ(t) = θ + t·v (straight) or θ + t·v + t²·w (curved) in one germ's weights, write
 # S(t) for the loss of the real net at θ(t) and G(t) for the gather model's. Numerically, in
 # float64 on real photos, at **drawn weights** (γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases
-# ~ N(0, 0.1²): `cifar8.init(key, cfg, weights="drawn")`, a point where a backward that mixes up γ,
-# β or a bias cannot hide), we show:
+# ~ N(0, 0.1²): `cifar8.NET.init(key, cfg, weights="drawn")`, a point where a backward that mixes up
+# γ, β or a bias cannot hide), we show:
 #
 # 1. for each of the eight germs and several paths, one of them curved, S and G are
 #    **bit-identical** for |t| below a radius δ and part beyond it;
 # 2. the window margins **predict** δ;
 # 3. central finite differences of S converge to ⟨rendered node, v⟩, judged against a round-off
-#    level measured apart, with controls that must fail;
+#    level measured apart, with controls that must fail (wrong nodes, a bug planted in the chain);
 # 4. the germ holds at a point full of **twin ties** (flat images), and fails at a **non-twin tie**.
 #
 # The first cell turns on float64.
@@ -59,7 +59,7 @@ jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng
 from gradtie import tolerances
-from gradtie.checks import census, check, germs
+from gradtie.checks import bugs, census, check, germs
 from gradtie.nets import cifar8
 from gradtie.ops import head
 
@@ -72,12 +72,12 @@ seed = 0
 # %%
 p = book.validated(batch=batch, data=data, directions=directions, seed=seed)
 key = jax.random.key(p.seed)
-cfg8 = cifar8.Config()
-params8 = {k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights="drawn").items()}
+net8, cfg8 = cifar8.NET, cifar8.Config()
+params8 = {k: v.astype(jnp.float64) for k, v in net8.init(key, cfg8, weights="drawn").items()}
 x8 = check.make_batch(p.data, p.batch, 32, p.seed)
 targets = head.one_hot(prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10), 10, jnp.float64)
-grads8 = germs.rendered_nodes(cifar8, params8, x8, targets, cfg8)
-smooth8 = census.smoothness(cifar8, params8, x8, cfg8)
+grads8 = germs.rendered_nodes(net8, params8, x8, targets, cfg8)
+smooth8 = census.smoothness(net8, params8, x8, cfg8)
 gammas = np.concatenate([np.asarray(params8[f"bn{k}.weight"]) for k in range(1, 9)])
 shifts = np.concatenate([np.asarray(params8[f"bn{k}.bias"]) for k in range(1, 9)])
 
@@ -101,6 +101,9 @@ assert smooth8.ok
 # maximum, and from then on it is the gap between two cells pushed through the rest of the net:
 # tiny but not zero.
 #
+# The rendered nodes are the one rendered step's (`gradtie.rendered`): forward, the loss's own
+# cotangent, the net's rendered backward through the real kit, as every check runs it.
+#
 # `germs.germ` walks a path through one germ's weights: `"bn3"` moves conv3's weight and bias and
 # bn3's γ and β, as `c8_germ_stage₃` does. It evaluates S and G at ±t on a decade grid of |t|
 # (10⁻⁸ … 1): the stages before the moving one once, the moving stage through the last pool op by op
@@ -115,8 +118,8 @@ assert smooth8.ok
 # profile walks two paths per germ, one of each kind; the cpu profile six.
 
 # %%
-survey8 = germs.survey(cifar8, params8, x8, targets, cfg8, grads8, germs.C8_GERMS,
-                       key=jax.random.fold_in(key, 2), directions=p.directions, progress=True)
+survey8 = germs.survey(net8, params8, x8, targets, cfg8, grads8, germs.C8_GERMS,
+                       key=jax.random.fold_in(key, 2), directions=p.directions)
 print(survey8.radii_table())
 
 # %% tags=["nbval-check-output"]
@@ -243,6 +246,26 @@ for name, reports in wrong.items():
 assert all(r.fd_verdict == "fails" for reports in wrong.values() for r in reports)
 
 # %% [markdown]
+# A wrong node can also come from a wrong chain. We plant a catalogue bug (`bugs.plant`, chapter
+# Would the check catch it?): `bn_forget_gamma`, a BatchNorm input backward that drops the factor γ.
+# The rendered step of that chain hands conv8 a cotangent off by 1/γ per channel, and the same bn8
+# walk, the same steps and the same round-off level, now judges the planted nodes: it must fail.
+
+# %%
+walk8 = next(r for r in fd8 if r.germ == "bn8" and r.path == "straight")
+walk8_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, 2), 7), 0)   # the survey's: germ 8, path 0
+forgot = bugs.plant("bn_forget_gamma", net8)
+forgot_walk = germs.germ(net8, params8, x8, targets, cfg8, germs.rendered_nodes(net8, params8, x8, targets, cfg8,
+                                                                                 chain=forgot),
+                         "bn8", key=walk8_key, label=f"c8Z8 straight 0, {forgot.label}")
+
+# %% tags=["nbval-check-output"]
+print(f"{forgot.label}: finite differences {forgot_walk.fd_verdict}, where the real chain's walk "
+      f"{walk8.fd_verdict}")
+assert np.array_equal(forgot_walk.central, walk8.central)      # the same walk: only the node differs
+assert walk8.fd_converges and forgot_walk.fd_verdict == "fails"
+
+# %% [markdown]
 # The other way a verdict goes wrong is by saying "converges" with nothing to go on. We move one
 # BatchNorm shift β of bn8 so that a ReLU input sits close to 0 — on its own side of it, so the
 # census still calls the point smooth — with its kink at a tenth of the step below which round-off
@@ -250,12 +273,11 @@ assert all(r.fd_verdict == "fails" for reports in wrong.values() for r in report
 # the verdict must be "no evidence".
 
 # %%
-walk8 = next(r for r in fd8 if r.germ == "bn8" and r.path == "straight")
-near_params = germs.near_kink(cifar8, params8, x8, cfg8, "bn8", key=jax.random.fold_in(jax.random.fold_in(key, 2), 7),
-                              radius=walk8.roundoff_edge / 10)
-near_census = census.smoothness(cifar8, near_params, x8, cfg8)
-near = germs.germ(cifar8, near_params, x8, targets, cfg8, germs.rendered_nodes(cifar8, near_params, x8, targets, cfg8),
-                  "bn8", key=jax.random.fold_in(jax.random.fold_in(key, 2), 7), label="c8Z8, kink close")
+near_key = jax.random.fold_in(jax.random.fold_in(key, 2), 7)
+near_params = germs.near_kink(net8, params8, x8, cfg8, "bn8", key=near_key, radius=walk8.roundoff_edge / 10)
+near_census = census.smoothness(net8, near_params, x8, cfg8)
+near = germs.germ(net8, near_params, x8, targets, cfg8, germs.rendered_nodes(net8, near_params, x8, targets, cfg8),
+                  "bn8", key=near_key, label="c8Z8, kink close")
 
 # %% tags=["nbval-check-output"]
 print(f"the same point with one bn8 shift moved: smooth {near_census.ok}; first kink at about "
@@ -286,10 +308,10 @@ plt.show()
 
 # %%
 flat8 = check.make_batch("flat", p.batch, 32, p.seed)
-flat_census = census.smoothness(cifar8, params8, flat8, cfg8)
+flat_census = census.smoothness(net8, params8, flat8, cfg8)
 twins_by_pool = {pc.pool: pc.counts["twin tie"] for pc in flat_census.pools}
-grads_flat = germs.rendered_nodes(cifar8, params8, flat8, targets, cfg8)
-twin_walks = germs.survey(cifar8, params8, flat8, targets, cfg8, grads_flat,
+grads_flat = germs.rendered_nodes(net8, params8, flat8, targets, cfg8)
+twin_walks = germs.survey(net8, params8, flat8, targets, cfg8, grads_flat,
                           {k: germs.C8_GERMS[k] for k in ("c8Z1", "c8Z2", "c8Z3", "c8Z4")},
                           key=jax.random.fold_in(key, 5), directions=1)
 print(twin_walks.radii_table())
@@ -323,10 +345,10 @@ plt.show()
 # each such tie breaks at first order, one way for t > 0 and the other way for t < 0.
 
 # %%
-planted = census.planted_tie(cifar8, params8)
-tie_census = census.smoothness(cifar8, planted, flat8, cfg8)
-grads_tie = germs.rendered_nodes(cifar8, planted, flat8, targets, cfg8)
-at_tie = germs.germ(cifar8, planted, flat8, targets, cfg8, grads_tie, "bn1", key=jax.random.fold_in(key, 2),
+planted = census.planted_tie(net8, params8)
+tie_census = census.smoothness(net8, planted, flat8, cfg8)
+grads_tie = germs.rendered_nodes(net8, planted, flat8, targets, cfg8)
+at_tie = germs.germ(net8, planted, flat8, targets, cfg8, grads_tie, "bn1", key=jax.random.fold_in(key, 2),
                     label="c8Z1 at a non-twin tie")
 
 # %% tags=["nbval-check-output"]

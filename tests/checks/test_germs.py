@@ -5,10 +5,10 @@ node (×2, ×0) rejected, a close kink giving "no evidence", a non-twin tie givi
 
 The report's logic runs first on synthetic numbers (no net), then the kit on cifar8 at drawn
 weights: germ 8 (bn8, few windows downstream: cheap) on a photo batch, germ 4 on flat images (twin
-ties at pool 2), and germ 1 at the planted non-twin tie of `census.planted_tie`.
+ties at pool 2), and germ 1 at the planted non-twin tie of `census.planted_tie`. The rendered nodes
+come from the one rendered step, so a chain planted from the catalogue (`bugs.plant`) reaches the
+walk: its nodes must fail.
 """
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +17,9 @@ import pytest
 
 from gradtie import data
 from gradtie import tolerances
-from gradtie.checks import census, germs
+from gradtie.checks import bugs, census, germs
 from gradtie.nets import cifar8, resnet34
+from gradtie.nets.protocol import abstract_inputs
 from gradtie.ops import head
 
 HS = germs.H_GRID
@@ -109,39 +110,42 @@ def test_first_crossing_is_the_smallest_root_of_each_gap():
 
 # ---- the kit on cifar8 --------------------------------------------------------------------------
 
+NET = cifar8.NET
 CFG = cifar8.Config(head_width=64)
+CFG34 = resnet34.Config(num_classes=10)
 
 
 @pytest.fixture(scope="module")
 def point():
-    params = {k: v.astype(jnp.float64) for k, v in cifar8.init(jax.random.key(0), CFG, weights="drawn").items()}
+    params = {k: v.astype(jnp.float64) for k, v in NET.init(jax.random.key(0), CFG, weights="drawn").items()}
     x = jnp.asarray(data.photos(2, 32, seed=0), jnp.float64)
     targets = head.one_hot(jnp.array([3, 7]), 10, jnp.float64)
-    return params, x, targets, germs.rendered_nodes(cifar8, params, x, targets, CFG)
+    return params, x, targets, germs.rendered_nodes(NET, params, x, targets, CFG)
 
 
 @pytest.fixture(scope="module")
 def walks(point):
     params, x, targets, grads = point
-    return {kind: germs.germ(cifar8, params, x, targets, CFG, grads, "bn8", key=jax.random.key(4),
+    return {kind: germs.germ(NET, params, x, targets, CFG, grads, "bn8", key=jax.random.key(4),
                              curved=kind == "curved") for kind in ("straight", "curved")}
 
 
 def test_smooth_point_is_smooth(point):
     params, x, _, _ = point
-    assert census.smoothness(cifar8, params, x, CFG).ok
+    assert census.smoothness(NET, params, x, CFG).ok
 
 
 def test_germ_moves_the_pre_activations_own_weights():
-    p = cifar8.init(jax.random.key(0), CFG)
+    p = NET.init(jax.random.key(0), CFG)
     assert germs.walk_parameters(cifar8, "bn3", p, CFG) == ("stage2", ("conv3.weight", "conv3.bias",
                                                                        "bn3.weight", "bn3.bias"))
-    shapes = jax.eval_shape(lambda: resnet34.init(jax.random.key(0), resnet34.Config(num_classes=10)))
-    assert germs.walk_parameters(resnet34, "bn1", shapes)[0] == "stem"
-    assert germs.walk_parameters(resnet34, "layer2.0.bn1", shapes) == (
+    shapes, _ = abstract_inputs(resnet34.NET, CFG34)
+    assert germs.walk_parameters(resnet34.NET, "bn1", shapes, CFG34)[0] == "stem"
+    assert germs.walk_parameters(resnet34, "layer2.0.bn1", shapes, CFG34) == (
         "layer2.0", ("layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["straight", "curved"])
 def test_bit_identical_below_delta_and_parts_beyond(walks, kind):
     r = walks[kind]
@@ -151,25 +155,27 @@ def test_bit_identical_below_delta_and_parts_beyond(walks, kind):
     assert r.delta_bracket[0] < r.delta_bracket[1] <= r.delta_measured
 
 
+@pytest.mark.slow
 def test_split_losses_bracket_delta(point, walks):
     params, x, targets, _ = point
     r = walks["curved"]
+    sigma = germs.selections(NET, params, x, CFG)
     path = germs.make_path(params, r.params, jax.random.key(4))
-    straight_delta, _ = germs.predicted_radius(cifar8, params, x, CFG, path, germs.selections(cifar8, params, x, CFG),
-                                               kinks_everywhere=False)
+    straight_delta, _ = germs.predicted_radius(NET, params, x, CFG, path, sigma, kinks_everywhere=False)
     path = germs.make_path(params, r.params, jax.random.key(4), curved=True, curvature=1 / straight_delta)
-    sigma = germs.selections(cifar8, params, x, CFG)
     lo, hi = r.delta_bracket
-    real, gath = germs.split_losses(cifar8, params, x, targets, CFG, path, [lo, -lo, hi, -hi], sigma, stage="stage4")
+    real, gath = germs.split_losses(NET, params, x, targets, CFG, path, [lo, -lo, hi, -hi], sigma, stage="stage4")
     assert np.array_equal(real[:2], gath[:2])
     assert not np.array_equal(real[2:], gath[2:])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["straight", "curved"])
 def test_delta_predicted_to_second_order(walks, kind):
     assert walks[kind].prediction_consistent and walks[kind].sharp, walks[kind].summary()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["straight", "curved"])
 def test_fd_converges_with_evidence_and_rejects_wrong_nodes(walks, kind):
     r = walks[kind]
@@ -179,42 +185,58 @@ def test_fd_converges_with_evidence_and_rejects_wrong_nodes(walks, kind):
         assert r.judged_against(scale).fd_verdict == "fails"
 
 
+@pytest.mark.slow
+def test_a_planted_chains_nodes_fail_the_finite_differences(point, walks):
+    """The nodes are the rendered step's of the chain handed in: a BN backward that forgets γ
+    (planted from the catalogue) reaches conv8's nodes, and the same walk's differences reject them."""
+    params, x, targets, grads = point
+    planted = germs.rendered_nodes(NET, params, x, targets, CFG, chain=bugs.plant("bn_forget_gamma", NET))
+    assert not np.array_equal(planted["conv8.weight"], grads["conv8.weight"])
+    r = germs.germ(NET, params, x, targets, CFG, planted, "bn8", key=jax.random.key(4))
+    assert walks["straight"].fd_verdict == "converges"
+    assert r.fd_verdict == "fails" and r.violations.any()
+
+
+@pytest.mark.slow
 def test_loss_roundoff_is_roundoff(walks):
     for r in walks.values():
         ulp = np.spacing(r.loss)
         assert ulp / 2 <= r.loss_roundoff < 100 * ulp
 
 
+@pytest.mark.slow
 def test_close_kink_gives_no_evidence(point, walks):
     params, x, targets, _ = point
     radius = walks["straight"].roundoff_edge / 3
-    near = germs.near_kink(cifar8, params, x, CFG, "bn8", key=jax.random.key(4), radius=radius)
-    assert census.smoothness(cifar8, near, x, CFG).ok
-    grads = germs.rendered_nodes(cifar8, near, x, targets, CFG)
-    r = germs.germ(cifar8, near, x, targets, CFG, grads, "bn8", key=jax.random.key(4))
+    near = germs.near_kink(NET, params, x, CFG, "bn8", key=jax.random.key(4), radius=radius)
+    assert census.smoothness(NET, near, x, CFG).ok
+    grads = germs.rendered_nodes(NET, near, x, targets, CFG)
+    r = germs.germ(NET, near, x, targets, CFG, grads, "bn8", key=jax.random.key(4))
     assert r.kink_radius == pytest.approx(radius, rel=0.05)
     assert r.judged.any() and not r.evidence.any()
     assert r.fd_verdict == "no evidence"
 
 
+@pytest.mark.slow
 def test_twin_ties_keep_the_germ_bit_for_bit(point):
     params, _, targets, _ = point
     flat = jnp.asarray(data.flat_images(2, 32, seed=0), jnp.float64)
-    smooth = census.smoothness(cifar8, params, flat, CFG)
+    smooth = census.smoothness(NET, params, flat, CFG)
     assert smooth.ok and smooth.pools[1].counts["twin tie"] > 0     # twins at pool 2
-    r = germs.germ(cifar8, params, flat, targets, CFG, None, "bn4", key=jax.random.key(2))
+    r = germs.germ(NET, params, flat, targets, CFG, None, "bn4", key=jax.random.key(2))
     assert r.holds and r.prediction_consistent
 
 
 @pytest.fixture(scope="module")
 def at_tie(point):
     params, _, targets, _ = point
-    planted = census.planted_tie(cifar8, params)
+    planted = census.planted_tie(NET, params)
     flat = jnp.asarray(data.flat_images(2, 32, seed=0), jnp.float64)
-    grads = germs.rendered_nodes(cifar8, planted, flat, targets, CFG)
-    return germs.germ(cifar8, planted, flat, targets, CFG, grads, "bn1", key=jax.random.key(1))
+    grads = germs.rendered_nodes(NET, planted, flat, targets, CFG)
+    return germs.germ(NET, planted, flat, targets, CFG, grads, "bn1", key=jax.random.key(1))
 
 
+@pytest.mark.slow
 def test_no_germ_at_a_non_twin_tie(at_tie):
     assert at_tie.parts_at_smallest and at_tie.delta_measured == at_tie.ts[0]
     assert at_tie.kinked
@@ -224,17 +246,22 @@ def test_no_germ_at_a_non_twin_tie(at_tie):
 def test_germ_refuses_bad_input(point):
     params, x, targets, _ = point
     with pytest.raises(ValueError, match="unknown walk"):
-        germs.walk_parameters(cifar8, "bn9", params, CFG)
+        germs.walk_parameters(NET, "bn9", params, CFG)
     with pytest.raises(ValueError, match="unknown stage"):
-        germs.stage_parameters(cifar8, "stage9", params, CFG)
+        germs.stage_parameters(NET, "stage9", params, CFG)
     with pytest.raises(ValueError, match="float32"):
-        germs.germ(cifar8, params, x.astype(jnp.float32), targets, CFG, None, "bn8", key=jax.random.key(0))
+        germs.germ(NET, params, x.astype(jnp.float32), targets, CFG, None, "bn8", key=jax.random.key(0))
+    with pytest.raises(ValueError, match="BatchNorm layer"):
+        germs.near_kink(NET, params, x, CFG, "stage4", key=jax.random.key(0), radius=1e-3)
+
+
+def _saved(net, cfg):
+    params, x = abstract_inputs(net, cfg)
+    return jax.eval_shape(lambda p, a: net.forward(p, a, cfg), params, x)[1]
 
 
 def test_plan_runs_op_by_op_through_the_last_pool(point):
     params, x, _, _ = point
-    assert [germs._plan(cifar8, params, x, CFG, f"stage{k}").stop for k in (1, 4)] == [4, 4]
-    cfg34 = resnet34.Config(num_classes=10)
-    shapes = jax.eval_shape(lambda: resnet34.init(jax.random.key(0), cfg34))
-    p34 = {k: jax.ShapeDtypeStruct(s.shape, jnp.float64) for k, s in shapes.items()}
-    assert germs._pool_stages(resnet34, p34, x, cfg34) == [0]      # the stem holds the only pool
+    assert germs.pool_stages(NET, CFG, _saved(NET, CFG)) == [0, 1, 2, 3]
+    assert [germs._plan(NET, params, x, CFG, f"stage{k}").stop for k in (1, 4)] == [4, 4]
+    assert germs.pool_stages(resnet34, CFG34, _saved(resnet34.NET, CFG34)) == [0]   # the stem holds the only pool

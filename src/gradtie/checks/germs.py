@@ -10,21 +10,23 @@ weights (w = 0: a straight walk),
 
 agree bit for bit for |t| below a radius δ (no window's selection changes), and part beyond it.
 The margins predict δ: each window's gap between its selected cell and a competitor (or a dead
-window's distance below 0), followed along the path to second order in t (tangents by the autodiff
-oracle), until it closes. Twins (cells equal for every upstream weight) have equal values and
-tangents: their gap never opens, so it never closes.
+window's distance below 0), followed along the path to second order in t (tangents by forward-mode
+autodiff of the forward), until it closes. Twins (cells equal for every upstream weight) have equal
+values and tangents: their gap never opens, so it never closes.
 
 Central finite differences of S converge to ⟨rendered node, v⟩ = S'(0) while [−h, h] holds no kink:
 the error is |S'''(0)|·h²/6 + O(h⁴) plus the round-off of two evaluations over 2h. S''' comes from
-the autodiff oracle, so the truncation line is a prediction, not a fit. The round-off level ε_L of
-one evaluation is measured independently of the errors judged: the spread of S(0) when the walk's
+autodiff of the forward, so the truncation line is a prediction, not a fit. The round-off level ε_L
+of one evaluation is measured independently of the errors judged: the spread of S(0) when the walk's
 parameters move by a few ulps (every rounding downstream of the moving layer re-rolls, as it does
 between S(h) and S(−h)). A step is evidence when its allowance, truncation plus round-off, pins
 ⟨g, v⟩ to `GERM_EVIDENCE_REL`; where no step lies between round-off and the first kink the verdict
 is "no evidence", never "converges". This is the numeric face of `HasGradAt`.
 
-At a non-twin tie (`census.planted_tie`) the germ fails: S and G part at every |t| and the
-one-sided slopes of S differ by an amount that does not shrink with h. Shown in: Stage germs.
+Any `Net` is walked (a stage, or a BatchNorm layer's pre-activation: `bn3`, `layer2.0.bn1`); S is
+its `loss.value` of its forward, the nodes are `gradtie.rendered`'s step of a chain (`rendered_nodes`).
+At a non-twin tie (`census.planted_tie`) the germ fails: S and G part at every |t| and the one-sided
+slopes of S differ by an amount that does not shrink with h. Shown in: Stage germs.
 """
 
 from __future__ import annotations
@@ -37,15 +39,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import prng, reference
+from .. import reference, rendered
 from ..host import to_device
-from ..ops import head, maxpool
-from . import census
-from .tie import QUICK
+from ..nets.protocol import Net, Pass, as_net, fold_forward
+from ..ops import maxpool
+from ..progress import bar
 from ..tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FLATNESS, GERM_KINK_FRACTION, GERM_KINK_STEPS,
-                         GERM_MIN_WINDOW, GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS,
-                         GERM_ROUNDOFF_NUDGE, GERM_SHARP_REL, GERM_SLOPE_TOL, GERM_TRUNCATION_REL,
-                         GERM_WINDOW_MARGIN)
+                          GERM_MIN_WINDOW, GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS,
+                          GERM_ROUNDOFF_NUDGE, GERM_SHARP_REL, GERM_SLOPE_TOL, GERM_TRUNCATION_REL,
+                          GERM_WINDOW_MARGIN)
+from . import census
+from .envelope import host_rng
+from .tie import Chain, targets_matrix
 
 # |t| grid for S vs G: decades, ±t each, evaluated in one vectorised pass (a fixed size: the
 # op-by-op programs compile once)
@@ -60,9 +65,6 @@ BISECT_ROUNDS = 2
 H_GRID = np.logspace(-13, -1, 37)
 # the eight cifar8 germs, one per pre-activation c8Zₖ (the output of bnₖ)
 C8_GERMS = {f"c8Z{k}": f"bn{k}" for k in range(1, 9)}
-# The germ programs run once or a few times per walk and are compile-bound on CPU: LLVM optimisation
-# off (tie.QUICK). It changes no IEEE result that is compared (S and G share every compiled program;
-# the finite differences and ε_L share theirs).
 _S3 = "S'''"   # a column header
 
 
@@ -210,13 +212,6 @@ class GermReport:
         return int(self.fd_window.sum()) >= GERM_MIN_WINDOW
 
     @property
-    def window_crossover(self) -> float:
-        """The step where the predicted truncation reaches GERM_WINDOW_MARGIN × round-off:
-        (6·M·ρ(1)/|S'''|)^⅓, ρ(h) the round-off allowance. A window exists when the smooth radius
-        lies beyond it."""
-        return float((6 * GERM_WINDOW_MARGIN * self.roundoff_term(1.0) / abs(self.derivatives[2])) ** (1 / 3))
-
-    @property
     def fd_slope(self) -> float:
         """Log-log slope of the FD error over the window (nan without one)."""
         w = self.fd_window
@@ -296,36 +291,31 @@ class GermReport:
 
 def stage_parameters(net, stage: str, params: dict, cfg=None) -> tuple[str, ...]:
     """The parameter names a stage owns, read off the net's stage list."""
-    listed = {s.name: s for s in net.stage_list(cfg if cfg is not None else net.Config())}
+    net = as_net(net)
+    listed = {s.name: s for s in net.stage_list(net.cfg(cfg))}
     if stage not in listed:
-        raise ValueError(f"unknown stage {stage!r} of {net.__name__}; stages: {list(listed)}")
+        raise ValueError(f"unknown stage {stage!r} of {net.name}; stages: {list(listed)}")
     return tuple(n for n in listed[stage].params if n in params)
 
 
 def walk_parameters(net, where: str, params: dict, cfg=None) -> tuple[str, tuple[str, ...]]:
     """(stage, names) for a walk: `where` is a stage ("stage2", "stem": all its weights) or a
     pre-activation ("bn3": the conv→BN pair that writes it, conv3.* and bn3.*, as `c8_germ_stage₃`
-    moves)."""
-    cfg = cfg if cfg is not None else net.Config()
+    moves; "layer2.0.bn1": layer2.0.conv1.* and layer2.0.bn1.*)."""
+    net = as_net(net)
+    cfg = net.cfg(cfg)
     stages = net.stage_list(cfg)
     if where in {s.name for s in stages}:
         return where, stage_parameters(net, where, params, cfg)
-    if where.rsplit(".", 1)[-1].startswith("bn"):
-        conv_name = where[: len(where) - len(where.rsplit(".", 1)[-1])] + "conv" + where.rsplit(".", 1)[-1][2:]
+    prefix, _, layer = where.rpartition(".")
+    if layer.startswith("bn"):
+        conv_name = f"{prefix}.conv{layer[2:]}" if prefix else f"conv{layer[2:]}"
         for st in stages:     # in the stage's own (signature) order
             names = tuple(n for n in st.params if n in params and n.startswith((f"{conv_name}.", f"{where}.")))
             if names:
                 return st.name, names
-    raise ValueError(f"unknown walk {where!r} of {net.__name__}: expected a stage "
+    raise ValueError(f"unknown walk {where!r} of {net.name}: expected a stage "
                      f"({', '.join(s.name for s in stages)}) or a pre-activation such as 'bn1'")
-
-
-def unit_direction(params: dict, names: Sequence[str], key) -> dict:
-    """A random direction in the named parameters (zero elsewhere), unit Euclidean norm overall."""
-    missing = [n for n in names if n not in params]
-    if missing or not names:
-        raise ValueError(f"unit_direction: names must be parameters, got {list(names)} (missing {missing})")
-    return census.direction(params, names, key)
 
 
 class Path(NamedTuple):
@@ -338,6 +328,11 @@ class Path(NamedTuple):
     def kind(self) -> str:
         return "straight" if self.w is None else "curved"
 
+    @property
+    def curvature(self) -> dict:
+        """w, or zeros for a straight walk: one compiled program walks both kinds."""
+        return jax.tree.map(jnp.zeros_like, self.v) if self.w is None else self.w
+
     def at(self, params: dict, t, names: Optional[Sequence[str]] = None) -> dict:
         """θ(t) for the named parameters (all moving ones by default), the others as they are."""
         names = self.names if names is None else names
@@ -346,74 +341,97 @@ class Path(NamedTuple):
         return dict(params, **{n: params[n] + t * self.v[n] + (t * t) * self.w[n] for n in names})
 
 
-def _zero_w(path_w, v):
-    return jax.tree.map(jnp.zeros_like, v) if path_w is None else path_w
+def make_path(params, names: Sequence[str], key, *, curved: bool = False, curvature: float = 1.0) -> Path:
+    """A random unit direction v in the named parameters (`census.direction`: zero elsewhere);
+    curved: w = curvature · (an independent unit direction in the same parameters)."""
+    missing = [n for n in names if n not in params]
+    if missing or not names:
+        raise ValueError(f"make_path: names must be parameters, got {list(names)} (missing {missing})")
+    v = census.direction(params, names, key)
+    if not curved:
+        return Path(v, None, tuple(names))
+    w = census.direction(params, names, jax.random.fold_in(key, 10_000))
+    return Path(v, jax.tree.map(lambda a: curvature * a, w), tuple(names))
 
 
-def _loss_fn(net, params, v, w, x, targets, cfg, t, alpha, selections):
-    p = {k: params[k] + t * v[k] + (t * t) * w[k] for k in params}
-    logits, _ = net.forward(p, x, cfg, selections=selections)
-    return reference.smoothed_cross_entropy(logits, targets, alpha)
+def _moved(params, v, w, t) -> dict:
+    return {k: params[k] + t * v[k] + (t * t) * w[k] for k in params}
 
 
 # evaluated ~130 times per walk: compiled with full optimisation (it pays for itself)
-_loss_at = jax.jit(_loss_fn, static_argnums=(0, 6))
+@partial(jax.jit, static_argnums=(0, 6))
+def _loss_at(net: Net, params, v, w, x, targets, cfg, t, alpha):
+    return reference.loss_at(net, _moved(params, v, w, t), x, targets, cfg, alpha)
 
 
-def path_losses(net, params, x, targets, cfg, path: Path, ts, *, selections=None,
-                label_smoothing: float = 0.0) -> np.ndarray:
-    """The loss at θ(t) for each t (one compiled program, shared by every path and every t); with
-    `selections`, through the gather model frozen there."""
-    alpha = jnp.asarray(label_smoothing, x.dtype)
-    w = _zero_w(path.w, path.v)
-    return np.array([float(_loss_at(net, params, path.v, w, x, targets, cfg, jnp.asarray(t, x.dtype), alpha,
-                                     selections)) for t in ts])
+def path_losses(net, params, x, targets, cfg, path: Path, ts, *, label_smoothing: float = 0.0) -> np.ndarray:
+    """S(t), the net's own loss (`loss.value` of its forward), at θ(t) for each t: one compiled
+    program, shared by every path and every t."""
+    net = as_net(net)
+    targets = targets_matrix(targets, net.cfg(cfg).num_classes, x.dtype)
+    alpha, w = jnp.asarray(label_smoothing, x.dtype), path.curvature
+    return np.array([float(_loss_at(net, params, path.v, w, x, targets, cfg, jnp.asarray(t, x.dtype), alpha))
+                     for t in ts])
+
+
+# Forward-mode Taylor coefficients along the path: the walk's oracle side, and this module's only
+# autodiff (as `census.kink_radius`'s tangents are). It differentiates the forward, never a backward.
+def _tangent(g, one, t):
+    return jax.jvp(g, (t,), (one,))
+
+
+def _taylor(f, zero, order: int) -> list:
+    """[f(0), f'(0), …] up to the `order`-th derivative of a function of one scalar: `order` nested
+    forward-mode passes, one program (the k-th derivative sits k tangent sides deep)."""
+    g = f
+    for _ in range(order):
+        g = partial(_tangent, g, jnp.ones_like(zero))
+    out = g(zero)
+
+    def pick(k):
+        node = out
+        for level in range(order):
+            node = node[1 if level < k else 0]
+        return node
+    return [pick(k) for k in range(order + 1)]
 
 
 # run once per walk, but their nested forward-mode programs are slow without optimisation
 @partial(jax.jit, static_argnums=(0, 6))
-def _derivatives(net, params, v, w, x, targets, cfg, alpha):
-    """S', S'', S''' at t = 0 along θ(t), by nested forward-mode autodiff of the real loss."""
+def _derivatives(net: Net, params, v, w, x, targets, cfg, alpha):
+    """S', S'', S''' at t = 0 along θ(t), by nested forward mode through the real loss."""
     def s(t):
-        return _loss_fn(net, params, v, w, x, targets, cfg, t, alpha, None)
-
-    def d(f):
-        return lambda t: jax.jvp(f, (t,), (jnp.ones_like(t),))[1]
-    zero = jnp.zeros((), x.dtype)
-    s2, s3 = jax.jvp(d(d(s)), (zero,), (jnp.ones_like(zero),))
-    return d(s)(zero), s2, s3
+        return reference.loss_at(net, _moved(params, v, w, t), x, targets, cfg, alpha)
+    return _taylor(s, jnp.zeros((), x.dtype), 3)[1:]
 
 
-def _nudge(params: dict, names: Sequence[str], seed: int, nudge: float) -> dict:
-    """δ: each named parameter entry times nudge·ξ, ξ standard normal drawn on the host."""
-    rng = np.random.default_rng(seed)
-    return {n: np.asarray(params[n]) * nudge * rng.standard_normal(params[n].shape) for n in names}
-
-
-def loss_roundoff(net, params, x, targets, cfg, path: Path, *, seed: int = 0, label_smoothing: float = 0.0,
+def loss_roundoff(net, params, x, targets, cfg, path: Path, *, key, label_smoothing: float = 0.0,
                   draws: int = GERM_ROUNDOFF_DRAWS, nudge: float = GERM_ROUNDOFF_NUDGE) -> tuple[float, np.ndarray]:
     """ε_L, the spread of one evaluation's round-off in S, and the deviations it is read from.
 
-    For each draw, a random nudge δ of the path's own parameters (a relative `nudge` per entry):
-    d = (S(θ + δ) + S(θ − δ))/2 − S(θ). The first-order change cancels between ±δ and the second
-    order, δᵀ∇²Lδ, sits far below round-off, while every rounding downstream of the moving weights
-    re-rolls, as between S(h) and S(−h): d is round-off alone, and its root mean square over the
-    draws, over √(3/2), is the spread of one evaluation's error. Measured on the same compiled
-    program the finite differences use, and with no reference to the node they judge.
+    For each draw, a random nudge δ of the path's own parameters (each entry times nudge·ξ, ξ
+    standard normal drawn on the host from `key`): d = (S(θ + δ) + S(θ − δ))/2 − S(θ). The
+    first-order change cancels between ±δ and the second order, δᵀ∇²Lδ, sits far below round-off,
+    while every rounding downstream of the moving weights re-rolls, as between S(h) and S(−h): d is
+    round-off alone, and its root mean square over the draws, over √(3/2), is the spread of one
+    evaluation's error. Measured on the same compiled program the finite differences use, and with
+    no reference to the node they judge. (Not `checks.envelope`'s largest distance from a float64
+    reference: the spread of S's own round-off at θ, which a central difference divides by h.)
     """
-    alpha = jnp.asarray(label_smoothing, x.dtype)
-    w = _zero_w(path.w, path.v)
-    zero = jnp.zeros((), x.dtype)
+    net = as_net(net)
+    targets = targets_matrix(targets, net.cfg(cfg).num_classes, x.dtype)
+    alpha, zero, w = jnp.asarray(label_smoothing, x.dtype), jnp.zeros((), x.dtype), path.curvature
 
     def s(p):
-        return float(_loss_at(net, p, path.v, w, x, targets, cfg, zero, alpha, None))
+        return float(_loss_at(net, p, path.v, w, x, targets, cfg, zero, alpha))
 
-    s0 = s(params)
+    s0, rng = s(params), host_rng(key)
+    host = {n: np.asarray(params[n]) for n in path.names}
     devs = []
-    for d in range(draws):
-        delta = _nudge(params, path.names, seed + d, nudge)
-        up, down = (dict(params, **{n: to_device(np.asarray(params[n]) + sign * delta[n], params[n].dtype)
-                                    for n in path.names}) for sign in (1, -1))
+    for _ in range(draws):
+        delta = {n: a * nudge * rng.standard_normal(a.shape) for n, a in host.items()}
+        up, down = (dict(params, **{n: to_device(a + sign * delta[n], a.dtype) for n, a in host.items()})
+                    for sign in (1, -1))
         devs.append((s(up) + s(down)) / 2 - s0)
     devs = np.array(devs)
     # each d carries e(θ+δ)/2 + e(θ−δ)/2 − e(θ): spread √(3/2)·σ for an evaluation error of spread σ;
@@ -422,33 +440,27 @@ def loss_roundoff(net, params, x, targets, cfg, path: Path, *, seed: int = 0, la
     return max(sigma, float(np.spacing(abs(s0))) / 2), devs
 
 
-@partial(jax.jit, static_argnums=(0, 3), compiler_options=QUICK)
-def _selections(net, params, x, cfg):
-    _, saved = net.forward(params, x, cfg)
-    return {name: maxpool.select(r, net.POOLS[name]) for name, r in net.pool_inputs(saved).items()}
-
-
 def selections(net, params, x, cfg) -> dict:
-    """σ = argmax for every pool, read from the pool inputs at θ."""
-    return _selections(net, params, x, cfg)
+    """σ = argmax (the first maximal cell) for every pool, read from the pool inputs at θ: the
+    census's forward program, and the windows on the host, as the census reads them."""
+    net = as_net(net)
+    _, saved, _ = rendered.forward(net, params, x, cfg)
+    return {name: to_device(np.argmax(maxpool.windows(np.asarray(r), net.pools[name]), axis=-1))
+            for name, r in net.pool_inputs(saved).items()}
 
 
 @partial(jax.jit, static_argnums=(0, 3, 6))
-def _read_taylor(net, params, x, cfg, v, w, everywhere: bool):
+def _read_taylor(net: Net, params, x, cfg, v, w, everywhere: bool):
     """z(0), z'(0) and z''(0)/2 along θ(t) for every ReLU input (or those feeding pools)."""
+    feeding = sorted(set(net.pool_preactivations.values()))
+
     def read(t):
-        p = {k: params[k] + t * v[k] + (t * t) * w[k] for k in params}
-        _, saved = net.forward(p, x, cfg)
+        _, saved = net.forward(_moved(params, v, w, t), x, cfg)
         pre = net.preactivations(saved)
-        if not everywhere:      # only the layers feeding pools: the compiler drops the rest of the net
-            pre = {k: pre[k] for k in sorted(set(net.POOL_PREACTIVATIONS.values()))}
-        return pre
+        # only the layers feeding pools: the compiler drops the rest of the net
+        return pre if everywhere else {k: pre[k] for k in feeding}
 
-    def d1(t):
-        return jax.jvp(read, (t,), (jnp.ones_like(t),))
-
-    zero = jnp.zeros((), x.dtype)
-    (z0, z1), (_, z2) = jax.jvp(d1, (zero,), (jnp.ones_like(zero),))
+    z0, z1, z2 = _taylor(read, jnp.zeros((), x.dtype), 2)
     return z0, z1, jax.tree.map(lambda a: a / 2, z2)
 
 
@@ -479,7 +491,7 @@ def predicted_radius(net, params, x, cfg, path: Path, sigma: dict, *,
                      kinks_everywhere: bool = True) -> tuple[float, float]:
     """The radii (pool δ, ReLU kinks) along θ(t), each margin followed to second order in t.
 
-    Each pool reads relu(z), z the pre-activations `net.POOL_PREACTIVATIONS` names. Per window,
+    Each pool reads relu(z), z the pre-activations `net.pool_preactivations` names. Per window,
     with σ its selected cell:
 
     - live (z[σ] > 0): σ stays the maximum until a competitor's z meets z[σ]: the gap
@@ -491,15 +503,16 @@ def predicted_radius(net, params, x, cfg, path: Path, sigma: dict, *,
     δ is the smallest |t| at which one of these closes; the kink radius is the smallest |t| at which
     a ReLU input of the net crosses 0 (with `kinks_everywhere=False`, those feeding pools only).
     """
-    w = _zero_w(path.w, path.v)
-    z0, z1, z2 = (jax.tree.map(np.asarray, a) for a in _read_taylor(net, params, x, cfg, path.v, w, kinks_everywhere))
+    net = as_net(net)
+    taylor = _read_taylor(net, params, x, net.cfg(cfg), path.v, path.curvature, kinks_everywhere)
+    z0, z1, z2 = (jax.tree.map(np.asarray, a) for a in taylor)
     kinks = np.inf
     for layer in z0:
         s = np.sign(z0[layer])
         kinks = min(kinks, first_crossing(np.abs(z0[layer]), s * z1[layer], s * z2[layer]))
     radius = np.inf
-    for name, spec in net.POOLS.items():
-        layer = net.POOL_PREACTIVATIONS[name]
+    for name, spec in net.pools.items():
+        layer = net.pool_preactivations[name]
         zw, z1w, z2w = (maxpool.windows(np.asarray(a[layer]), spec) for a in (z0, z1, z2))
         finite = np.isfinite(zw)                       # the stem pool's −∞ padding is never a competitor
         z1w, z2w = np.where(finite, z1w, 0.0), np.where(finite, z2w, 0.0)
@@ -515,47 +528,34 @@ def predicted_radius(net, params, x, cfg, path: Path, sigma: dict, *,
     return radius, kinks
 
 
-@partial(jax.jit, static_argnums=(0, 4), compiler_options=QUICK)
-def rendered_nodes(net, params, x, targets, cfg, label_smoothing=0.0) -> dict:
-    """The rendered parameter nodes at θ: net.backward of the head's six-op cotangent."""
-    logits, saved = net.forward(params, x, cfg)
-    grads, _ = net.backward(params, saved, head.cotangent(logits, targets, label_smoothing), cfg)
-    return grads
+def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, *,
+                   chain: Optional[Chain] = None) -> dict:
+    """The rendered parameter nodes at θ: the one rendered step (`gradtie.rendered`) of `chain`
+    (default: the net's own, through the real kit), from its loss's own cotangent. A planted chain
+    (`checks.bugs.plant`) gives its planted nodes; the finite differences must reject them."""
+    net = as_net(net)
+    chain = chain or Chain(net)
+    return rendered.run(chain.net, chain.kit, params, x, targets, net.cfg(cfg), alpha=label_smoothing,
+                        how="quick").grads
 
 
 # ---- S vs G, bit for bit ------------------------------------------------------------------------
 #
 # Both losses are evaluated in three parts: the stages before the moving one (they do not depend on
-# t: computed once, shared), then the moving stage up to the last stage holding a pool, op by op,
-# real or gathered (a fused graph may contract or reassociate differently around a max pool and a
-# gather, and "bit for bit" must compare the maths, not two compilations), then the rest of the net
-# and the loss as ONE compiled program applied to both: it returns equal bits for equal inputs.
-# Every t of a grid runs in one vectorised pass (vmap over t): the same primitives for S and G, row
-# by row, and a fixed number of rows, so the op-by-op programs compile once.
+# t: their output is the moving stage's input, read once off the census's forward), then the moving
+# stage up to the last stage holding a pool, op by op, real or gathered (a fused graph may contract
+# or reassociate differently around a max pool and a gather, and "bit for bit" must compare the
+# maths, not two compilations), then the rest of the net and the loss as ONE compiled program
+# applied to both: it returns equal bits for equal inputs. Every t of a grid runs in one vectorised
+# pass (vmap over t): the same primitives for S and G, row by row, and a fixed number of rows, so
+# the op-by-op programs compile once.
 
 
-def _pool_stages(net, params, x, cfg) -> list[int]:
-    """Indices in the stage list of the stages that hold a pool (their saved record carries σ)."""
-    _, saved = jax.eval_shape(lambda p, x_: net.forward(p, x_, cfg), params, x)
-    return [i for i, st in enumerate(net.stage_list(cfg)) if hasattr(saved[st.name], "sigma")]
-
-
-@partial(jax.jit, static_argnums=(0, 1, 2, 4), compiler_options=QUICK)
-def _fold(net, start: int, stop: int, params, cfg, y):
-    for st in net.stage_list(cfg)[start:stop]:
-        y, _ = st.forward(params, y, cfg)
-    return y
-
-
-@partial(jax.jit, static_argnums=(0, 1, 3), compiler_options=QUICK)
-def _tail_losses(net, start: int, params, cfg, moved, ys, targets, alpha):
-    """The loss from stage `start` on, per row of ys (and of the moved parameters, if any)."""
-    def one(m, y):
-        p = dict(params, **m)
-        for st in net.stage_list(cfg)[start:]:
-            y, _ = st.forward(p, y, cfg)
-        return reference.smoothed_cross_entropy(y, targets, alpha)
-    return jax.vmap(one)(moved, ys)
+def pool_stages(net, cfg, saved) -> list[int]:
+    """Indices in the stage list of the stages that hold a pool (their saved record has pool
+    inputs). saved: the forward's record, arrays or `jax.eval_shape` structs."""
+    net = as_net(net)
+    return [i for i, st in enumerate(net.stage_list(net.cfg(cfg))) if st.pool_inputs(saved[st.name])]
 
 
 class _Plan(NamedTuple):
@@ -564,13 +564,27 @@ class _Plan(NamedTuple):
     y0: jax.Array       # the moving stage's input (independent of t)
 
 
-def _plan(net, params, x, cfg, stage: str) -> _Plan:
+def _plan(net: Net, params, x, cfg, stage: str) -> _Plan:
     names = [st.name for st in net.stage_list(cfg)]
     if stage not in names:
-        raise ValueError(f"unknown stage {stage!r} of {net.__name__}; stages: {names}")
+        raise ValueError(f"unknown stage {stage!r} of {net.name}; stages: {names}")
     k = names.index(stage)
-    pools = [i for i in _pool_stages(net, params, x, cfg) if i >= k]
-    return _Plan(k, (max(pools) if pools else k) + 1, _fold(net, 0, k, params, cfg, x))
+    _, saved, inputs = rendered.forward(net, params, x, cfg)
+    pools = [i for i in pool_stages(net, cfg, saved) if i >= k]
+    return _Plan(k, (max(pools) if pools else k) + 1, inputs[stage])
+
+
+# once per grid or refinement round: compile-bound, so LLVM's optimisation is off (no IEEE result
+# changes: S and G share this program)
+@partial(jax.jit, static_argnums=(0, 1, 3), compiler_options=rendered.QUICK)
+def _tail_losses(net: Net, start: int, params, cfg, moved, ys, targets, alpha):
+    """The loss from stage `start` on, per row of ys (and of the moved parameters, if any)."""
+    tail = net.stage_list(cfg)[start:]
+
+    def one(m, y):
+        logits, _ = fold_forward(tail, dict(params, **m), y, cfg)
+        return net.loss.value(logits, targets, alpha)
+    return jax.vmap(one)(moved, ys)
 
 
 def split_losses(net, params, x, targets, cfg, path: Path, ts, sigma: dict, *, stage: Optional[str] = None,
@@ -579,26 +593,27 @@ def split_losses(net, params, x, targets, cfg, path: Path, ts, sigma: dict, *, s
 
     The path moves the parameters of `stage` only (or give the `plan` a previous call made).
     """
+    net = as_net(net)
+    cfg = net.cfg(cfg)
     if plan is None:
         if stage is None:
             raise ValueError("split_losses: name the stage the path moves (or pass a plan)")
         plan = _plan(net, params, x, cfg, stage)
     stage_list = net.stage_list(cfg)
-    middle_names = {n for st in stage_list[plan.start:plan.stop] for n in st.params}
+    middle_stages = stage_list[plan.start:plan.stop]
+    middle_names = {n for st in middle_stages for n in st.params}
     outside = [n for n in path.names if n not in middle_names and n not in
                {m for st in stage_list[plan.stop:] for m in st.params}]
     if outside:
         raise ValueError(f"split_losses: the path moves {outside}, upstream of stage {stage_list[plan.start].name}")
+    targets = targets_matrix(targets, cfg.num_classes, x.dtype)
     ts = jnp.asarray(np.asarray(ts, np.float64), x.dtype)
     alpha = jnp.asarray(label_smoothing, x.dtype)
     in_middle = tuple(n for n in path.names if n in middle_names)
     in_tail = tuple(n for n in path.names if n not in middle_names)
 
     def middle(t, sel):
-        p = path.at(params, t, in_middle)
-        y = plan.y0
-        for st in stage_list[plan.start:plan.stop]:
-            y, _ = st.forward(p, y, cfg, selections=sel)
+        y, _ = fold_forward(middle_stages, path.at(params, t, in_middle), plan.y0, cfg, Pass(selections=sel))
         return y
 
     moved = jax.vmap(lambda t: {n: path.at(params, t, in_tail)[n] for n in in_tail})(ts)
@@ -608,14 +623,6 @@ def split_losses(net, params, x, targets, cfg, path: Path, ts, sigma: dict, *, s
             ys = jax.vmap(lambda t: middle(t, sel))(ts)
         out.append(np.asarray(_tail_losses(net, plan.stop, params, cfg, moved, ys, targets, alpha)))
     return out[0], out[1]
-
-
-def _real_minus_gather(net, params, x, targets, cfg, path, sigma, ts, plan, label_smoothing) -> np.ndarray:
-    """max over ±t of |S(t) − G(t)| for each t (2·len(ts) rows in one pass)."""
-    ts = np.asarray(ts, np.float64)
-    real, gath = split_losses(net, params, x, targets, cfg, path, np.concatenate([ts, -ts]), sigma,
-                              plan=plan, label_smoothing=label_smoothing)
-    return np.maximum(np.abs(real - gath)[: ts.size], np.abs(real - gath)[ts.size:])
 
 
 def _refine(lo: float, hi: float, parted_at) -> tuple[float, float]:
@@ -632,16 +639,6 @@ def _refine(lo: float, hi: float, parted_at) -> tuple[float, float]:
     return lo, hi
 
 
-def make_path(params, names: Sequence[str], key, *, curved: bool = False, curvature: float = 1.0) -> Path:
-    """A unit direction v in the named parameters; curved: w = curvature · (an independent unit
-    direction in the same parameters)."""
-    v = unit_direction(params, names, key)
-    if not curved:
-        return Path(v, None, tuple(names))
-    w = unit_direction(params, names, jax.random.fold_in(key, 10_000))
-    return Path(v, jax.tree.map(lambda a: curvature * a, w), tuple(names))
-
-
 def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key, curved: bool = False,
          ts: Optional[np.ndarray] = None, hs: Optional[np.ndarray] = None, label_smoothing: float = 0.0,
          label: Optional[str] = None) -> GermReport:
@@ -651,14 +648,18 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key
     or a whole stage ("stage2", "stem"). A straight walk is θ + t·v, v a random unit direction; a
     curved one θ + t·v + t²·w, |w| = 1/δ₀ with δ₀ the straight walk's predicted radius, so the path
     bends as much as it moves at the germ's own scale. `grads` are the rendered nodes at θ
-    (net.backward); FD compares against ⟨grads, v⟩ (grads=None skips the finite differences).
+    (`rendered_nodes`); FD compares against ⟨grads, v⟩ (grads=None skips the finite differences).
+    targets: int labels [N] or rows [N,K].
     """
+    net = as_net(net)
+    cfg = net.cfg(cfg)
     stage, names = walk_parameters(net, where, params, cfg)
     ts = T_GRID if ts is None else np.asarray(ts, np.float64)
     hs = H_GRID if hs is None else np.asarray(hs, np.float64)
     if x.dtype != params[names[0]].dtype:
         raise ValueError(f"germ: x is {x.dtype} but the parameters are {params[names[0]].dtype}; "
                          f"cast both to one dtype")
+    targets = targets_matrix(targets, cfg.num_classes, x.dtype)
     sigma = selections(net, params, x, cfg)
     path = make_path(params, names, key)
     if curved:
@@ -666,8 +667,10 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key
         path = make_path(params, names, key, curved=True, curvature=1.0 / straight_delta)
     plan = _plan(net, params, x, cfg, stage)
 
-    def diff_at(tt):
-        return _real_minus_gather(net, params, x, targets, cfg, path, sigma, tt, plan, label_smoothing)
+    def diff_at(tt):     # max over ±t of |S(t) − G(t)| for each t (2·len(tt) rows in one pass)
+        real, gath = split_losses(net, params, x, targets, cfg, path, np.concatenate([tt, -tt]), sigma, plan=plan,
+                                  label_smoothing=label_smoothing)
+        return np.max(np.abs(real - gath).reshape(2, -1), axis=0)
 
     diff = diff_at(ts)
     parted = np.nonzero(diff != 0)[0]
@@ -688,11 +691,10 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key
     exact = float(sum(jnp.vdot(grads[n], path.v[n]) for n in names))
     s0, plus, minus = (path_losses(net, params, x, targets, cfg, path, tt, label_smoothing=label_smoothing)
                        for tt in ([0.0], hs, -hs))
-    w = _zero_w(path.w, path.v)
-    derivs = tuple(float(d) for d in _derivatives(net, params, path.v, w, x, targets, cfg,
+    derivs = tuple(float(d) for d in _derivatives(net, params, path.v, path.curvature, x, targets, cfg,
                                                    jnp.asarray(label_smoothing, x.dtype)))
-    seed = int(prng.randint(jax.random.fold_in(key, 20_000), (), 0, 2 ** 31 - 1))
-    eps_l, _ = loss_roundoff(net, params, x, targets, cfg, path, seed=seed, label_smoothing=label_smoothing)
+    eps_l, _ = loss_roundoff(net, params, x, targets, cfg, path, key=jax.random.fold_in(key, 20_000),
+                             label_smoothing=label_smoothing)
     return GermReport(label, where, path.kind, names, ts, diff, measured, bracket, predicted, kinks, hs,
                       (plus - minus) / (2 * hs), exact, float(s0[0]), derivs, (plus - s0[0]) / hs,
                       (s0[0] - minus) / hs, eps_l)
@@ -709,9 +711,14 @@ def near_kink(net, params, x, cfg, where: str, *, key, radius: float) -> dict:
     crosses. A control: with the first kink closer than round-off allows a step, the finite
     differences must say "no evidence".
     """
+    net = as_net(net)
+    cfg = net.cfg(cfg)
     _, names = walk_parameters(net, where, params, cfg)
+    if f"{where}.bias" not in params:
+        raise ValueError(f"near_kink: {where!r} must name a BatchNorm layer of {net.name} (its shift "
+                         f"{where}.bias moves)")
     path = make_path(params, names, key)
-    z0, z1, _ = _read_taylor(net, params, x, cfg, path.v, _zero_w(None, path.v), True)
+    z0, z1, _ = _read_taylor(net, params, x, cfg, path.v, path.curvature, True)
     z, dz = np.asarray(z0[where]), np.asarray(z1[where])
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(dz != 0, np.abs(z) / np.abs(dz), np.inf)
@@ -719,7 +726,7 @@ def near_kink(net, params, x, cfg, where: str, *, key, radius: float) -> dict:
     target = np.sign(z[cell]) * radius * abs(dz[cell])
     beta = np.asarray(params[f"{where}.bias"]).copy()
     beta[cell[1]] += target - z[cell]
-    return dict(params, **{f"{where}.bias": jnp.asarray(beta, params[f"{where}.bias"].dtype)})
+    return dict(params, **{f"{where}.bias": to_device(beta, params[f"{where}.bias"].dtype)})
 
 
 # ---- many germs, many directions ----------------------------------------------------------------
@@ -788,12 +795,11 @@ DIRECTION_KINDS = ("straight", "curved", "straight")   # per germ: directions cy
 def survey(net, params, x, targets, cfg, grads: Optional[dict], germs: dict[str, str], *, key,
            directions: int = 3, progress: bool = False, **kwargs) -> GermSurvey:
     """`germ` for each {label: where} and `directions` paths (cycling straight, curved, straight:
-    two directions already walk both kinds; keys folded from `key`)."""
-    from tqdm.auto import tqdm
-
+    two directions already walk both kinds; keys folded from `key`). progress: a bar on a terminal's
+    stderr (never in a chapter's output)."""
     reports = []
     jobs = [(i, label, where, d) for i, (label, where) in enumerate(germs.items()) for d in range(directions)]
-    for i, label, where, d in tqdm(jobs, desc="germ walks", disable=not progress):
+    for i, label, where, d in bar(jobs, desc="germ walks", enabled=progress):
         curved = DIRECTION_KINDS[d % len(DIRECTION_KINDS)] == "curved"
         reports.append(germ(net, params, x, targets, cfg, grads, where, curved=curved,
                             key=jax.random.fold_in(jax.random.fold_in(key, i), d),

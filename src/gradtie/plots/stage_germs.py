@@ -6,6 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
+from ..tolerances import GERM_ROUNDOFF_SIGMAS, GERM_TRUNCATION_REL
 from ._style import OK_COLOR, CONTROL_COLOR, FIGSIZE
 
 
@@ -83,8 +84,9 @@ def _fd_panel(ax, r, *, color=OK_COLOR, label="|FD − ⟨g, v⟩|", lines: bool
     ax.loglog(h, e, "o", color="0.6", ms=3, mfc="none")
     ax.loglog(h[r.evidence], e[r.evidence], "o", color=color, ms=4, label=label)
     if lines:
-        ax.loglog(h, r.allowance(h), "k-", lw=1, label="allowance: 1.25·|S'''|h²/6 + round-off")
-        ax.loglog(h, r.roundoff_term(h), "k:", lw=1, label="round-off: 8·ε_L/(√2·h)")
+        ax.loglog(h, r.allowance(h), "k-", lw=1,
+                  label=f"allowance: {1 + GERM_TRUNCATION_REL:g}·|S'''|h²/6 + round-off")
+        ax.loglog(h, r.roundoff_term(h), "k:", lw=1, label=f"round-off: {GERM_ROUNDOFF_SIGMAS:g}·ε_L/(√2·h)")
         ax.axvline(r.smooth_radius, color=CONTROL_COLOR, ls="--", lw=1, label="first kink")
 
 
