@@ -10,7 +10,8 @@
 
 The device count must be fixed before jax initialises, and the test session has already imported
 jax, so tests/test_parallel.py runs this script in a fresh interpreter. Every tie runs at drawn
-weights (γ ≠ 1, β ≠ 0) through `checks.check.tie_replicas`, the one verdict path.
+weights (γ ≠ 1, β ≠ 0) through `checks.tie.tie_replicas`, the one verdict path; a planted bug is
+the `Chain` `checks.bugs.plant` returns, run in every replica.
 """
 
 import os
@@ -29,16 +30,15 @@ import numpy as np  # noqa: E402
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import data, parallel, train  # noqa: E402
-from gradtie import tolerances  # noqa: E402
-from gradtie.checks import bugs
-from gradtie.checks.check import run_check, tie_replicas  # noqa: E402
-from gradtie.checks.tie import reference_at, targets_matrix  # noqa: E402
+from gradtie.checks import bugs  # noqa: E402
+from gradtie.checks.check import run_check  # noqa: E402
+from gradtie.checks.tie import reference_at, targets_matrix, tie_replicas  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402
 
 REPLICAS = (2, 4, 8)
 GLOBAL_BATCH = 8          # split 2, 4 and 8 ways: one single-device reference serves every R
-NETS = {"cifar8": (cifar8, cifar8.Config(head_width=64)),
-        "resnet34": (resnet34, resnet34.Config(num_classes=10))}
+NETS = {"cifar8": (cifar8.NET, cifar8.Config(head_width=64)),
+        "resnet34": (resnet34.NET, resnet34.Config(num_classes=10))}
 
 
 def init64(net, cfg, weights="drawn"):
@@ -87,7 +87,7 @@ def uneven():
     point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
     out = {"1+2+0+1": row(tie_replicas(net, params, x, t, cfg, counts=(1, 2, 0, 1), point=point))}
     bug = bugs.plant("sync_plain_mean_of_means", net)
-    out["bug 3+1"] = row(tie_replicas(bug, params, x, t, cfg, counts=(3, 1), point=point))
+    out["bug 3+1"] = row(tie_replicas(net, params, x, t, cfg, chain=bug, counts=(3, 1), point=point))
     # the padded batch by hand: zeros, then junk, in the padding
     mesh = parallel.data_mesh(2)
     xs, ts, valid = parallel.padded(x, t, (3, 1))
@@ -145,7 +145,8 @@ def step():
     to the single-device rendered gradient and batch statistics at batch R·N; then an uneven step
     (counts 3, 0, 2, 1) against the single device at the concatenated batch."""
     cfg = cifar8.Config(head_width=64, conv_bias=False)   # no zero-in-ℝ nodes for Adam to amplify
-    params = init64(cifar8, cfg)
+    net = cifar8.NET
+    params = init64(net, cfg)
     x, t = photo_batch(cfg, 8)
     labels = jnp.argmax(t, axis=1)
     mesh = parallel.data_mesh(4)
@@ -160,10 +161,10 @@ def step():
             return train.TrainState(p, o, train.update_running(state.running, stats, state.step),
                                     state.step + 1)
 
-        dp = parallel.make_step(cifar8, cfg, opt, mesh=mesh)
-        a = b = train.init_state(cifar8, cfg, params, opt)
+        dp = parallel.make_step(net, cfg, opt, mesh=mesh)
+        a = b = train.init_state(net, cfg, params, opt)
         for _ in range(2):
-            ref = parallel.single_device(cifar8, a.params, x, labels, cfg)
+            ref = parallel.single_device(net, a.params, x, labels, cfg)
             a = reference_update(a, ref.grads, ref.stats)
             b, metrics = dp(b, x, labels, lr)
         rel = {f"{part}/{k}": _rel(getattr(a, part)[k], getattr(b, part)[k])
@@ -174,8 +175,8 @@ def step():
                      "accuracy_err": abs(float(ref.accuracy) - float(metrics["accuracy"]))}
     # an uneven last batch: the same rendered step at the concatenated 6 examples on one device
     x6, labels6 = x[:6], labels[:6]
-    ref = parallel.single_device(cifar8, params, x6, labels6, cfg)
-    got = parallel.forward_backward(cifar8, params, x6, labels6, cfg, mesh=mesh, counts=(3, 0, 2, 1))
+    ref = parallel.single_device(net, params, x6, labels6, cfg)
+    got = parallel.forward_backward(net, params, x6, labels6, cfg, mesh=mesh, counts=(3, 0, 2, 1))
     out["uneven"] = {"grads": max(_rel(ref.grads[k], got.grads[k]) for k in params),
                      "stats": max(_rel(ref.stats[k], got.stats[k]) for k in ref.stats),
                      "dx": _rel(ref.dx, got.dx), "loss_err": abs(float(ref.loss) - float(got.loss)),
@@ -185,9 +186,8 @@ def step():
     p32 = {k: v.astype(jnp.float32) for k, v in params.items()}
     x32 = x.astype(jnp.float32)
     opt = train.make_optimizer("sgd")
-    st, _ = parallel.make_step(cifar8, cfg16, opt, mesh=mesh)(train.init_state(cifar8, cfg16, p32, opt),
-                                                              x32, labels, 0.1)
-    g16 = parallel.loss_and_grads(cifar8, p32, x32, labels, cfg16, mesh=mesh)[1]
+    st, _ = parallel.make_step(net, cfg16, opt, mesh=mesh)(train.init_state(net, cfg16, p32, opt), x32, labels, 0.1)
+    g16 = parallel.loss_and_grads(net, p32, x32, labels, cfg16, mesh=mesh)[1]
     out["bf16"] = {"finite": bool(all(np.all(np.isfinite(np.asarray(v))) for v in st.params.values())),
                    "dtypes": sorted({str(v.dtype) for v in g16.values()} | {str(v.dtype) for v in st.params.values()})}
     return out

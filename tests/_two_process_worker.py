@@ -36,7 +36,8 @@ PER_REPLICA = 2
 cfg = cifar8.Config(head_width=64)
 replicas = jax.device_count()
 mesh = parallel.data_mesh(replicas)
-params = {k: np.asarray(v, np.float64) for k, v in cifar8.init(jax.random.key(0), cfg, weights="drawn").items()}
+net = cifar8.NET
+params = {k: np.asarray(v, np.float64) for k, v in net.init(jax.random.key(0), cfg, weights="drawn").items()}
 rng = np.random.default_rng(1)
 x = rng.uniform(size=(replicas * PER_REPLICA, 3, 32, 32))
 labels = rng.integers(0, cfg.num_classes, size=len(x))   # int labels: one-hot on the global array
@@ -45,7 +46,7 @@ labels = rng.integers(0, cfg.num_classes, size=len(x))   # int labels: one-hot o
 rows_per_process = len(x) // jax.process_count()
 mine = slice(process_id * rows_per_process, (process_id + 1) * rows_per_process)
 gx, gt = parallel.global_batch(mesh, (x[mine], labels[mine]))
-out = parallel.forward_backward(cifar8, parallel.replicate(mesh, params), gx, gt, cfg, mesh=mesh)
+out = parallel.forward_backward(net, parallel.replicate(mesh, params), gx, gt, cfg, mesh=mesh)
 # replicated results: any local shard; the input gradient: every process's rows gathered
 loss = np.asarray(out.loss.addressable_data(0))
 grads = {k: np.asarray(v.addressable_data(0)) for k, v in out.grads.items()}
