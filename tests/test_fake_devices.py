@@ -8,6 +8,7 @@ import sys
 import jax
 import pytest
 
+from gradtie.bench import BenchConfig, _env_for
 from gradtie.fake_devices import request_host_devices
 
 PROBE = ("import os; from gradtie.fake_devices import request_host_devices; request_host_devices({n}); "
@@ -53,8 +54,6 @@ def test_a_count_must_be_a_positive_int(count):
 
 
 def test_a_benchmark_child_gets_the_same_flags():
-    from gradtie.bench import BenchConfig, _env_for
-
     user = {"XLA_FLAGS": "--xla_cpu_enable_fast_math=false"}
     assert _env_for(BenchConfig(replicas=2), user)["XLA_FLAGS"] == \
         "--xla_cpu_enable_fast_math=false --xla_force_host_platform_device_count=2"
