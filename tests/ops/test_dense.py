@@ -13,11 +13,10 @@ from hypothesis import strategies as st
 
 from gradtie import reference
 from gradtie.ops import dense
+from gradtie.rendered import QUICK  # compile-bound checks: LLVM's optimisation off
 
 TOL_F64 = 1e-12
 FD_H, FD_TOL = 1e-5, 1e-6
-# the checks are compile-bound on CPU: compile them with LLVM optimisation off
-QUICK = {"xla_backend_optimization_level": 0}
 
 
 def rel_err(got, want):

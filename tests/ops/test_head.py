@@ -13,12 +13,11 @@ from hypothesis import strategies as st
 
 from gradtie import reference
 from gradtie.ops import head
+from gradtie.rendered import QUICK  # compile-bound checks: LLVM's optimisation off
 
 TOL_F64 = 1e-12
 FD_H, FD_TOL = 1e-5, 1e-6
 K = 10
-# the checks are compile-bound on CPU: compile them with LLVM optimisation off
-QUICK = {"xla_backend_optimization_level": 0}
 
 
 def rel_err(got, want):
@@ -86,6 +85,28 @@ def test_wrong_cotangent_controls_go_red(n, kind):
     assert rel_err(composed(z, t, alpha, K, 1), want) > 1e-3  # 1/N dropped
     assert rel_err(head.cotangent(z, head.smoothed(t, alpha), alpha), want) > 1e-3  # smoothed twice
     assert rel_err(head.cotangent(z, t, 0.0), want) > 1e-3  # smoothing forgotten
+
+
+# ---- a padded batch: per-example losses and the cotangent's divisor --------------------------------
+
+@pytest.mark.parametrize("alpha", [0.0, 0.1])
+def test_masked_loss_cotangent_is_the_divisor_form_f64(alpha):
+    """row_losses are the values forward averages, each the loss of its example alone; a padded
+    batch's loss Σ valid·rows / D has cotangent(divisor=D)·valid as its autodiff gradient (the
+    rendered step's padded head, and the data-parallel step's global count D)."""
+    _, z, t = make_case(11, 4, "mixup")
+    rows = head.row_losses(z, t, alpha)
+    loss = float(head.forward(z, t, alpha))
+    assert rows.shape == (4,) and abs(float(jnp.mean(rows)) - loss) <= TOL_F64 * abs(loss)
+    alone = np.array([float(head.forward(z[i:i + 1], t[i:i + 1], alpha)) for i in range(4)])
+    assert rel_err(rows, alone) <= TOL_F64
+    valid = jnp.asarray([1.0, 0.0, 1.0, 1.0])
+    want = jax.grad(lambda z_: jnp.sum(valid * head.row_losses(z_, t, alpha)) / 5.0)(z)
+    got = head.cotangent(z, t, alpha, divisor=5.0) * valid[:, None]
+    assert rel_err(got, want) <= TOL_F64
+    # controls: the batch's own N in place of D, and the padded row left unmasked
+    assert rel_err(head.cotangent(z, t, alpha) * valid[:, None], want) > 0.1
+    assert rel_err(head.cotangent(z, t, alpha, divisor=5.0), want) > 0.1
 
 
 @settings(max_examples=4)

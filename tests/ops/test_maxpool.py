@@ -20,12 +20,11 @@ from jax import lax
 from gradtie import reference
 from gradtie.ops import maxpool
 from gradtie.ops.maxpool import POOL2, POOL3S2
+from gradtie.rendered import QUICK  # compile-bound checks: LLVM's optimisation off
 
 TOL_F64 = 1e-12
 FD_H, FD_TOL = 1e-5, 1e-6
 SPECS = {"2x2": POOL2, "3x3s2": POOL3S2}
-# the checks are compile-bound on CPU: compile them with LLVM optimisation off
-QUICK = {"xla_backend_optimization_level": 0}
 
 
 def rel_err(got, want):

@@ -13,10 +13,9 @@ from hypothesis import strategies as st
 
 from gradtie import reference
 from gradtie.ops import conv, residual
+from gradtie.rendered import QUICK  # compile-bound checks: LLVM's optimisation off
 
 TOL_F64 = 1e-12
-# the checks are compile-bound on CPU: compile them with LLVM optimisation off
-QUICK = {"xla_backend_optimization_level": 0}
 
 
 def rel_err(got, want):
