@@ -442,6 +442,7 @@ def test_jit_forward_with_selections_and_backward(params, x):
     grads_j, dx_j = cifar8.backward(params, saved_j, logits, cfg)
     grads, dx = cifar8.backward(params, saved, logits, cfg)
     assert th.rel_err(dx_j, dx) <= 1e-10
+    assert all(th.rel_err(grads_j[k], grads[k]) <= 1e-10 for k in params if not th.zero_in_reals(k, params))
 
 
 def _conv_sites(jaxpr):
