@@ -18,14 +18,17 @@ At a twin tie, routing to the other twin keeps the parameter gradient and moves 
 at a non-twin tie the parameter gradient moves too, and the one-sided slopes of the loss differ.
 """
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradtie import data, prng
-from gradtie.checks import census
-from gradtie.checks.tie import rendered, targets_matrix
+from gradtie import data, prng, rendered
+from gradtie.checks import census, check
+from gradtie.checks.tie import targets_matrix
+from gradtie.kit import KIT
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import maxpool
 
@@ -293,7 +296,8 @@ def test_zeros_break_the_clause_of_their_layer(params, photos):
 
 def test_hypothesis_lookup_and_table(photo_report):
     r = photo_report
-    assert r.hypothesis("cifar8 input gradient") is not None
+    assert r.hypothesis("cifar8 input gradient").key == census.C8_INPUT     # by name or by key
+    assert r.hypothesis(census.C8_INPUT) == r.hypothesis("cifar8 input gradient")
     with pytest.raises(ValueError, match="resnet34_input"):
         r.hypothesis("resnet34_input")
     table = r.table()
@@ -304,10 +308,13 @@ def test_hypothesis_lookup_and_table(photo_report):
 def test_a_report_without_per_layer_zeros_never_loses_them():
     """A report built by hand (zeros counted, not attributed) charges them to every zero clause."""
     pools = [census.PoolCensus("pool1", "bn2", np.array([[[[STRICT, STRICT]]]]), 1e-3, np.inf)]
-    r = census.SmoothReport(pools, 5, 0.0)
+    r = census.SmoothReport(pools, 5, 0.0, net="cifar8", suite="cifar8")
     assert not r.ok
     assert [h.holds for h in r.hypotheses] == [False, False]
     assert r.hypothesis("cifar8_input").clauses[1].violated == 5
+    generic = census.SmoothReport(pools, 5, 0.0, net="mine")      # a net the suite does not name
+    assert [(h.key, h.holds) for h in generic.hypotheses] == [(census.PARAMETERS, False)]
+    assert generic.hypothesis(census.PARAMETERS).clauses[1].violated == 5
 
 
 # ---- three hypotheses, three verdicts: ResNet-34 ------------------------------------------------
@@ -377,8 +384,8 @@ def test_resnet34_zeros_split_between_h_stem_and_the_blocks(params34):
 def test_rendered_chain_is_the_gather_model_at_argmax(params, flat, labels, flat_report):
     sigma, _ = census.rerouted(cifar8, params, flat, CFG, flat_report, "twin tie")
     targets = targets_matrix(labels, 10, jnp.float64)
-    loss, g, dx = census.gradients_at(cifar8, params, flat, targets, CFG, sigma)
-    loss_r, g_r, dx_r = rendered(cifar8, params, flat, targets, CFG)
+    loss, g, dx = census.gradients_at(cifar8.NET, params, flat, targets, CFG, sigma)
+    loss_r, g_r, dx_r, _, _ = rendered.run(cifar8.NET, KIT, params, flat, targets, CFG)
     assert float(loss) == pytest.approx(float(loss_r), rel=1e-14)   # two compilations: ulps
     gmax = max(float(jnp.max(jnp.abs(a))) for a in g_r.values())
     for name in g:   # conv biases are 0 in ℝ: round-off only, judged against the net's largest node
@@ -440,3 +447,43 @@ def test_one_sided_slopes_differ_at_a_non_twin_tie_control(planted, flat, labels
     assert not s.smooth
     assert abs(s.jump) > 1e-2 * max(abs(s.left), abs(s.right))
     assert s.summary().startswith("one-sided slopes DIFFER")
+
+
+# ---- a net of your own: only the hypotheses that apply to it --------------------------------------
+
+BOTTLENECK = str(Path(__file__).resolve().parents[2] / "examples" / "bottleneck.py") + ":NET"
+
+
+@pytest.fixture(scope="module")
+def bottleneck():
+    net = check.load_net(BOTTLENECK)
+    params = {k: v.astype(jnp.float64) for k, v in net.init(jax.random.key(0), weights="drawn").items()}
+    return net, params
+
+
+def test_a_net_the_suite_does_not_name_gets_the_generic_hypothesis_only(bottleneck, photos):
+    """The suite's three named hypotheses belong to cifar8 and ResNet-34: for the bottleneck net of
+    examples/ the census reads its own pool and ReLU inputs and states the parameter-gradient
+    hypothesis (smooth ReLU inputs, no non-twin tie) and nothing about cifar8 or ResNet-34."""
+    net, params = bottleneck
+    r = census.smoothness(net, params, photos, net.config())
+    assert r.ok and r.net == "bottleneck" and r.suite is None
+    assert [p.pool for p in r.pools] == ["stem.pool"] and r.pools[0].preactivation == "bn1"
+    assert [h.key for h in r.hypotheses] == [census.PARAMETERS]
+    assert r.summary().endswith("hypotheses: parameter gradients hold")
+    assert "cifar8" not in r.table() and "ResNet-34" not in r.table() and "cifar8" not in r.summary()
+    with pytest.raises(ValueError, match="does not apply to bottleneck"):
+        r.hypothesis(census.C8_INPUT)
+    # control: a zero in the net's own depthwise layer breaks it, named there
+    zero = _zero_channel(params, "dw.bn", 2)
+    bad = census.smoothness(net, zero, photos, net.config())
+    assert not bad.ok and bad.zero_counts["dw.bn"] == 2 * 16 * 16
+    assert bad.hypothesis(census.PARAMETERS).first.layer == "dw.bn"
+
+
+def test_a_non_twin_tie_is_planted_before_the_first_pool_of_any_net(bottleneck, flat):
+    net, params = bottleneck
+    assert census.first_pool_convs(net) == ("conv1.weight",)
+    r = census.smoothness(net, census.planted_tie(net, params), flat, net.config())
+    assert not r.ok and r.non_twin_ties > 0 and r.violations[0].layer == "stem.pool"
+    assert census.smoothness(net, params, flat, net.config()).ok        # the same images at the real weights
