@@ -33,8 +33,13 @@ def test_check_help_documents_exit_codes(capsys):
 
 
 def test_unknown_net_is_an_argument_error(capsys):
+    """`check --net` takes a net of your own too (FILE.py:NAME, MODULE:NAME), so an unknown name is
+    a one-line error (exit 3) saying what is expected; `train --net` takes the book's two only."""
+    assert cli.main(["check", "--net", "vgg"]) == cli.EXIT_BAD_INPUT
+    err = capsys.readouterr().err
+    assert err.startswith("gradtie check: error: net 'vgg': expected cifar8, resnet34, path/to/file.py:NAME")
     with pytest.raises(SystemExit) as e:
-        cli.main(["check", "--net", "vgg"])
+        cli.main(["train", "--net", "vgg", "--out", "nowhere"])
     assert e.value.code == 2
     assert "invalid choice" in capsys.readouterr().err
 
