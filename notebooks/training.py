@@ -40,13 +40,14 @@
 
 # %%
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import jax
 import matplotlib.pyplot as plt
 
 from gradtie import book, data, plots, train
-from gradtie.checks import controls, step
+from gradtie.checks import bugs, step
 from gradtie import tolerances as tol
 from gradtie.nets import cifar8, resnet34
 
@@ -67,9 +68,11 @@ p = book.validated(net=net, batch=batch, epochs=epochs, steps=steps, lr=lr, seed
                    cifar10_path=cifar10_path, tie_batch=tie_batch, image_size=image_size,
                    conv_bias=conv_bias)
 assert p.epochs >= 2, "the chapter interrupts its run after epoch 1 and resumes it: epochs ≥ 2"
-model = {"cifar8": cifar8, "resnet34": resnet34}[p.net]
-cfg = model.Config(num_classes=10)
+model = {"cifar8": cifar8.NET, "resnet34": resnet34.NET}[p.net]
+cfg = model.config(num_classes=10)
 digits = data.load("digits", seed=p.seed)
+# the run every section follows: upstream's cifar8 recipe, Nesterov with a cosine schedule
+run = train.FitConfig(optimizer="nesterov", lr=p.lr, epochs=p.epochs, batch=p.batch, seed=p.seed)
 steps_per_epoch = len(digits.split.y_train) // p.batch
 assert p.steps <= p.epochs * steps_per_epoch, "steps must fit in the run"
 print(f"digits: {len(digits.split.y_train)} training and {len(digits.split.y_test)} test images, "
@@ -109,14 +112,14 @@ print(f"digits: {len(digits.split.y_train)} training and {len(digits.split.y_tes
 # autodiff of the max splits the cotangent between the tied cells. Both are legal one-sided
 # answers at a kink, and they differ by far more than round-off. A tie is non-twin when a one-ulp
 # weight nudge breaks it (twins stay equal under every weight). Such steps are counted and drawn,
-# not hidden; digits are full of twin ties (flat strokes and background), which are harmless. The control is a rendered
-# step whose every BN layer hands back dγ as dβ and dβ as dγ. It has the same shapes and raises no
-# error, so only the bound can catch it.
+# not hidden; digits are full of twin ties (flat strokes and background), which are harmless. The
+# control is the catalogue's `bn_swap_dgamma_dbeta` planted in the rendered step: every BN layer
+# hands back dγ as dβ and dβ as dγ. It has the same shapes and raises no error, so only the bound
+# can catch it.
 
 # %%
-tracking = train.side_by_side(model, cfg, digits, steps=p.steps, batch=p.batch, epochs=p.epochs,
-                              optimizer="nesterov", lr=p.lr, seed=p.seed,
-                              controls=[controls.swap_gamma_beta(model)], progress=False)
+tracking = train.side_by_side(model, cfg, digits, run, steps=p.steps, progress=False,
+                              controls=[bugs.plant("bn_swap_dgamma_dbeta", model)])
 print(tracking.summary())
 
 # %% tags=["nbval-check-output"]
@@ -160,15 +163,14 @@ plt.show()
 # `test_accuracy_running` reads the running ones, and `bn_gap` is the difference. Test images
 # never normalise with their own batch's statistics.
 #
-# The run below is the run the side-by-side figure started. We interrupt it after epoch 1 and
-# resume it from its folder, as `gradtie train --out DIR --resume` does. The epochs that follow
-# the resume must repeat, bit for bit, the rendered run followed above.
+# The run below is the run the side-by-side figure started: the same `train.FitConfig`. We
+# interrupt it after epoch 1 and resume it from its folder, as `gradtie train --out DIR --resume`
+# does. The epochs that follow the resume must repeat, bit for bit, the rendered run followed above.
 
 # %%
 run_dir = Path(tempfile.mkdtemp(prefix="gradtie-training-")) / "digits"
-fit_args = dict(optimizer="nesterov", lr=p.lr, batch=p.batch, seed=p.seed, out=run_dir, progress=False)
-first = train.fit(model, cfg, digits, epochs=p.epochs, stop_after=1, **fit_args)
-result = train.fit(model, cfg, digits, resume=True, **fit_args)
+first = train.fit(model, cfg, digits, run, out=run_dir, stop_after=1, progress=False)
+result = train.fit(model, cfg, digits, run, out=run_dir, resume=True, progress=False)
 history = result.history
 for h in history:
     print(train.epoch_line(h, p.epochs))
@@ -216,15 +218,14 @@ plt.show()
 #
 # The rendered gradient feeds each of SPEC §9's update rules unchanged, at upstream's learning
 # rates: SGD 0.1, Nesterov 0.02, heavy ball 0.1 with coupled weight decay, and AdamW 10⁻³ with
-# decoupled decay. Each update rule is checked against optax in the unit tests. Here they train
-# the same net on the same batches for the same epochs, and we read each with recomputed
-# statistics.
+# decoupled decay. AdamW is optax's own; the three SGD rules are written out, and the last section
+# ties them to optax's. Here they train the same net on the same batches for the same epochs, and
+# we read each with recomputed statistics.
 
 # %%
 histories = {"nesterov": history}
 for name in ("sgd", "heavy-ball", "adamw"):
-    histories[name] = train.fit(model, cfg, digits, optimizer=name, epochs=p.epochs, batch=p.batch,
-                                seed=p.seed, progress=False).history
+    histories[name] = train.fit(model, cfg, digits, replace(run, optimizer=name, lr=None), progress=False).history
 for name, h in histories.items():
     print(f"{name:10s} " + train.epoch_line(h[-1], p.epochs))
 
@@ -251,8 +252,7 @@ plt.show()
 # %% tags=["nbval-check-output"]
 if p.cifar10_path:
     cifar = data.load(f"cifar10:{p.cifar10_path}")
-    cifar_run = train.fit(model, cfg, cifar, optimizer="nesterov", lr=p.lr, epochs=p.epochs,
-                          batch=p.batch, seed=p.seed, progress=False)
+    cifar_run = train.fit(model, cfg, cifar, run, progress=False)
     for h in cifar_run.history:
         print(train.epoch_line(h, p.epochs))
     print(f"CIFAR-10, {p.net}, {p.epochs} epochs: test accuracy "
@@ -300,9 +300,9 @@ else:
 # First the census of the tensors a step updates, read from each net's parameter list.
 
 # %% tags=["nbval-check-output"]
-census = {"resnet34": len(resnet34.param_specs(resnet34.Config(conv_bias=False))),
-          "resnet34, conv_bias": len(resnet34.param_specs(resnet34.Config(conv_bias=True))),
-          "cifar8": len(cifar8.param_specs(cifar8.Config()))}
+census = {"resnet34": len(resnet34.NET.param_specs(resnet34.Config(conv_bias=False))),
+          "resnet34, conv_bias": len(resnet34.NET.param_specs(resnet34.Config(conv_bias=True))),
+          "cifar8": len(cifar8.NET.param_specs(cifar8.Config()))}
 print(f"tensors a step updates: {census}")
 assert census == {"resnet34": 110, "resnet34, conv_bias": 146, "cifar8": 38}
 
@@ -322,15 +322,15 @@ assert census == {"resnet34": 110, "resnet34, conv_bias": 146, "cifar8": 38}
 # %% tags=["nbval-check-output"]
 jax.config.update("jax_enable_x64", True)   # the step tie runs in float64
 step_cfg = {"resnet34": resnet34.Config(num_classes=7, conv_bias=p.conv_bias), "cifar8": cifar8.Config(num_classes=7)}
-r34_params = resnet34.init(jax.random.key(p.seed), step_cfg["resnet34"], weights="drawn")
-c8_params = cifar8.init(jax.random.key(p.seed), step_cfg["cifar8"], weights="drawn")
+r34_params = resnet34.NET.init(jax.random.key(p.seed), step_cfg["resnet34"], weights="drawn")
+c8_params = cifar8.NET.init(jax.random.key(p.seed), step_cfg["cifar8"], weights="drawn")
 rule_grads = step.random_gradients(c8_params, 3, seed=p.seed)
 for recipe in step.RECIPES:
     d = step.rule_difference(recipe, c8_params, rule_grads)
     print(f"{recipe}: train.make_optimizer({recipe!r}) vs {step.optax_text(recipe)}, 3 steps on the same "
           f"gradients: bit for bit: {d == 0.0}")
     assert d == 0.0
-decoupled = step.control(cifar8, "heavy-ball", "decoupled_weight_decay").optimizer
+decoupled = step.control(cifar8.NET, "heavy-ball", "decoupled_weight_decay").optimizer
 d = step.rule_difference("heavy-ball", c8_params, rule_grads, optimizer=decoupled)
 print(f"control decoupled_weight_decay vs {step.optax_text('heavy-ball')}: bit for bit: {d == 0.0}")
 assert d != 0.0
@@ -354,8 +354,8 @@ assert d != 0.0
 
 # %%
 r34_batches = step.photo_batches(2, p.tie_batch, p.image_size, seed=p.seed)
-r34_reference = step.reference_run(resnet34, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball")
-r34_tie = step.tie_step(resnet34, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball",
+r34_reference = step.reference_run(resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball")
+r34_tie = step.tie_step(resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball",
                         reference=r34_reference)
 print(r34_tie.summary())
 widened = [r for _, _, r in r34_tie.rows() if r.by == "envelope"]
@@ -381,9 +381,9 @@ assert all(s.moved == r34_tie.movers for s in r34_tie.steps)
 # and every tensor fails. A tie that compared the parameters after one step would have passed it.
 
 # %% tags=["nbval-check-output"]
-r34_control = step.tie_step(resnet34, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball",
+r34_control = step.tie_step(resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball",
                             reference=r34_reference,
-                            control=step.control(resnet34, "heavy-ball", "decoupled_weight_decay"))
+                            control=step.control(resnet34.NET, "heavy-ball", "decoupled_weight_decay"))
 for line in r34_control.verdict_lines():
     print(f"control {r34_control.control}, {line}")
 first_step, first_group, _ = r34_control.first_failure()
@@ -401,10 +401,10 @@ assert r34_control.steps[1].within("params")[0] == 0
 
 # %%
 c8_batches = step.photo_batches(2, p.tie_batch, 32, seed=p.seed)
-c8_reference = step.reference_run(cifar8, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov")
-c8_tie = step.tie_step(cifar8, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov", reference=c8_reference)
-c8_control = step.tie_step(cifar8, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov",
-                           reference=c8_reference, control=step.control(cifar8, "nesterov", "no_lookahead"))
+c8_reference = step.reference_run(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov")
+c8_tie = step.tie_step(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov", reference=c8_reference)
+c8_control = step.tie_step(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov",
+                           reference=c8_reference, control=step.control(cifar8.NET, "nesterov", "no_lookahead"))
 print(c8_tie.summary())
 print(c8_control.summary())
 

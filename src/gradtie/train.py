@@ -1,50 +1,56 @@
 """Train steps: update rules, the learning-rate schedule, running statistics, a small training loop.
 
-The rendered step runs the net's forward once and its rendered backward once: one forward gives
-the batch statistics (for the running averages) and the saved activations the backward reads; the
-cotangent at the logits is the head's six kit ops. The autodiff step, kept apart at the bottom of
-the step section, is the peer a reader compares against: the same forward, differentiated by
-`jax.value_and_grad` through `gradtie.reference`'s loss. Shown in: Training with the rendered step.
+The rendered step runs the net's forward once and its rendered backward once (`rendered.step`):
+one forward gives the batch statistics (for the running averages) and the saved activations the
+backward reads; the cotangent at the logits is the loss's own. The autodiff step is the peer a
+reader compares against: the same forward, differentiated through `gradtie.reference`. Shown in:
+Training with the rendered step.
 
-| optimizer  | update (SPEC §9)                                                                    |
-|------------|-------------------------------------------------------------------------------------|
-| sgd        | θ ← θ − lr·g                                                                        |
-| nesterov   | v ← μv + g; θ ← θ − lr·(g + μv), μ = 0.9                                            |
-| heavy-ball | g ← g + wd·θ (every tensor); v ← 0.9v + g; θ ← θ − lr·v                             |
-| adamw      | m ← β₁m + (1−β₁)g; v ← β₂v + (1−β₂)g²; θ ← θ − lr·m̂/(√v̂ + ε) − lr·wd·θ              |
+| optimizer  | update (SPEC §9)                                                        | written   |
+|------------|-------------------------------------------------------------------------|-----------|
+| sgd        | θ ← θ − lr·g                                                            | here      |
+| nesterov   | v ← μv + g; θ ← θ − lr·(g + μv), μ = 0.9                                | here      |
+| heavy-ball | g ← g + wd·θ (every tensor); v ← 0.9v + g; θ ← θ − lr·v                 | here      |
+| adamw      | θ ← θ − lr·m̂/(√v̂ + ε) − lr·wd·θ (bias-corrected moments)                | optax     |
 
+The three SGD rules are written out: they are the rendered side of the train-step tie, which holds
+them to optax's (`checks.step`). AdamW is optax's `scale_by_adam` and `add_decayed_weights`.
 Every optimizer is a pair of pure functions on dict-of-array pytrees, `init(params) -> state` and
 `update(params, grads, state, lr) -> (params, state)`; states are dicts of arrays, so checkpoints
 are plain `.npz` files.
 
-`fit` is the training loop behind `gradtie train`: evaluation with recomputed (precise) BN
-statistics beside the running ones, a run folder with `run.json`, an append-only `metrics.jsonl`
-and atomic checkpoints, and an exact resume. `side_by_side` runs the rendered and the autodiff
-step in lockstep and bounds their distance by the float32 round-off envelope.
+`fit` is the training loop behind `gradtie train`: a run (`FitConfig`) trained epoch by epoch,
+evaluated with recomputed (precise) BN statistics beside the running ones, in a run folder with
+`run.json`, an append-only `metrics.jsonl` and atomic checkpoints, and an exact resume.
+`side_by_side` follows the same run with the rendered and the autodiff step in lockstep and bounds
+their distance by the float32 round-off envelope.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence, Union
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-from dataclasses import dataclass
+import optax
 
 from . import data as data_
 from . import reference, rendered
 from . import tolerances as tol
 from .kit import KIT, Kit
-from .nets.protocol import as_net
+from .nets.protocol import Net, as_net
 from .ops import head, maxpool
+from .progress import bar
 
 Params = dict[str, jax.Array]
 OptState = dict[str, Any]
@@ -52,6 +58,7 @@ OptState = dict[str, Any]
 RUNNING_MOMENTUM = 0.01     # running ← (1 − 0.01)·running + 0.01·batch (PyTorch's BatchNorm default)
 CHECKPOINT = "checkpoint.npz"
 METRICS = "metrics.jsonl"     # one JSON object per epoch, appended
+RUN = "run.json"
 
 
 # ---- update rules --------------------------------------------------------------------------------
@@ -83,61 +90,53 @@ def _zeros(params: Params) -> Params:
 @functools.lru_cache(maxsize=None)   # one object per setting: compiled steps are reused
 def sgd() -> Optimizer:
     """θ ← θ − lr·g."""
-    def init(params):
-        return {}
-
     def update(params, grads, state, lr):
         return _map(lambda p, g: p - _lr(lr, p) * g, params, grads), state
 
-    return Optimizer("sgd", init, update, {})
+    return Optimizer("sgd", lambda params: {}, update, {})
 
 
 @functools.lru_cache(maxsize=None)
 def nesterov(momentum: float = 0.9) -> Optimizer:
     """v ← μv + g; θ ← θ − lr·(g + μv) (the look-ahead form; optax's `sgd(nesterov=True)`)."""
-    def init(params):
-        return {"v": _zeros(params)}
-
     def update(params, grads, state, lr):
         v = _map(lambda v_, g: momentum * v_ + g, state["v"], grads)
         new = _map(lambda p, g, v_: p - _lr(lr, p) * (g + momentum * v_), params, grads, v)
         return new, {"v": v}
 
-    return Optimizer("nesterov", init, update, {"momentum": momentum})
+    return Optimizer("nesterov", lambda params: {"v": _zeros(params)}, update, {"momentum": momentum})
 
 
 @functools.lru_cache(maxsize=None)
 def heavy_ball(momentum: float = 0.9, weight_decay: float = 1e-4) -> Optimizer:
     """Coupled weight decay on every tensor, then momentum: g ← g + wd·θ; v ← μv + g; θ ← θ − lr·v."""
-    def init(params):
-        return {"v": _zeros(params)}
-
     def update(params, grads, state, lr):
         g = _map(lambda g_, p: g_ + weight_decay * p, grads, params)
         v = _map(lambda v_, g_: momentum * v_ + g_, state["v"], g)
         return _map(lambda p, v_: p - _lr(lr, p) * v_, params, v), {"v": v}
 
-    return Optimizer("heavy-ball", init, update, {"momentum": momentum, "weight_decay": weight_decay})
+    return Optimizer("heavy-ball", lambda params: {"v": _zeros(params)}, update,
+                     {"momentum": momentum, "weight_decay": weight_decay})
 
 
 @functools.lru_cache(maxsize=None)
 def adamw(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: float = 1e-4) -> Optimizer:
-    """Adam with bias correction and decoupled weight decay read from θ before the step:
-    θ ← θ − lr·(m/(1−β₁ᵗ))/(√(v/(1−β₂ᵗ)) + ε) − lr·wd·θ, t = 1, 2, … (the state's count)."""
+    """optax's AdamW without its learning rate: `scale_by_adam` (bias-corrected moments, t = 1, 2, …)
+    then `add_decayed_weights` (decay read from θ before the step); θ ← θ − lr·(that). The state is
+    optax's, as a dict: m (its mu), v (its nu), count."""
+    tx = optax.chain(optax.scale_by_adam(b1, b2, eps), optax.add_decayed_weights(weight_decay))
+
     def init(params):
-        return {"m": _zeros(params), "v": _zeros(params), "count": jnp.zeros((), jnp.int32)}
+        adam, _ = tx.init(params)
+        return {"m": {k: adam.mu[k] for k in params}, "v": {k: adam.nu[k] for k in params},
+                "count": adam.count}
 
     def update(params, grads, state, lr):
-        t = state["count"] + 1
-        m = _map(lambda m_, g: b1 * m_ + (1 - b1) * g, state["m"], grads)
-        v = _map(lambda v_, g: b2 * v_ + (1 - b2) * jnp.square(g), state["v"], grads)
-
-        def step(p, m_, v_):
-            m_hat = m_ / (1 - jnp.power(b1, t.astype(p.dtype)))
-            v_hat = v_ / (1 - jnp.power(b2, t.astype(p.dtype)))
-            return p - _lr(lr, p) * (m_hat / (jnp.sqrt(v_hat) + eps) + weight_decay * p)
-
-        return _map(step, params, m, v), {"m": m, "v": v, "count": t}
+        adam = optax.ScaleByAdamState(state["count"], state["m"], state["v"])
+        step, (adam, _) = tx.update(grads, (adam, optax.EmptyState()), params)
+        new = _map(lambda p, u: p - _lr(lr, p) * u, params, step)
+        return new, {"m": {k: adam.mu[k] for k in params}, "v": {k: adam.nu[k] for k in params},
+                     "count": adam.count}
 
     return Optimizer("adamw", init, update, {"b1": b1, "b2": b2, "eps": eps, "weight_decay": weight_decay})
 
@@ -149,27 +148,34 @@ OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
 DEFAULT_LR = {"sgd": 0.1, "nesterov": 0.02, "heavy-ball": 0.1, "adamw": 1e-3}
 
 
+def _known_optimizer(op: str, name: str) -> None:
+    if name not in OPTIMIZERS:
+        raise ValueError(f"{op}: optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
+
+
 def make_optimizer(name: str, **hyper) -> Optimizer:
     """The registered optimizer `name` with its defaults overridden by `hyper`."""
-    if name not in OPTIMIZERS:
-        raise ValueError(f"optimizer {name!r}: expected one of {', '.join(OPTIMIZERS)}")
+    _known_optimizer("train.make_optimizer", name)
     return OPTIMIZERS[name](**hyper)
 
 
-# ---- learning-rate schedules ---------------------------------------------------------------------
+# ---- learning-rate schedules (optax's) -----------------------------------------------------------
 
 _FLOAT = float   # jnp's default float: float64 under jax_enable_x64, else float32
+
 
 def constant(base_lr: float) -> Callable[[Any], jax.Array]:
     if not base_lr > 0:
         raise ValueError(f"constant: base_lr must be positive, got {base_lr!r}")
-    return lambda step: jnp.asarray(base_lr, _FLOAT)
+    sched = optax.constant_schedule(base_lr)
+    return lambda step: jnp.asarray(sched(step), _FLOAT)
 
 
 def cosine_warmup(base_lr: float, warmup_steps: int, total_steps: int) -> Callable[[Any], jax.Array]:
     """lr(s) = base·(s+1)/W for s < W (linear warmup reaching base at s = W−1), then
-    base·½(1 + cos(π·(s−W)/(T−W))) for W ≤ s < T, and 0 from s = T on. Step s counts from 0, so
-    the first step already trains (a warmup starting at 0 would waste it)."""
+    base·½(1 + cos(π·(s−W)/(T−W))) for W ≤ s < T, and 0 from s = T on: optax's `linear_schedule`
+    joined to its `cosine_decay_schedule`. Step s counts from 0, so the first step already trains
+    (a warmup starting at 0 would waste it)."""
     if not base_lr > 0:
         raise ValueError(f"cosine_warmup: base_lr must be positive, got {base_lr!r}")
     if not (isinstance(total_steps, int) and total_steps > 0):
@@ -177,13 +183,21 @@ def cosine_warmup(base_lr: float, warmup_steps: int, total_steps: int) -> Callab
     if not (isinstance(warmup_steps, int) and 0 <= warmup_steps <= total_steps):
         raise ValueError(f"cosine_warmup: warmup_steps must be an integer in 0…{total_steps}, "
                          f"got {warmup_steps!r}")
+    warm = optax.linear_schedule(base_lr / max(warmup_steps, 1), base_lr, warmup_steps - 1)
+    cosine = optax.cosine_decay_schedule(base_lr, max(total_steps - warmup_steps, 1))
+    sched = optax.join_schedules([warm, cosine], [warmup_steps])
+    return lambda step: jnp.asarray(sched(step), _FLOAT)
 
-    def schedule(step):
-        s = jnp.asarray(step, _FLOAT)
-        warm = base_lr * (s + 1) / max(warmup_steps, 1)
-        progress = jnp.clip((s - warmup_steps) / max(total_steps - warmup_steps, 1), 0.0, 1.0)
-        cos = 0.5 * base_lr * (1 + jnp.cos(math.pi * progress))
-        return jnp.where(s < warmup_steps, warm, cos)
+
+def _segments_schedule(kind: str, segments: list) -> Callable[[int], jax.Array]:
+    """lr(step) over the run's schedule segments: each a cosine cycle (with its own warmup) or a
+    constant rate over steps [first, first + steps); past the last segment, its own tail."""
+    fns = [(seg["first"], constant(seg["lr"]) if kind == "constant"
+            else cosine_warmup(seg["lr"], seg["warmup_steps"], seg["steps"])) for seg in segments]
+
+    def schedule(step: int) -> jax.Array:
+        first, f = next((a, f) for a, f in reversed(fns) if step >= a)
+        return f(step - first)
 
     return schedule
 
@@ -214,7 +228,7 @@ def update_running(running: Mapping, batch: Mapping, step: jax.Array) -> dict[st
 
 def _loss_and_grads(net, kit, cfg, grads: str, alpha: float, params, x, targets):
     """(loss, grads, logits, batch stats): the rendered step (`rendered.step`), or its autodiff peer
-    (`reference.oracle`'s loss, the peer the rendered step is compared against)."""
+    (`reference.value_and_grad` of the forward and the net's loss)."""
     if grads == "rendered":
         out = rendered.step(net, kit, params, x, targets, cfg, alpha=alpha)
         return out.loss, out.grads, out.logits, out.stats
@@ -254,8 +268,8 @@ def make_step(net, cfg, opt: Optimizer, *, grads: str = "rendered", label_smooth
     """A train step `step(state, x, targets, lr) -> (state, metrics)`, jitted.
 
     targets: int labels [N] or rows summing to 1 [N,K]. grads="rendered" runs the rendered step
-    (`rendered.step` through `kit`); grads="autodiff" differentiates the same forward with
-    `jax.value_and_grad` (the peer the rendered step is compared against). metrics: loss, accuracy
+    (`rendered.step` through `kit`); grads="autodiff" differentiates the same forward through
+    `gradtie.reference` (the peer the rendered step is compared against). metrics: loss, accuracy
     (argmax of logits against argmax of targets), grad_norm (global L2), lr. quick: LLVM's
     optimisation off (a control taken a step or two). The compiled step is found again by JAX's
     own cache: the net, kit, config, optimizer, grads and α are its static arguments.
@@ -396,11 +410,6 @@ def _flatten(tree, prefix: str = "") -> dict[str, np.ndarray]:
     return {prefix[:-1]: np.asarray(tree)}
 
 
-def _state_tree(state: TrainState) -> dict:
-    return {"params": state.params, "opt_state": state.opt_state, "running": state.running,
-            "step": state.step}
-
-
 def _one_line(err: BaseException) -> str:
     return " ".join(f"{type(err).__name__}: {err}".split())
 
@@ -409,7 +418,7 @@ def save_checkpoint(out, state: TrainState, meta: Mapping) -> Path:
     """Write `out/checkpoint.npz` (the state's tensors and `meta` as JSON) atomically."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    flat = _flatten(_state_tree(state))
+    flat = _flatten(state._asdict())
     flat["meta"] = np.asarray(json.dumps(meta))
     file = out / CHECKPOINT
     tmp = out / (CHECKPOINT + ".tmp")
@@ -439,7 +448,7 @@ def load_checkpoint(out, template: TrainState) -> tuple[TrainState, dict]:
     except Exception as err:  # truncated zip, bad CRC, no meta, bad JSON: one meaning to the reader
         raise ValueError(f"checkpoint {str(file)!r} is not a readable gradtie checkpoint "
                          f"({_one_line(err)})") from err
-    want = _flatten(_state_tree(template))
+    want = _flatten(template._asdict())
     for key, ref in want.items():
         if key not in flat:
             raise ValueError(f"checkpoint {str(file)!r}: first mismatching tensor {key!r} is missing "
@@ -458,13 +467,167 @@ def load_checkpoint(out, template: TrainState) -> tuple[TrainState, dict]:
             return {k: rebuild(v, f"{prefix}{k}/") for k, v in tree.items()}
         return jnp.asarray(flat[prefix[:-1]])
 
-    tree = rebuild(_state_tree(template))
-    return TrainState(tree["params"], tree["opt_state"], tree["running"], tree["step"]), meta
+    return TrainState(**rebuild(template._asdict())), meta
 
 
-# ---- the run: run.json, metrics.jsonl, checkpoints, resume ---------------------------------------
+# ---- the run: its configuration, run.json, metrics.jsonl, checkpoints, resume ---------------------
 
-RUN = "run.json"
+@dataclass(frozen=True)
+class FitConfig:
+    """A training run: what `run.json` records and a resume must match.
+
+    optimizer: a name of `OPTIMIZERS`; lr: its base rate (None: `DEFAULT_LR[optimizer]`).
+    epochs: the run's total, which fixes the cosine schedule (None: 1, or the recorded total when
+    resuming). schedule: "cosine" (one cycle, `warmup_epochs` of linear warmup) or "constant".
+    grads: "rendered" or "autodiff" (`make_step`). label_smoothing: α (None: the net's default,
+    `default_label_smoothing`). flip: random left–right flips (None: where they keep the class,
+    `data.flips_keep_class`). mix: None, "mixup" or "cutmix". seed: the init, the batch order and
+    the augmentations. dtype: "float32" or "float64". precise_batches: the training batches the BN
+    statistics are recomputed over before each evaluation; eval_batch: the evaluation's chunk size
+    (not recorded: it changes no accuracy).
+    """
+    optimizer: str = "sgd"
+    lr: Optional[float] = None
+    epochs: Optional[int] = None
+    batch: int = 128
+    schedule: str = "cosine"
+    warmup_epochs: int = 0
+    grads: str = "rendered"
+    label_smoothing: Optional[float] = None
+    flip: Optional[bool] = None
+    mix: Optional[str] = None
+    seed: int = 0
+    dtype: str = "float32"
+    precise_batches: int = PRECISE_BATCHES
+    eval_batch: int = 256
+
+    def __post_init__(self):
+        op = "train.FitConfig"
+        _known_optimizer(op, self.optimizer)
+        if self.lr is not None and not (math.isfinite(float(self.lr)) and self.lr > 0):
+            raise ValueError(f"{op}: lr must be a positive number, got {self.lr!r}")
+        if self.epochs is not None:
+            data_._positive_int(op, "epochs", self.epochs)
+        for name in ("batch", "precise_batches", "eval_batch"):
+            data_._positive_int(op, name, getattr(self, name))
+        if self.schedule not in ("cosine", "constant"):
+            raise ValueError(f"{op}: schedule must be 'cosine' or 'constant', got {self.schedule!r}")
+        w = self.warmup_epochs
+        if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+            raise ValueError(f"{op}: warmup_epochs must be a non-negative integer, got {w!r}")
+        if self.grads not in ("rendered", "autodiff"):
+            raise ValueError(f"{op}: grads must be 'rendered' or 'autodiff', got {self.grads!r}")
+        if self.label_smoothing is not None and not 0.0 <= self.label_smoothing <= 1.0:
+            raise ValueError(f"{op}: label_smoothing must lie in [0, 1], got {self.label_smoothing!r}")
+        if self.mix not in (None, "mixup", "cutmix"):
+            raise ValueError(f"{op}: mix must be None, 'mixup' or 'cutmix', got {self.mix!r}")
+        if self.dtype not in ("float32", "float64"):
+            raise ValueError(f"{op}: dtype must be 'float32' or 'float64', got {self.dtype!r}")
+
+
+def default_label_smoothing(net) -> float:
+    """α = 0.1 for ResNet-34 (the ImageNet recipe), 0 for cifar8 (SPEC §1)."""
+    return 0.1 if as_net(net).name == "resnet34" else 0.0
+
+
+class _Plan(NamedTuple):
+    """A run laid out: the config with every default resolved, the data, the optimizer, the key."""
+    config: FitConfig          # lr, label_smoothing and flip filled in; epochs: the requested total or None
+    split: data_.Split
+    data_name: str
+    num_classes: int
+    steps_per_epoch: int
+    opt: Optimizer
+    key: jax.Array
+
+    @property
+    def dtype(self):
+        return jnp.dtype(self.config.dtype)
+
+    def init_params(self, net: Net, cfg) -> Params:
+        return {k: v.astype(self.dtype) for k, v in net.init(jax.random.fold_in(self.key, 0), cfg).items()}
+
+    def batches(self, epoch: int, start: int = 0):
+        c = self.config
+        return _batch_stream(self.split, batch=c.batch, key=self.key, epoch=epoch, start=start, flip=c.flip,
+                             mix=c.mix, num_classes=self.num_classes, dtype=self.dtype)
+
+
+def _plan(op: str, net: Net, cfg, dataset, config: FitConfig) -> _Plan:
+    if not isinstance(config, FitConfig):
+        raise ValueError(f"{op}: config must be a train.FitConfig, got {type(config).__name__}")
+    if config.dtype == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(f"{op}: dtype float64 needs jax_enable_x64 (jax.config.update('jax_enable_x64', True))")
+    split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
+    data_name = dataset.name if isinstance(dataset, data_.Dataset) else "split"
+    num_classes = getattr(cfg, "num_classes", None)
+    if isinstance(dataset, data_.Dataset) and num_classes is not None and num_classes != dataset.num_classes:
+        raise ValueError(f"{op}: the net has {num_classes} classes but {dataset.name!r} has "
+                         f"{dataset.num_classes}; build the config with num_classes={dataset.num_classes}")
+    num_classes = num_classes or int(max(split.y_train.max(), split.y_test.max())) + 1
+    steps_per_epoch = len(split.y_train) // config.batch
+    if steps_per_epoch == 0:
+        raise ValueError(f"{op}: {len(split.y_train)} training examples make no full batch of {config.batch}")
+    config = dataclasses.replace(
+        config, lr=float(DEFAULT_LR[config.optimizer] if config.lr is None else config.lr),
+        label_smoothing=float(default_label_smoothing(net) if config.label_smoothing is None
+                              else config.label_smoothing),
+        flip=data_.flips_keep_class(data_name) if config.flip is None else bool(config.flip))
+    return _Plan(config, split, data_name, num_classes, steps_per_epoch, make_optimizer(config.optimizer),
+                 jax.random.key(config.seed))
+
+
+def _first_segment(plan: _Plan) -> list[dict]:
+    """The schedule of a new run: one cycle over its epochs (resuming may add more: `_resumed_run`)."""
+    c, spe = plan.config, plan.steps_per_epoch
+    total = (c.epochs or 1) * spe
+    return [{"first": 0, "steps": total, "lr": c.lr, "warmup_steps": min(c.warmup_epochs * spe, total)}]
+
+
+def _run_record(net: Net, cfg, plan: _Plan) -> dict:
+    """What run.json holds (before the environment is added): the run, as JSON reads it back."""
+    c, spe, split = plan.config, plan.steps_per_epoch, plan.split
+    run = {
+        "net": net.name, "config": dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else repr(cfg),
+        "data": {"name": plan.data_name, "image_size": int(split.x_train.shape[-1]),
+                 "n_train": int(len(split.y_train)), "n_test": int(len(split.y_test)),
+                 "num_classes": int(plan.num_classes), "fingerprint": fingerprint(split)},
+        "optimizer": plan.opt.name, "hyper": plan.opt.hyper, "lr": c.lr, "schedule": c.schedule,
+        "warmup_epochs": c.warmup_epochs, "epochs": c.epochs or 1, "batch": c.batch, "steps_per_epoch": spe,
+        "grads": c.grads, "label_smoothing": c.label_smoothing, "flip": c.flip, "mix": c.mix, "seed": c.seed,
+        "dtype": c.dtype, "precise_batches": c.precise_batches, "running_momentum": RUNNING_MOMENTUM,
+        "segments": _first_segment(plan),
+    }
+    return json.loads(json.dumps(run))       # tuples become lists, as run.json reads back
+
+
+def fingerprint(split: data_.Split) -> str:
+    """A short SHA-256 of the split's arrays (dtype, shape, bytes): a resumed run reads the same data."""
+    h = hashlib.sha256()
+    for a in split:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _batch_stream(split: data_.Split, *, batch: int, key: jax.Array, epoch: int, start: int,
+                  flip: bool, mix: Optional[str], num_classes: int, dtype):
+    """Epoch `epoch`'s batches from index `start` on: (i, x, targets). The order and the flips and
+    mixes depend on (seed, epoch, i) only, so a resumed run sees exactly the batches it would have."""
+    k_batch, k_flip, k_mix = jax.random.split(jax.random.fold_in(key, epoch + 1), 3)
+    for i, (xb, yb) in enumerate(data_.batches(split.x_train, split.y_train, batch, key=k_batch)):
+        if i < start:
+            continue
+        xb = jnp.asarray(xb, dtype)
+        if flip:
+            xb = data_.augment_flip(xb, jax.random.fold_in(k_flip, i))
+        targets = jnp.asarray(yb)
+        if mix is not None:
+            mixer = data_.mixup if mix == "mixup" else data_.cutmix
+            m = mixer(xb, head.one_hot(targets, num_classes, dtype=dtype), jax.random.fold_in(k_mix, i))
+            xb, targets = m.x, m.targets
+        yield i, xb, targets
 
 
 class NonFiniteLoss(RuntimeError):
@@ -483,23 +646,194 @@ class _Progress(NamedTuple):
     statements never leaves the state and the epoch's sums out of step with each other)."""
     state: TrainState
     step: int
-    sums: dict          # loss, accuracy, seconds of the epoch in progress
+    sums: dict          # loss, accuracy, seconds, lr of the epoch in progress
     history: list
 
-
-def default_label_smoothing(net) -> float:
-    """α = 0.1 for ResNet-34 (the ImageNet recipe), 0 for cifar8 (SPEC §1)."""
-    return 0.1 if as_net(net).name == "resnet34" else 0.0
+    def meta(self) -> dict:
+        return {"sums": self.sums, "history": self.history}
 
 
-def fingerprint(split: data_.Split) -> str:
-    """A short SHA-256 of the split's arrays (dtype, shape, bytes): a resumed run reads the same data."""
-    h = hashlib.sha256()
-    for a in split:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype}{a.shape}".encode())
-        h.update(a.tobytes())
-    return h.hexdigest()[:16]
+def _zero_sums() -> dict:
+    return {"loss": 0.0, "accuracy": 0.0, "seconds": 0.0, "lr": 0.0}
+
+
+def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], config: FitConfig = FitConfig(), *,
+        out=None, resume: bool = False, extend_epochs: int = 0, stop_after: Optional[int] = None,
+        progress: bool = True, log: Optional[Callable[[str], None]] = None) -> FitResult:
+    """Train `net` on a dataset's train split as `config` says; after each epoch evaluate on its
+    test split twice: with BN statistics recomputed over `config.precise_batches` training batches
+    (`test_accuracy`) and with the running statistics the tied step keeps (`test_accuracy_running`).
+
+    Lean: each step is the rendered train step whose gradient nodes `cifar8Bbn_train_step_tiedB`
+    (cifar8-BN) and `r34_net_tiedB` (ResNet-34) tie to the loss's gradient; training accuracy itself
+    goes beyond what the suite states. Shown in: Training with the rendered step.
+
+    With `out`, the run writes there:
+      run.json       the full configuration (net, data fingerprint, optimizer, schedule segments …);
+      metrics.jsonl  one JSON object per epoch, appended (epoch, step, loss, train_accuracy,
+                     test_accuracy, test_accuracy_running, bn_gap, lr, seconds, eval_seconds,
+                     images_per_second);
+      checkpoint.npz written atomically after every epoch and on Ctrl-C (KeyboardInterrupt, which
+                     is then re-raised).
+    resume=True continues the run in `out` exactly (same schedule, data order, optimizer state):
+    any other configuration is a ValueError naming the field; a different `config.epochs` too,
+    unless `extend_epochs` > 0 adds that many epochs as a new cosine cycle after the recorded total.
+    stop_after=E stops once E epochs of the run are done (the schedule still spans the run).
+    A NaN or Inf loss or gradient raises NonFiniteLoss naming the step; the last checkpoint stays.
+    progress: a bar per epoch on a terminal's stderr. log: called with one line per epoch (the CLI
+    prints them).
+    """
+    op = "train.fit"
+    net = as_net(net)
+    if isinstance(extend_epochs, bool) or not isinstance(extend_epochs, int) or extend_epochs < 0:
+        raise ValueError(f"{op}: extend_epochs must be a non-negative integer, got {extend_epochs!r}")
+    if stop_after is not None:
+        stop_after = data_._positive_int(op, "stop_after", stop_after)
+    if (resume or extend_epochs) and out is None:
+        raise ValueError(f"{op}: resume and extend_epochs need the run's folder (out)")
+    if extend_epochs and not resume:
+        raise ValueError(f"{op}: extend_epochs extends a run being resumed; pass resume=True")
+    plan = _plan(op, net, cfg, dataset, config)
+    c = plan.config
+    fresh = init_state(net, cfg, plan.init_params(net, cfg), plan.opt)
+    out = None if out is None else Path(out)
+    run, live = _open_run(op, out, _run_record(net, cfg, plan), fresh, resume, c.epochs, extend_epochs)
+    total = run["epochs"]
+    sched = _segments_schedule(c.schedule, run["segments"])
+    step_fn = make_step(net, cfg, plan.opt, grads=c.grads, label_smoothing=c.label_smoothing)
+    precise = None
+    try:
+        while len(live.history) < min(total, stop_after or total):
+            for live in _epoch(plan, step_fn, sched, live, total, out, fresh, progress):
+                pass    # `live` follows every step taken: a Ctrl-C saves the last one
+            live, precise = _evaluated(net, cfg, plan, live)
+            if out is not None:
+                save_checkpoint(out, live.state, live.meta())
+                with open(out / METRICS, "a") as f:
+                    f.write(json.dumps(live.history[-1]) + "\n")
+            if log is not None:
+                log(epoch_line(live.history[-1], total))
+    except KeyboardInterrupt:
+        if out is not None:
+            save_checkpoint(out, live.state, live.meta())
+        raise
+    return FitResult(live.state, live.history, precise, out)
+
+
+def _epoch(plan: _Plan, step_fn, sched, live: _Progress, total: int, out: Optional[Path], fresh: TrainState,
+           progress: bool) -> Iterator[_Progress]:
+    """The steps left of the epoch in progress, one `_Progress` after each."""
+    spe = plan.steps_per_epoch
+    epoch = len(live.history)
+    done = live.step - epoch * spe                    # batches of this epoch already taken
+    steps = bar(desc=f"epoch {epoch + 1}/{total}", total=spe, initial=done, enabled=progress)
+    start, seconds0 = time.perf_counter(), live.sums["seconds"]
+    try:
+        for i, xb, targets in plan.batches(epoch, done):
+            lr_now = sched(live.step)
+            state, metrics = step_fn(live.state, xb, targets, lr_now)
+            loss, acc, gnorm = (float(metrics[k]) for k in ("loss", "accuracy", "grad_norm"))
+            if not (math.isfinite(loss) and math.isfinite(gnorm)):
+                raise _non_finite(loss, gnorm, live.step + 1, epoch, i, spe, float(lr_now), out, fresh)
+            sums = {"loss": live.sums["loss"] + loss, "accuracy": live.sums["accuracy"] + acc,
+                    "seconds": seconds0 + time.perf_counter() - start, "lr": float(metrics["lr"])}
+            live = _Progress(state, live.step + 1, sums, live.history)
+            steps.update(1)
+            steps.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            yield live
+    finally:
+        steps.close()
+
+
+def _non_finite(loss: float, gnorm: float, step: int, epoch: int, i: int, spe: int, lr: float,
+                out: Optional[Path], fresh: TrainState) -> NonFiniteLoss:
+    """The error a NaN or Inf at `step` stops the run with, saying which checkpoint is left."""
+    kept = (f"the last good checkpoint {str(out / CHECKPOINT)!r} (step {int(load_checkpoint(out, fresh)[0].step)}) "
+            f"is kept" if out is not None and (out / CHECKPOINT).exists() else "no checkpoint was written")
+    return NonFiniteLoss(f"the loss is {loss} and the gradient norm {gnorm} at step {step} (epoch {epoch + 1}, "
+                         f"batch {i + 1} of {spe}, lr {lr:.4g}); stopped, {kept}")
+
+
+def _evaluated(net: Net, cfg, plan: _Plan, live: _Progress) -> tuple[_Progress, dict]:
+    """The epoch just trained, closed: evaluated with recomputed and with running statistics, its
+    record appended to the history, the sums reset. Returns it and the recomputed statistics."""
+    c, spe, split = plan.config, plan.steps_per_epoch, plan.split
+    tic = time.perf_counter()
+    precise = precise_statistics(net, cfg, live.state.params, split.x_train, batch=c.batch,
+                                 batches=c.precise_batches, seed=c.seed)
+    test_acc = evaluate(net, cfg, live.state, split.x_test, split.y_test, c.eval_batch, running=precise)
+    test_running = evaluate(net, cfg, live.state, split.x_test, split.y_test, c.eval_batch)
+    s = live.sums
+    entry = {"epoch": len(live.history) + 1, "step": live.step,
+             "loss": s["loss"] / spe, "train_accuracy": s["accuracy"] / spe,
+             "test_accuracy": test_acc, "test_accuracy_running": test_running,
+             "bn_gap": test_acc - test_running, "lr": s["lr"], "seconds": s["seconds"],
+             "eval_seconds": time.perf_counter() - tic,
+             "images_per_second": spe * c.batch / max(s["seconds"], 1e-9)}
+    return _Progress(live.state, live.step, _zero_sums(), live.history + [entry]), precise
+
+
+def epoch_line(entry: Mapping, total: int) -> str:
+    """One line per epoch: the figures metrics.jsonl records, rounded for reading."""
+    return (f"epoch {entry['epoch']}/{total} (step {entry['step']}): loss {entry['loss']:.4f}, "
+            f"train accuracy {entry['train_accuracy']:.4f}, test accuracy {entry['test_accuracy']:.4f} "
+            f"(running statistics {entry['test_accuracy_running']:.4f}, gap {entry['bn_gap']:+.4f}), "
+            f"lr {entry['lr']:.4g}, {entry['images_per_second']:.0f} images/s")
+
+
+# ---- resume ----------------------------------------------------------------------------------------
+
+def _open_run(op: str, out: Optional[Path], run: dict, fresh: TrainState, resume: bool,
+              epochs: Optional[int], extend_epochs: int) -> tuple[dict, _Progress]:
+    """The run record to train under and where training stands: a new run (its folder prepared),
+    or the run in `out` resumed from its checkpoint (its record checked against `run`, extended if
+    asked, its metrics log reconciled with the checkpoint)."""
+    live = _Progress(fresh, 0, _zero_sums(), [])
+    if out is not None and (out / RUN).exists():
+        if not resume:
+            raise ValueError(f"{op}: {str(out)!r} already holds a run ({RUN}); pass resume=True "
+                             f"(--resume) to continue it, or choose another folder")
+        run = _resumed_run(op, out, run, epochs, extend_epochs)
+        if (out / CHECKPOINT).exists():
+            state, meta = load_checkpoint(out, fresh)
+            live = _Progress(state, int(state.step), meta["sums"], meta["history"])
+        _reconcile_metrics(out / METRICS, live.history)
+    elif resume:
+        read_run(out)                        # raises the clear "no run to resume" error
+    elif out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / METRICS).unlink(missing_ok=True)
+    if out is not None:
+        run["environment"] = {"jax": jax.__version__, "backend": jax.default_backend()}
+        _atomic_write(out / RUN, json.dumps(run, indent=1) + "\n")
+    return run, live
+
+
+def _resumed_run(op: str, out: Path, requested: dict, epochs: Optional[int], extend_epochs: int) -> dict:
+    """The recorded run, checked field by field against the requested one; extended if asked."""
+    saved = read_run(out)
+    for field in requested:
+        if field in ("epochs", "segments"):
+            continue
+        if saved.get(field) != requested[field]:
+            raise ValueError(f"{op}: cannot resume the run in {str(out)!r}: it was started with "
+                             f"{field}={saved.get(field)!r}, this call asks for {requested[field]!r}")
+    recorded = saved["epochs"]
+    if extend_epochs:
+        if epochs is not None and epochs not in (recorded, recorded + extend_epochs):
+            raise ValueError(f"{op}: epochs={epochs} with extend_epochs={extend_epochs}: the run in "
+                             f"{str(out)!r} has {recorded} epochs, so the new total is "
+                             f"{recorded + extend_epochs}; leave epochs out")
+        spe = saved["steps_per_epoch"]
+        saved["segments"].append({"first": recorded * spe, "steps": extend_epochs * spe,
+                                  "lr": saved["lr"], "warmup_steps": 0})
+        saved["epochs"] = recorded + extend_epochs
+    elif epochs is not None and epochs != recorded:
+        raise ValueError(f"{op}: the run in {str(out)!r} has a schedule fixed by its total of {recorded} "
+                         f"epochs; resuming with epochs={epochs} would change the steps already taken. "
+                         f"Leave epochs out (or pass {recorded}), or add epochs with extend_epochs "
+                         f"(--extend-epochs N: a new cosine cycle after epoch {recorded})")
+    return saved
 
 
 def _atomic_write(file: Path, text: str) -> None:
@@ -544,270 +878,6 @@ def _reconcile_metrics(file: Path, history: list) -> None:
     want = [json.dumps(h) for h in history]
     if lines != want:
         _atomic_write(file, "".join(line + "\n" for line in want))
-
-
-def _segments_schedule(kind: str, segments: list) -> Callable[[int], jax.Array]:
-    """lr(step) over the run's schedule segments: each a cosine cycle (with its own warmup) or a
-    constant rate over steps [first, first + steps); past the last segment, its own tail."""
-    fns = []
-    for seg in segments:
-        f = (constant(seg["lr"]) if kind == "constant"
-             else cosine_warmup(seg["lr"], seg["warmup_steps"], seg["steps"]))
-        fns.append((seg["first"], f))
-
-    def schedule(step: int) -> jax.Array:
-        first, f = next((a, f) for a, f in reversed(fns) if step >= a)
-        return f(step - first)
-
-    return schedule
-
-
-def _batch_stream(split: data_.Split, *, batch: int, key: jax.Array, epoch: int, start: int,
-                  flip: bool, mix: Optional[str], num_classes: int, dtype):
-    """Epoch `epoch`'s batches from index `start` on: (i, x, targets). The order and the flips and
-    mixes depend on (seed, epoch, i) only, so a resumed run sees exactly the batches it would have."""
-    k_batch, k_flip, k_mix = jax.random.split(jax.random.fold_in(key, epoch + 1), 3)
-    for i, (xb, yb) in enumerate(data_.batches(split.x_train, split.y_train, batch, key=k_batch)):
-        if i < start:
-            continue
-        xb = jnp.asarray(xb, dtype)
-        if flip:
-            xb = data_.augment_flip(xb, jax.random.fold_in(k_flip, i))
-        targets = jnp.asarray(yb)
-        if mix is not None:
-            mixer = data_.mixup if mix == "mixup" else data_.cutmix
-            m = mixer(xb, head.one_hot(targets, num_classes, dtype=dtype), jax.random.fold_in(k_mix, i))
-            xb, targets = m.x, m.targets
-        yield i, xb, targets
-
-
-def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, optimizer: str = "sgd",
-        lr: Optional[float] = None, epochs: Optional[int] = None, batch: int = 128,
-        schedule: str = "cosine", warmup_epochs: int = 0, grads: str = "rendered",
-        label_smoothing: Optional[float] = None, flip: Optional[bool] = None, mix: Optional[str] = None,
-        seed: int = 0, dtype: str = "float32", precise_batches: int = PRECISE_BATCHES,
-        out=None, resume: bool = False, extend_epochs: int = 0, stop_after: Optional[int] = None,
-        progress: bool = True, eval_batch: int = 256,
-        log: Optional[Callable[[str], None]] = None) -> FitResult:
-    """Train `net` on a dataset's train split; after each epoch evaluate on its test split twice:
-    with BN statistics recomputed over `precise_batches` training batches (`test_accuracy`) and with
-    the running statistics the tied step keeps (`test_accuracy_running`).
-
-    Lean: each step is the rendered train step whose gradient nodes `cifar8Bbn_train_step_tiedB`
-    (cifar8-BN) and `r34_net_tiedB` (ResNet-34) tie to the loss's gradient; training accuracy itself
-    goes beyond what the suite states. Shown in: Training with the rendered step.
-
-    epochs: the run's total (it fixes the cosine schedule); default 1, or the recorded total when
-    resuming. With `out`, the run writes there:
-      run.json       the full configuration (net, data fingerprint, optimizer, schedule segments …);
-      metrics.jsonl  one JSON object per epoch, appended (epoch, step, loss, train_accuracy,
-                     test_accuracy, test_accuracy_running, bn_gap, lr, seconds, eval_seconds,
-                     images_per_second);
-      checkpoint.npz written atomically after every epoch and on Ctrl-C (KeyboardInterrupt, which
-                     is then re-raised).
-    resume=True continues the run in `out` exactly (same schedule, data order, optimizer state):
-    any other configuration is a ValueError naming the field; a different `epochs` too, unless
-    `extend_epochs` > 0 adds that many epochs as a new cosine cycle after the recorded total.
-    stop_after=E stops once E epochs of the run are done (the schedule still spans `epochs`).
-    flip: random left–right flips; default: where they keep the class (`data.flips_keep_class`).
-    A NaN or Inf loss or gradient raises NonFiniteLoss naming the step; the last checkpoint stays.
-    log: called with one line per epoch (the CLI prints them).
-    """
-    op = "train.fit"
-    net = as_net(net)
-    split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
-    data_name = dataset.name if isinstance(dataset, data_.Dataset) else "split"
-    flip = data_.flips_keep_class(data_name) if flip is None else bool(flip)
-    if epochs is not None:
-        epochs = data_._positive_int(op, "epochs", epochs)
-    batch = data_._positive_int(op, "batch", batch)
-    precise_batches = data_._positive_int(op, "precise_batches", precise_batches)
-    if isinstance(extend_epochs, bool) or not isinstance(extend_epochs, int) or extend_epochs < 0:
-        raise ValueError(f"{op}: extend_epochs must be a non-negative integer, got {extend_epochs!r}")
-    if stop_after is not None:
-        stop_after = data_._positive_int(op, "stop_after", stop_after)
-    if isinstance(warmup_epochs, bool) or not isinstance(warmup_epochs, int) or warmup_epochs < 0:
-        raise ValueError(f"{op}: warmup_epochs must be a non-negative integer, got {warmup_epochs!r}")
-    if mix not in (None, "mixup", "cutmix"):
-        raise ValueError(f"{op}: mix must be None, 'mixup' or 'cutmix', got {mix!r}")
-    if schedule not in ("cosine", "constant"):
-        raise ValueError(f"{op}: schedule must be 'cosine' or 'constant', got {schedule!r}")
-    if dtype not in ("float32", "float64"):
-        raise ValueError(f"{op}: dtype must be 'float32' or 'float64', got {dtype!r}")
-    if dtype == "float64" and not jax.config.jax_enable_x64:
-        raise ValueError(f"{op}: dtype float64 needs jax_enable_x64 (jax.config.update('jax_enable_x64', True))")
-    if grads not in ("rendered", "autodiff"):
-        raise ValueError(f"{op}: grads must be 'rendered' or 'autodiff', got {grads!r}")
-    if (resume or extend_epochs) and out is None:
-        raise ValueError(f"{op}: resume and extend_epochs need the run's folder (out)")
-    if extend_epochs and not resume:
-        raise ValueError(f"{op}: extend_epochs extends a run being resumed; pass resume=True")
-    num_classes = getattr(cfg, "num_classes", None)
-    if isinstance(dataset, data_.Dataset) and num_classes is not None and num_classes != dataset.num_classes:
-        raise ValueError(f"{op}: the net has {num_classes} classes but {dataset.name!r} has "
-                         f"{dataset.num_classes}; build the config with num_classes={dataset.num_classes}")
-    num_classes = num_classes or int(max(split.y_train.max(), split.y_test.max())) + 1
-    steps_per_epoch = len(split.y_train) // batch
-    if steps_per_epoch == 0:
-        raise ValueError(f"{op}: {len(split.y_train)} training examples make no full batch of {batch}")
-    opt = make_optimizer(optimizer)
-    lr = DEFAULT_LR[optimizer] if lr is None else float(lr)
-    if not (math.isfinite(lr) and lr > 0):
-        raise ValueError(f"{op}: lr must be a positive number, got {lr!r}")
-    alpha = default_label_smoothing(net) if label_smoothing is None else float(label_smoothing)
-    dt = jnp.dtype(dtype)
-    out = None if out is None else Path(out)
-
-    total = epochs or 1
-    run = {
-        "net": net.name, "config": _jsonable(cfg),
-        "data": {"name": data_name, "image_size": int(split.x_train.shape[-1]),
-                 "n_train": int(len(split.y_train)), "n_test": int(len(split.y_test)),
-                 "num_classes": int(num_classes), "fingerprint": fingerprint(split)},
-        "optimizer": opt.name, "hyper": opt.hyper, "lr": lr, "schedule": schedule,
-        "warmup_epochs": warmup_epochs, "epochs": total, "batch": batch,
-        "steps_per_epoch": steps_per_epoch, "grads": grads, "label_smoothing": alpha, "flip": flip,
-        "mix": mix, "seed": seed, "dtype": dtype, "precise_batches": precise_batches,
-        "running_momentum": RUNNING_MOMENTUM,
-        "segments": [{"first": 0, "steps": total * steps_per_epoch, "lr": lr,
-                      "warmup_steps": min(warmup_epochs * steps_per_epoch, total * steps_per_epoch)}],
-    }
-    run = json.loads(json.dumps(run))       # what run.json will read back (tuples become lists)
-    key = jax.random.key(seed)
-    params = {k: v.astype(dt) for k, v in net.init(jax.random.fold_in(key, 0), cfg).items()}
-    fresh = init_state(net, cfg, params, opt)
-    live = _Progress(fresh, 0, _zero_sums(), [])
-    if out is not None and (out / RUN).exists():
-        if not resume:
-            raise ValueError(f"{op}: {str(out)!r} already holds a run ({RUN}); pass resume=True "
-                             f"(--resume) to continue it, or choose another folder")
-        run = _resumed_run(op, out, run, epochs, extend_epochs)
-        if (out / CHECKPOINT).exists():
-            state, meta = load_checkpoint(out, fresh)
-            live = _Progress(state, int(state.step), meta["sums"], meta["history"])
-        _reconcile_metrics(out / METRICS, live.history)
-    elif resume:
-        read_run(out)                        # raises the clear "no run to resume" error
-    elif out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-        (out / METRICS).unlink(missing_ok=True)
-    if out is not None:
-        run["environment"] = {"jax": jax.__version__, "backend": jax.default_backend()}
-        _atomic_write(out / RUN, json.dumps(run, indent=1) + "\n")
-    total = run["epochs"]
-    sched = _segments_schedule(schedule, run["segments"])
-    step_fn = make_step(net, cfg, opt, grads=grads, label_smoothing=alpha)
-    precise = None
-    last = stop_after if stop_after is not None else total
-
-    def meta(p: _Progress) -> dict:
-        return {"sums": p.sums, "history": p.history}
-
-    try:
-        while len(live.history) < min(total, last):
-            epoch = len(live.history)
-            done = live.step - epoch * steps_per_epoch          # batches of this epoch already taken
-            bar = _progress(steps_per_epoch, f"epoch {epoch + 1}/{total}", progress, initial=done)
-            start, seconds0 = time.perf_counter(), live.sums["seconds"]
-            for i, xb, targets in _batch_stream(split, batch=batch, key=key, epoch=epoch, start=done,
-                                                flip=flip, mix=mix, num_classes=num_classes, dtype=dt):
-                lr_now = sched(live.step)
-                state, metrics = step_fn(live.state, xb, targets, lr_now)
-                loss, acc, gnorm = (float(metrics[k]) for k in ("loss", "accuracy", "grad_norm"))
-                if not (math.isfinite(loss) and math.isfinite(gnorm)):
-                    if bar is not None:
-                        bar.close()
-                    kept = (f"the last good checkpoint {str(out / CHECKPOINT)!r} (step "
-                            f"{int(load_checkpoint(out, fresh)[0].step)}) is kept"
-                            if out is not None and (out / CHECKPOINT).exists() else "no checkpoint was written")
-                    raise NonFiniteLoss(
-                        f"the loss is {loss} and the gradient norm {gnorm} at step {live.step + 1} "
-                        f"(epoch {epoch + 1}, batch {i + 1} of {steps_per_epoch}, lr {float(lr_now):.4g}); "
-                        f"stopped, {kept}")
-                sums = {"loss": live.sums["loss"] + loss, "accuracy": live.sums["accuracy"] + acc,
-                        "seconds": seconds0 + time.perf_counter() - start, "lr": float(metrics["lr"])}
-                live = _Progress(state, live.step + 1, sums, live.history)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{loss:.4f}")
-            if bar is not None:
-                bar.close()
-            tic = time.perf_counter()
-            precise = precise_statistics(net, cfg, live.state.params, split.x_train, batch=batch,
-                                         batches=precise_batches, seed=seed)
-            test_acc = evaluate(net, cfg, live.state, split.x_test, split.y_test, eval_batch, running=precise)
-            test_running = evaluate(net, cfg, live.state, split.x_test, split.y_test, eval_batch)
-            s = live.sums
-            entry = {"epoch": epoch + 1, "step": live.step,
-                     "loss": s["loss"] / steps_per_epoch, "train_accuracy": s["accuracy"] / steps_per_epoch,
-                     "test_accuracy": test_acc, "test_accuracy_running": test_running,
-                     "bn_gap": test_acc - test_running, "lr": s["lr"], "seconds": s["seconds"],
-                     "eval_seconds": time.perf_counter() - tic,
-                     "images_per_second": steps_per_epoch * batch / max(s["seconds"], 1e-9)}
-            live = _Progress(live.state, live.step, _zero_sums(), live.history + [entry])
-            if out is not None:
-                save_checkpoint(out, live.state, meta(live))
-                with open(out / METRICS, "a") as f:
-                    f.write(json.dumps(entry) + "\n")
-            if log is not None:
-                log(epoch_line(entry, total))
-    except KeyboardInterrupt:
-        if out is not None:
-            save_checkpoint(out, live.state, meta(live))
-        raise
-    return FitResult(live.state, live.history, precise, out)
-
-
-def _zero_sums() -> dict:
-    return {"loss": 0.0, "accuracy": 0.0, "seconds": 0.0, "lr": 0.0}
-
-
-def _resumed_run(op: str, out: Path, requested: dict, epochs: Optional[int], extend_epochs: int) -> dict:
-    """The recorded run, checked field by field against the requested one; extended if asked."""
-    saved = read_run(out)
-    for field in requested:
-        if field in ("epochs", "segments"):
-            continue
-        if saved.get(field) != requested[field]:
-            raise ValueError(f"{op}: cannot resume the run in {str(out)!r}: it was started with "
-                             f"{field}={saved.get(field)!r}, this call asks for {requested[field]!r}")
-    recorded = saved["epochs"]
-    if extend_epochs:
-        if epochs is not None and epochs not in (recorded, recorded + extend_epochs):
-            raise ValueError(f"{op}: epochs={epochs} with extend_epochs={extend_epochs}: the run in "
-                             f"{str(out)!r} has {recorded} epochs, so the new total is "
-                             f"{recorded + extend_epochs}; leave epochs out")
-        spe = saved["steps_per_epoch"]
-        saved["segments"].append({"first": recorded * spe, "steps": extend_epochs * spe,
-                                  "lr": saved["lr"], "warmup_steps": 0})
-        saved["epochs"] = recorded + extend_epochs
-    elif epochs is not None and epochs != recorded:
-        raise ValueError(f"{op}: the run in {str(out)!r} has a schedule fixed by its total of {recorded} "
-                         f"epochs; resuming with epochs={epochs} would change the steps already taken. "
-                         f"Leave epochs out (or pass {recorded}), or add epochs with extend_epochs "
-                         f"(--extend-epochs N: a new cosine cycle after epoch {recorded})")
-    return saved
-
-
-def epoch_line(entry: Mapping, total: int) -> str:
-    """One line per epoch: the figures metrics.jsonl records, rounded for reading."""
-    return (f"epoch {entry['epoch']}/{total} (step {entry['step']}): loss {entry['loss']:.4f}, "
-            f"train accuracy {entry['train_accuracy']:.4f}, test accuracy {entry['test_accuracy']:.4f} "
-            f"(running statistics {entry['test_accuracy_running']:.4f}, gap {entry['bn_gap']:+.4f}), "
-            f"lr {entry['lr']:.4g}, {entry['images_per_second']:.0f} images/s")
-
-
-def _progress(total: int, desc: str, enabled: bool, initial: int = 0):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-    return tqdm(total=total, initial=initial, desc=desc, leave=False)
-
-
-def _jsonable(cfg) -> Any:
-    if hasattr(cfg, "__dataclass_fields__"):
-        return {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
-    return repr(cfg)
 
 
 # ---- rendered vs autodiff, side by side ------------------------------------------------------------
@@ -920,8 +990,9 @@ def _nudge_tree(params: Params, key: jax.Array) -> Params:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
-def _kinks(net, cfg, params, nudged, x):
-    """Live pool windows tied at params whose tie the nudge breaks, plus pre-activations exactly 0."""
+def kinks(net: Net, cfg, params, nudged, x) -> jax.Array:
+    """The kinks `Tracking.kinks` counts at (params, x): live pool windows tied at params whose tie
+    the nudged weights break (non-twin ties), plus the pre-activations exactly 0."""
     _, saved = net.forward(params, x, cfg)
     _, saved_n = net.forward(nudged, x, cfg)
     count = sum((jnp.sum(v == 0) for v in net.preactivations(saved).values()), jnp.zeros((), jnp.int32))
@@ -959,14 +1030,13 @@ def _relative_distance(a: Params, b: Params, skip=frozenset()) -> float:
     return math.sqrt(sum(float(v) for v in num) / sum(float(v) for v in den))
 
 
-def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps: int = 100,
-                 optimizer: str = "nesterov", lr: Optional[float] = None, batch: int = 64,
-                 epochs: int = 8, flip: Optional[bool] = None, seed: int = 0, dtype: str = "float32",
-                 draws: Optional[int] = None, factor: Optional[float] = None,
-                 label_smoothing: Optional[float] = None, controls: Sequence = (),
+def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split],
+                 config: FitConfig = FitConfig(optimizer="nesterov", epochs=8, batch=64), *, steps: int = 100,
+                 draws: Optional[int] = None, factor: Optional[float] = None, controls: Sequence = (),
                  progress: bool = True) -> Tracking:
-    """The first `steps` steps of `fit`'s run (same init, batches, flips and cosine schedule over
-    `epochs`), rendered and autodiff side by side, and the per-step bound.
+    """The first `steps` steps of `fit`'s run of `config` (the same init, batches, augmentations and
+    schedule), rendered and autodiff side by side, and the per-step bound (`config.grads` and the
+    evaluation settings play no part).
 
     Free runs: the rendered run and the autodiff run, each on its own. Checked steps: at every
     step, from the rendered run's state, the autodiff step, each must-fail control (a planted
@@ -982,33 +1052,20 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
     op = "train.side_by_side"
     net = as_net(net)
     steps = data_._positive_int(op, "steps", steps)
-    batch = data_._positive_int(op, "batch", batch)
-    epochs = data_._positive_int(op, "epochs", epochs)
     draws = data_._positive_int(op, "draws", tol.TRAIN_TRACK_DRAWS if draws is None else draws)
     factor = tol.TRAIN_TRACK_FACTOR if factor is None else float(factor)
-    if dtype not in ("float32", "float64"):
-        raise ValueError(f"{op}: dtype must be 'float32' or 'float64', got {dtype!r}")
     for c in controls:
         if not getattr(c, "planted", "") or not hasattr(c, "kit"):
             raise ValueError(f"{op}: each control must be a planted chain (`gradtie.checks.bugs.plant`), "
                              f"got {type(c).__name__}")
-    split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
-    if flip is None:
-        flip = data_.flips_keep_class(dataset.name if isinstance(dataset, data_.Dataset) else "split")
-    spe = len(split.y_train) // batch
-    if spe == 0:
-        raise ValueError(f"{op}: {len(split.y_train)} training examples make no full batch of {batch}")
-    if steps > epochs * spe:
-        raise ValueError(f"{op}: steps={steps} exceeds the run's {epochs} epochs × {spe} steps")
-    num_classes = getattr(cfg, "num_classes", None) or int(split.y_train.max()) + 1
-    opt = make_optimizer(optimizer)
-    lr = DEFAULT_LR[optimizer] if lr is None else float(lr)
-    alpha = default_label_smoothing(net) if label_smoothing is None else float(label_smoothing)
-    sched = cosine_warmup(lr, 0, epochs * spe)
-    dt = jnp.dtype(dtype)
-    key = jax.random.key(seed)
-    params = {k: v.astype(dt) for k, v in net.init(jax.random.fold_in(key, 0), cfg).items()}
+    plan = _plan(op, net, cfg, dataset, config)
+    total = plan.config.epochs or 1
+    if steps > total * plan.steps_per_epoch:
+        raise ValueError(f"{op}: steps={steps} exceeds the run's {total} epochs × {plan.steps_per_epoch} steps")
+    sched = _segments_schedule(plan.config.schedule, _first_segment(plan))
+    params = plan.init_params(net, cfg)
     skip = frozenset(zero_in_reals(params))
+    opt, alpha = plan.opt, plan.config.label_smoothing
 
     rendered_step = make_step(net, cfg, opt, grads="rendered", label_smoothing=alpha)
     checked = {"autodiff": make_step(net, cfg, opt, grads="autodiff", label_smoothing=alpha)}
@@ -1017,41 +1074,32 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split], *, steps:
     free = {"rendered": init_state(net, cfg, params, opt), "autodiff": init_state(net, cfg, params, opt)}
     loss = {name: [] for name in free}
     acc = {name: [] for name in free}
-    drift, envelope, kinks = [], [], []
+    drift, envelope, kinks_ = [], [], []
     dist = {name: [] for name in checked}
-    k_nudge = jax.random.fold_in(key, _PRECISE_STREAM - 1)
-    bar = _progress(steps, "side by side", progress)
-    t = 0
-    for epoch in range(epochs):
-        for i, xb, targets in _batch_stream(split, batch=batch, key=key, epoch=epoch, start=0, flip=flip,
-                                            mix=None, num_classes=num_classes, dtype=dt):
-            if t == steps:
-                break
-            lr_t = sched(t)
-            here = free["rendered"]
-            for name, f in (("rendered", rendered_step), ("autodiff", checked["autodiff"])):
-                free[name], m = f(free[name], xb, targets, lr_t)
-                loss[name].append(float(m["loss"]))
-                acc[name].append(float(m["accuracy"]))
-            ref = free["rendered"].params
-            drift.append(_relative_distance(free["autodiff"].params, ref, skip))
-            for name, f in checked.items():
-                dist[name].append(_relative_distance(f(here, xb, targets, lr_t)[0].params, ref, skip))
-            spread = 0.0
-            for j in range(draws):
-                k_j = jax.random.fold_in(jax.random.fold_in(k_nudge, j), t)
-                nudged = here._replace(params=_nudge_tree(here.params, k_j))
-                spread = max(spread, _relative_distance(rendered_step(nudged, xb, targets, lr_t)[0].params, ref, skip))
-                if j == 0:
-                    kinks.append(int(_kinks(net, cfg, here.params, nudged.params, xb)))
-            envelope.append(spread)
-            t += 1
-            if bar is not None:
-                bar.update(1)
-        if t == steps:
-            break
-    if bar is not None:
-        bar.close()
+    k_nudge = jax.random.fold_in(plan.key, _PRECISE_STREAM - 1)
+    shown = bar(desc="side by side", total=steps, enabled=progress)
+    batches = ((xb, targets) for epoch in range(total) for _, xb, targets in plan.batches(epoch))
+    for t, (xb, targets) in zip(range(steps), batches):
+        lr_t = sched(t)
+        here = free["rendered"]
+        for name, f in (("rendered", rendered_step), ("autodiff", checked["autodiff"])):
+            free[name], m = f(free[name], xb, targets, lr_t)
+            loss[name].append(float(m["loss"]))
+            acc[name].append(float(m["accuracy"]))
+        ref = free["rendered"].params
+        drift.append(_relative_distance(free["autodiff"].params, ref, skip))
+        for name, f in checked.items():
+            dist[name].append(_relative_distance(f(here, xb, targets, lr_t)[0].params, ref, skip))
+        spread = 0.0
+        for j in range(draws):
+            k_j = jax.random.fold_in(jax.random.fold_in(k_nudge, j), t)
+            nudged = here._replace(params=_nudge_tree(here.params, k_j))
+            spread = max(spread, _relative_distance(rendered_step(nudged, xb, targets, lr_t)[0].params, ref, skip))
+            if j == 0:
+                kinks_.append(int(kinks(net, cfg, here.params, nudged.params, xb)))
+        envelope.append(spread)
+        shown.update(1)
+    shown.close()
     as_np = lambda d: {k: np.asarray(v) for k, v in d.items()}  # noqa: E731
     return Tracking(np.arange(1, steps + 1), as_np(loss), as_np(acc), np.asarray(drift), as_np(dist),
-                    np.asarray(envelope), np.asarray(kinks), factor, draws, dtype)
+                    np.asarray(envelope), np.asarray(kinks_), factor, draws, plan.config.dtype)

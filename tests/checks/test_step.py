@@ -7,12 +7,15 @@ import pytest
 
 from gradtie.checks import step
 from gradtie.nets import cifar8, resnet34
+from gradtie.nets.protocol import Net
 
 C8 = cifar8.Config(num_classes=7, head_width=64)
+# the chapter shows these cases (Training with the rendered step): they run with `make test-all`
+SLOW = pytest.mark.slow
 
 
 def c8_params(seed=0, weights="drawn"):
-    return cifar8.init(jax.random.key(seed), C8, weights=weights)
+    return cifar8.NET.init(jax.random.key(seed), C8, weights=weights)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def c8_reference(c8_batches):
 
     def get(recipe):
         if recipe not in cache:
-            cache[recipe] = step.reference_run(cifar8, c8_params(), c8_batches, C8, recipe=recipe)
+            cache[recipe] = step.reference_run(cifar8.NET, c8_params(), c8_batches, C8, recipe=recipe)
         return cache[recipe]
     return get
 
@@ -51,15 +54,15 @@ RULE_CONTROLS = [("heavy-ball", "decoupled_weight_decay"), ("heavy-ball", "dampe
 def test_rule_controls_part_from_optax(recipe, name):
     params = {k: v.astype(jnp.float64) for k, v in c8_params().items()}
     grads = step.random_gradients(params, 2, seed=1)
-    control = step.control(cifar8, recipe, name)
+    control = step.control(cifar8.NET, recipe, name)
     assert step.rule_difference(recipe, params, grads, optimizer=control.optimizer) > 0.0
 
 
 # ---- cifar8: the tie and every control -------------------------------------------------------------
 
-@pytest.mark.parametrize("recipe", step.RECIPES)
+@pytest.mark.parametrize("recipe", [pytest.param(r, marks=[SLOW] if r == "nesterov" else []) for r in step.RECIPES])
 def test_cifar8_step_tied_to_optax_f64(recipe, c8_reference, c8_batches):
-    rep = step.tie_step(cifar8, c8_params(), c8_batches, C8, recipe=recipe, reference=c8_reference(recipe))
+    rep = step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe=recipe, reference=c8_reference(recipe))
     assert rep.ok and not rep.ill_conditioned, rep.summary()
     assert rep.tensors == 38 and len(rep.steps) == 2
     # the 8 conv biases behind BatchNorm move only by weight decay (gradient 0 in ℝ)
@@ -77,15 +80,15 @@ def test_cifar8_step_tied_to_optax_f64(recipe, c8_reference, c8_batches):
 def test_cifar8_step_tied_at_init_weights_and_another_seed(c8_batches):
     """γ = 1, β = 0 and zero conv biases (which stay 0 in ℝ), and a second draw: green at both."""
     for params in (c8_params(weights="init"), c8_params(seed=3)):
-        rep = step.tie_step(cifar8, params, c8_batches, C8, recipe="nesterov")
+        rep = step.tie_step(cifar8.NET, params, c8_batches, C8, recipe="nesterov")
         assert rep.ok and not rep.ill_conditioned, rep.summary()
 
 
 def test_decoupled_weight_decay_passes_step_1_weights_and_fails_the_buffer(c8_reference, c8_batches):
     """In ℝ the first step of decoupled decay is the coupled one: only the buffer tells, until step 2."""
-    rep = step.tie_step(cifar8, c8_params(), c8_batches, C8, recipe="heavy-ball",
+    rep = step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe="heavy-ball",
                         reference=c8_reference("heavy-ball"),
-                        control=step.control(cifar8, "heavy-ball", "decoupled_weight_decay"))
+                        control=step.control(cifar8.NET, "heavy-ball", "decoupled_weight_decay"))
     assert rep.red
     first, second = rep.steps
     assert first.within("params") == (38, 38)
@@ -95,8 +98,8 @@ def test_decoupled_weight_decay_passes_step_1_weights_and_fails_the_buffer(c8_re
 
 
 def test_skip_tensor_fails_exactly_that_tensor_at_step_1(c8_reference, c8_batches):
-    control = step.control(cifar8, "heavy-ball", "skip_tensor", skip="bn5.bias")
-    rep = step.tie_step(cifar8, c8_params(), c8_batches, C8, recipe="heavy-ball",
+    control = step.control(cifar8.NET, "heavy-ball", "skip_tensor", skip="bn5.bias")
+    rep = step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe="heavy-ball",
                         reference=c8_reference("heavy-ball"), control=control)
     first = rep.steps[0]
     assert first.moved == 37
@@ -105,10 +108,23 @@ def test_skip_tensor_fails_exactly_that_tensor_at_step_1(c8_reference, c8_batche
     assert rep.red
 
 
+def test_unbiased_running_variance_is_a_net_whose_batch_variances_are_unbiased(c8_batches):
+    control = step.control(cifar8.NET, "nesterov", "unbiased_running_variance")
+    assert isinstance(control.net, Net) and control.net is not cifar8.NET
+    assert control.net.stage_list is cifar8.NET.stage_list and control.net.name == "cifar8"
+    x = jnp.asarray(c8_batches[0][0])
+    params = c8_params()
+    _, saved = cifar8.NET.forward(params, x, C8)
+    real, unbiased = cifar8.NET.batch_stats(saved), control.net.batch_stats(saved)
+    m = 4 * 4 * 4                                     # bn7: N = 4 images of 4×4 cells
+    np.testing.assert_allclose(unbiased["bn7.running_var"], real["bn7.running_var"] * m / (m - 1), rtol=1e-15)
+    np.testing.assert_array_equal(unbiased["bn7.running_mean"], real["bn7.running_mean"])
+
+
 def test_unbiased_running_variance_fails_only_the_variances(c8_reference, c8_batches):
-    rep = step.tie_step(cifar8, c8_params(), c8_batches, C8, recipe="nesterov",
+    rep = step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe="nesterov",
                         reference=c8_reference("nesterov"),
-                        control=step.control(cifar8, "nesterov", "unbiased_running_variance"))
+                        control=step.control(cifar8.NET, "nesterov", "unbiased_running_variance"))
     for s in rep.steps:
         assert s.within("params") == (38, 38) and s.within("momentum") == (38, 38)
         failed = {r.name for r in s.running if not r.ok}
@@ -117,22 +133,24 @@ def test_unbiased_running_variance_fails_only_the_variances(c8_reference, c8_bat
 
 
 @pytest.mark.parametrize("recipe,name", [("heavy-ball", "dampened_momentum"), ("heavy-ball", "learning_rate_twice"),
-                                         ("nesterov", "no_lookahead"), ("sgd", "learning_rate_twice")])
+                                         pytest.param("nesterov", "no_lookahead", marks=SLOW),
+                                         ("sgd", "learning_rate_twice")])
 def test_update_rule_controls_go_red_at_step_1(recipe, name, c8_reference, c8_batches):
-    rep = step.tie_step(cifar8, c8_params(), c8_batches, C8, recipe=recipe, reference=c8_reference(recipe),
-                        control=step.control(cifar8, recipe, name))
+    rep = step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe=recipe, reference=c8_reference(recipe),
+                        control=step.control(cifar8.NET, recipe, name))
     assert rep.red and rep.first_failure()[0] == 1
     assert rep.steps[0].within("params")[0] < 38
 
 
 # ---- ResNet-34: the 110- and 146-tensor steps ------------------------------------------------------
 
+@SLOW
 @pytest.mark.parametrize("conv_bias,recipe,tensors", [(False, "sgd", 110), (True, "heavy-ball", 146)])
 def test_resnet34_step_tied_to_optax_f64(conv_bias, recipe, tensors):
     cfg = resnet34.Config(num_classes=7, conv_bias=conv_bias)
-    params = resnet34.init(jax.random.key(0), cfg, weights="drawn")
+    params = resnet34.NET.init(jax.random.key(0), cfg, weights="drawn")
     batches = step.photo_batches(2, 4, 32, seed=1)
-    rep = step.tie_step(resnet34, params, batches, cfg, recipe=recipe)
+    rep = step.tie_step(resnet34.NET, params, batches, cfg, recipe=recipe)
     assert rep.tensors == tensors and rep.label_smoothing == 0.1
     assert rep.ok and not rep.ill_conditioned, rep.summary()
     assert rep.movers == tensors and all(s.moved == tensors for s in rep.steps)
@@ -161,12 +179,12 @@ def test_bad_input_is_a_clear_error(c8_reference, c8_batches):
     with pytest.raises(ValueError, match="recipe 'adamw'"):
         step.optax_recipe("adamw", 1e-3)
     with pytest.raises(ValueError, match="at least one"):
-        step.reference_run(cifar8, c8_params(), [], C8)
+        step.reference_run(cifar8.NET, c8_params(), [], C8)
     with pytest.raises(ValueError, match="bf16"):
-        step.reference_run(cifar8, c8_params(), c8_batches, cifar8.Config(num_classes=7, head_width=64, bf16=True))
+        step.reference_run(cifar8.NET, c8_params(), c8_batches, cifar8.Config(num_classes=7, head_width=64, bf16=True))
     with pytest.raises(ValueError, match="targets"):
-        step.reference_run(cifar8, c8_params(), [(c8_batches[0][0], np.zeros((4, 3)))], C8)
+        step.reference_run(cifar8.NET, c8_params(), [(c8_batches[0][0], np.zeros((4, 3)))], C8)
     with pytest.raises(ValueError, match="expected one of"):
-        step.control(cifar8, "sgd", "decoupled_weight_decay")
+        step.control(cifar8.NET, "sgd", "decoupled_weight_decay")
     with pytest.raises(ValueError, match="shared reference"):
-        step.tie_step(cifar8, c8_params(), c8_batches, C8, recipe="sgd", reference=c8_reference("nesterov"))
+        step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe="sgd", reference=c8_reference("nesterov"))

@@ -5,8 +5,8 @@ The Lean suite ties the gradient nodes of two train steps: `r34_net_tiedB` (ResN
 `cifar8Bbn_train_step_tiedB`, the 38 of cifar8-BN's. A train step is those nodes fed to an update
 rule, plus the BatchNorm running averages. This module ties the whole step as `train.make_step`
 takes it (one forward, the rendered chain, the update rule, the running statistics) to the step a
-user of the usual tools takes: `jax.value_and_grad` of the forward-based loss (`gradtie.reference`)
-fed to optax, with the running averages recomputed from the BatchNorm inputs in plain jnp.
+user of the usual tools takes: autodiff of the forward-based loss (`gradtie.reference.oracle`) fed
+to optax, with the running averages recomputed from the BatchNorm inputs in plain jnp.
 
 The two runs start from the same weights and take `len(batches)` consecutive steps each on their
 own, so the optimizer state (the momentum buffer) carries each step into the next. After every step
@@ -14,10 +14,10 @@ each tensor is a row: the updated parameters, the momentum buffer, the running s
 step's loss.
 
 Limits. A row is held to `tie.compare`'s max(STEP_TIE_FACTOR × envelope, 1e-10). Its envelope is
-the spread of the reference run itself when each of its autodiff gradients is a `checks.envelope`
-evaluation instead: the batch in reverse order, or the parameters and the images nudged by one unit
-roundoff, a fresh nudge every step. Each such run goes from the start to the last step, so the
-envelope holds whatever step 1's round-off has grown into by step 2.
+the spread of the reference run itself when each of its autodiff gradients is taken at a
+`checks.envelope` sample instead: the batch in reverse order, or the parameters and the images
+nudged by one unit roundoff, a fresh nudge every step. Each such run goes from the start to the
+last step, so the envelope holds whatever step 1's round-off has grown into by step 2.
 
 | recipe     | `gradtie.train` (SPEC §9)               | optax                                                   |
 |------------|-----------------------------------------|---------------------------------------------------------|
@@ -35,9 +35,10 @@ Shown in: Training with the rendered step.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -46,10 +47,12 @@ import optax
 
 from .. import data as data_
 from .. import reference, train
-from ..host import to_device
 from .. import tolerances as tol
-from .tie import (QUICK, NodeRow, bn_cells, bn_of, compare, host_rng, is_beta, net_label, targets_matrix,
-                  zero_in_reals)
+from ..host import to_device, tree_to_device
+from ..nets.protocol import Net, as_net
+from ..progress import bar
+from . import envelope as env_
+from .tie import NodeRow, bn_cells, bn_of, compare, is_beta, targets_matrix, zero_in_reals
 
 RECIPES = ("sgd", "nesterov", "heavy-ball")
 # SPEC §1, written out here apart from `gradtie.train`: running ← 0.99·running + 0.01·batch, and
@@ -98,15 +101,10 @@ def optax_trace(state) -> Optional[dict]:
     return None
 
 
-_RULES: dict = {}
-
-
-def _rule(opt: train.Optimizer, lr: float):
-    """opt's update at lr, compiled once per (optimizer object, lr)."""
-    hit = _RULES.get((id(opt), lr))
-    if hit is None or hit[0] is not opt:
-        hit = _RULES[(id(opt), lr)] = (opt, jax.jit(lambda params, grads, state: opt.update(params, grads, state, lr)))
-    return hit[1]
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _rule(opt: train.Optimizer, lr: float, params, grads, state):
+    """opt's update at lr: one program per (optimizer, lr, shapes)."""
+    return opt.update(params, grads, state, lr)
 
 
 @functools.lru_cache(maxsize=None)
@@ -129,13 +127,12 @@ def rule_difference(recipe: str, params: Mapping, grads: Sequence[Mapping], *, l
     if not grads:
         raise ValueError("rule_difference: needs at least one step's gradients")
     tx, theirs = _optax_rule(recipe, lr)
-    step = _rule(ours, lr)
     names = list(params)
     mine, other = dict(params), dict(params)
     state, opt_state, worst = ours.init(mine), tx.init(other), 0.0
     for g in grads:
         g = {k: g[k] for k in names}
-        mine, state = step(mine, g, state)
+        mine, state = _rule(ours, lr, mine, g, state)
         other, opt_state = theirs(other, g, opt_state)
         worst = max(worst, max(float(jnp.max(jnp.abs(mine[k] - other[k]))) for k in names))
     return worst
@@ -218,29 +215,23 @@ def skip_tensor(recipe: str, name: str) -> train.Optimizer:
     return train.Optimizer("skip_tensor", ours.init, update, dict(ours.hyper))
 
 
-class UnbiasedRunningVariance:
-    """The real net, whose batch statistics hand the running average the unbiased variance
-    M/(M − 1)·σ² (PyTorch's convention for `running_var`) instead of SPEC §1's biased one."""
+@dataclass(frozen=True, eq=False)
+class UnbiasedRunningVariance(Net):
+    """A net definition whose batch statistics hand the running average the unbiased variance
+    M/(M − 1)·σ² (PyTorch's convention for `running_var`) instead of SPEC §1's biased one; its
+    stages, forward and backward are those of the net it is made from."""
 
-    def __init__(self, net):
-        self.real_net = net
-
-    def __getattr__(self, attr):
-        if attr.startswith("__"):
-            raise AttributeError(attr)
-        return getattr(self.real_net, attr)
-
-    def batch_stats(self, saved):
-        stats = self.real_net.batch_stats(saved)
-        for name, layer in self.real_net.bn_layers(saved).items():
+    def batch_stats(self, saved) -> dict:
+        stats = super().batch_stats(saved)
+        for name, layer in self.bn_layers(saved).items():
             m = layer.c.shape[0] * layer.c.shape[2] * layer.c.shape[3]
             stats[f"{name}.running_var"] = stats[f"{name}.running_var"] * (m / (m - 1))
         return stats
 
 
-@functools.lru_cache(maxsize=None)
-def _unbiased(net) -> UnbiasedRunningVariance:
-    return UnbiasedRunningVariance(net)
+@functools.lru_cache(maxsize=None)   # one definition per net: its compiled steps are reused
+def unbiased_running_variance(net: Net) -> UnbiasedRunningVariance:
+    return UnbiasedRunningVariance(**{f.name: getattr(net, f.name) for f in dataclasses.fields(Net)})
 
 
 def controls(net, recipe: str, *, skip: Optional[str] = None) -> list[StepControl]:
@@ -248,8 +239,9 @@ def controls(net, recipe: str, *, skip: Optional[str] = None) -> list[StepContro
     optimizer or BatchNorm commonly has. `skip`: the tensor the skipping step leaves out (default:
     a BatchNorm β in the middle of the net)."""
     _check_recipe(recipe)
+    net = as_net(net)
     if skip is None:
-        shapes = {s.name: s.shape for s in net.param_specs(net.Config())}
+        shapes = {s.name: s.shape for s in net.param_specs(net.cfg())}
         betas = [n for n in shapes if is_beta(n, shapes)]
         skip = betas[len(betas) // 2]
     out = []
@@ -266,7 +258,7 @@ def controls(net, recipe: str, *, skip: Optional[str] = None) -> list[StepContro
                         net, learning_rate_twice(recipe)),
             StepControl("skip_tensor", f"the step leaves {skip} as it was", net, skip_tensor(recipe, skip)),
             StepControl("unbiased_running_variance", "running_var averages M/(M−1)·σ² (unbiased) instead "
-                        "of the biased σ²", _unbiased(net), train.make_optimizer(recipe))]
+                        "of the biased σ²", unbiased_running_variance(net), train.make_optimizer(recipe))]
     return out
 
 
@@ -305,39 +297,34 @@ def _reference_running(running, bn_inputs, count, per_example: bool):
     return out
 
 
-_REFERENCE_STEPS: dict = {}
-
-
-def _reference_step(net, cfg, recipe: str, lr: float, alpha: float):
-    """(params, at, opt_state, running, count, x, targets) -> (params, opt_state, running, loss):
-    autodiff's gradient at `at` (the parameters, or an envelope's nudge of them), optax's update
-    applied to `params`. One compiled program per (net, config, recipe, lr, α)."""
-    key = (id(net), cfg, recipe, lr, alpha)
-    hit = _REFERENCE_STEPS.get(key)
-    if hit is not None and hit[0] is net:
-        return hit[1], hit[2]
-    tx = optax_recipe(recipe, lr)
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
+def _reference_step(net: Net, cfg, recipe: str, lr: float, alpha: float, params, at, opt_state, running, count,
+                    x, targets):
+    """-> (params, opt_state, running, loss): the oracle's gradient (`reference.oracle`) at `at` (the
+    parameters, or an envelope's evaluation point), optax's update applied to `params`, the running
+    statistics from the forward's BatchNorm inputs at `at`."""
+    loss, g, _ = reference.oracle(net, at, x, targets, cfg, alpha)
+    _, saved = net.forward(at, x, cfg)
+    bn_inputs = {name: layer.c for name, layer in net.bn_layers(saved).items()}
+    updates, opt_state = _optax_rule(recipe, lr)[0].update(g, opt_state, params)
     per_example = getattr(cfg, "bn", "batch") == "example"
-
-    def step(params, at, opt_state, running, count, x, targets):
-        def loss_fn(p):
-            logits, saved = net.forward(p, x, cfg)
-            bn_inputs = {name: layer.c for name, layer in net.bn_layers(saved).items()}
-            return reference.smoothed_cross_entropy(logits, targets, alpha), bn_inputs
-
-        (loss, bn_inputs), g = jax.value_and_grad(loss_fn, has_aux=True)(at)
-        updates, opt_state = tx.update(g, opt_state, params)
-        return (optax.apply_updates(params, updates), opt_state,
-                _reference_running(running, bn_inputs, count, per_example), loss)
-
-    _REFERENCE_STEPS[key] = (net, tx, jax.jit(step))
-    return tx, _REFERENCE_STEPS[key][2]
+    return (optax.apply_updates(params, updates), opt_state,
+            _reference_running(running, bn_inputs, count, per_example), loss)
 
 
-def _nudged(tree: Mapping, rng: np.random.Generator, u: float) -> dict:
-    """Every entry moved by a relative u·ξ, ξ ~ N(0, 1) per entry (`checks.envelope`'s nudge), drawn
-    on the host (one NumPy stream: no program to compile per tensor shape)."""
-    return {k: to_device(np.asarray(v) * (1 + u * rng.standard_normal(np.shape(v)))) for k, v in tree.items()}
+def _evaluation(kind: Optional[str], params, x, targets, key):
+    """(params, x, targets) where a run takes its gradient at one step: the point itself (kind None),
+    the batch reversed, or the parameters and images nudged by one unit roundoff (a fresh
+    `envelope.samples` draw every step)."""
+    if kind is None:
+        return params, x, targets
+    if kind == "batch reversed":
+        (s,) = env_.samples({"x": x, "targets": targets}, dtype="float64", key=key, batched=("x", "targets"),
+                            nudges=0)
+        return params, to_device(s.values["x"]), to_device(s.values["targets"])
+    # nothing batched: `samples` draws the one nudge it gives a batch of one
+    (s,) = env_.samples({"params": params, "x": x}, dtype="float64", key=key, nudged=("params", "x"), nudges=0)
+    return tree_to_device(s.values["params"]), to_device(s.values["x"]), targets
 
 
 def _max_abs_diff(a: Mapping, b: Mapping) -> dict[str, float]:
@@ -409,10 +396,11 @@ def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str =
     same run with each gradient taken on the batch reversed, and `nudges` runs with each gradient
     taken at parameters and images nudged by one unit roundoff (fresh every step)."""
     op = "step.reference_run"
+    net = as_net(net)
     if not jax.config.jax_enable_x64:
         raise ValueError(f"{op}: the step tie runs in float64: it needs jax_enable_x64 "
                          f"(jax.config.update('jax_enable_x64', True))")
-    if getattr(cfg, "bf16", False):
+    if cfg.bf16:
         raise ValueError(f"{op}: the step tie is float64; cfg.bf16 must be False")
     _check_recipe(recipe)
     lr = train.DEFAULT_LR[recipe] if lr is None else float(lr)
@@ -421,40 +409,30 @@ def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str =
     alpha = train.default_label_smoothing(net) if label_smoothing is None else float(label_smoothing)
     batches = _checked_batches(op, batches, cfg)
     p64 = _float64(params)
-    tx, step = _reference_step(net, cfg, recipe, lr, alpha)
+    tx = _optax_rule(recipe, lr)[0]
     key = jax.random.key(0) if key is None else key
-    u = tol.UNIT_ROUNDOFF["float64"]
 
-    def run(label: Optional[str], r: int = 0):
-        """The states after each step of one run (a generator): the reference (label None), the
+    def run(kind: Optional[str], r: int = 0):
+        """The states after each step of one run (a generator): the reference (kind None), the
         batch reversed, or the r-th run of nudges."""
         q, s, running = p64, tx.init(p64), dict(net.init_running(p64, cfg))
         for t, (x, targets) in enumerate(batches):
-            at, xs, ts = q, x, targets
-            if label == "batch reversed":
-                xs, ts = x[::-1], targets[::-1]
-            elif label is not None:
-                rng = host_rng(jax.random.fold_in(jax.random.fold_in(key, r), t))
-                at = _nudged(q, rng, u)
-                xs = _nudged({"x": x}, rng, u)["x"]
-            q, s, running, loss = step(q, at, s, running, jnp.asarray(t), xs, ts)
+            at, xs, ts = _evaluation(kind, q, x, targets, jax.random.fold_in(jax.random.fold_in(key, r), t))
+            q, s, running, loss = _reference_step(net, cfg, recipe, lr, alpha, q, at, s, running, jnp.asarray(t),
+                                                  xs, ts)
             q = {k_: q[k_] for k_ in p64}
             yield _state_of(q, optax_trace(s), running, loss)
 
     n = batches[0][0].shape[0]
     runs = ([("batch reversed", 0)] if n > 1 else []) + [(f"nudge {r + 1} (u = 2^-53)", r + 1)
                                                         for r in range(nudges + (n == 1))]
-    labels = [label for label, _ in runs]
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(labels) + 1, desc="step tie: reference and envelope runs", leave=False)
+    shown = bar(desc="step tie: reference and envelope runs", total=len(runs) + 1, enabled=progress)
     states = list(run(None))
-    if bar is not None:
-        bar.update(1)
+    shown.update(1)
     envelopes = [{g: {} for g in GROUPS} for _ in states]
     for label, r in runs:
-        for t, (mine, ref) in enumerate(zip(run(label, r), states)):
+        kind = label if label == "batch reversed" else "nudge"
+        for t, (mine, ref) in enumerate(zip(run(kind, r), states)):
             env = envelopes[t]
             for group in ("params", "momentum", "running"):
                 a, b = getattr(mine, group), getattr(ref, group)
@@ -463,13 +441,11 @@ def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str =
                 for name, d in _max_abs_diff(a, b).items():
                     env[group][name] = max(env[group].get(name, 0.0), d)
             env["loss"]["loss"] = max(env["loss"].get("loss", 0.0), abs(mine.loss - ref.loss))
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+        shown.update(1)
+    shown.close()
     zero = frozenset(n_ for n_ in zero_in_reals(p64) if not bool(jnp.any(p64[n_] != 0)))
-    return StepReference(net_label(net), recipe, lr, alpha, states, envelopes,
-                         ("autodiff (the reference)",) + tuple(labels),
+    return StepReference(net.name, recipe, lr, alpha, states, envelopes,
+                         ("autodiff (the reference)",) + tuple(label for label, _ in runs),
                          bn_cells(net, p64, batches[0][0], cfg), zero, batches, p64)
 
 
@@ -629,6 +605,7 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
     Shown in: Training with the rendered step.
     """
     op = "step.tie_step"
+    net = as_net(net)
     if reference is None:
         reference = reference_run(net, params, batches, cfg, recipe=recipe, lr=lr,
                                   label_smoothing=label_smoothing, key=key, progress=progress)
@@ -637,9 +614,9 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
                          f"not {recipe} at lr {lr}")
     opt = train.make_optimizer(recipe) if control is None else control.optimizer
     stepper = net if control is None else control.net
-    # a control's step runs once per batch: LLVM's optimisation off halves its compile (tie.QUICK)
+    # a control's step runs once per batch: LLVM's optimisation off halves its compile (rendered.QUICK)
     step = train.make_step(stepper, cfg, opt, grads="rendered", label_smoothing=reference.label_smoothing,
-                           compiler_options=None if control is None else QUICK)
+                           quick=control is not None)
     state = train.init_state(stepper, cfg, reference.start, opt)
     cells_of = {name: reference.bn_cells[b] for name in reference.start
                 if (b := bn_of(name, reference.bn_cells)) is not None}
