@@ -43,25 +43,22 @@ def operands(case, seed=0, positive=False):
     return x, w, b, dy
 
 
-def nodes(x, w, b, dy, stride, rnd):
+def nodes(x, w, b, dy, stride, rnd, formulation=None):
     """The three conv nodes at these operands (rnd None: the f32 ops)."""
-    return (conv.forward(x, w, b, stride=stride, rnd=rnd)[0],
-            conv.backward(w, dy, input_shape=x.shape, stride=stride, rnd=rnd),
-            conv.grad_weight(x, dy, kernel_size=w.shape[2], stride=stride, rnd=rnd))
+    kw = dict(stride=stride, rnd=rnd, formulation=formulation)
+    return (conv.forward(x, w, b, **kw)[0], conv.backward(w, dy, input_shape=x.shape, **kw),
+            conv.grad_weight(x, dy, kernel_size=w.shape[2], **kw))
 
 
 def widen(a):
     return a.astype(jnp.float32)
 
 
-def rounded_reference(x, w, b, dy, stride, rnd):
+def rounded_reference(x, w, b, dy, stride, rnd, formulation=None):
     """rnd(f32 node at rounded operands): the f32 ops on rnd(x), rnd(W), rnd(dy), rounded once; the
     forward's bias added after, in float32."""
-    rx, rw, rdy = widen(rnd(x)), widen(rnd(w)), widen(rnd(dy))
-    y = widen(rnd(conv.forward(rx, rw, stride=stride)[0])) + b[None, :, None, None]
-    dx = widen(rnd(conv.backward(rw, rdy, input_shape=x.shape, stride=stride)))
-    dw = widen(rnd(conv.grad_weight(rx, rdy, kernel_size=w.shape[2], stride=stride)))
-    return y, dx, dw
+    y, dx, dw = nodes(widen(rnd(x)), widen(rnd(w)), None, widen(rnd(dy)), stride, None, formulation)
+    return widen(rnd(y)) + b[None, :, None, None], widen(rnd(dx)), widen(rnd(dw))
 
 
 def evaluate(x, w, b, dy, stride, rnd):
@@ -222,6 +219,21 @@ def test_round_bf16_on_float64_rounds_once():
     assert np.float64(one + 2 ** -8 + 2 ** -40).astype(np.float32).astype(ml_dtypes.bfloat16) == 1.0
 
 
+@pytest.mark.parametrize("formulation", ["conv", "patches"])
+def test_kinds_erase_and_round_in_either_formulation(formulation):
+    """The formulation is configuration (`Config.conv_formulation`): XLA's convolution or patches ·
+    weights, the kinds erase and round alike in both. Control: a forward without its bias."""
+    c = CASES[1]
+    x, w, b, dy = operands(c)
+    run = jax.jit(partial(nodes, stride=c[5], formulation=formulation), static_argnames="rnd")
+    for a, f32 in zip(run(x, w, b, dy, rnd=conv.identity), run(x, w, b, dy, rnd=None)):
+        assert same_bits(a, f32)
+    want = rounded_reference(x, w, b, dy, c[5], conv.round_bf16, formulation)
+    for a, r in zip(run(x, w, b, dy, rnd=conv.round_bf16), want):
+        assert same_bits(a, r)
+    assert not same_bits(run(x, w, None, dy, rnd=conv.identity)[0], run(x, w, b, dy, rnd=None)[0])
+
+
 def test_rounding_functions_by_name():
     assert conv.named_rounding("identity") is conv.identity
     assert conv.named_rounding("nearest") is conv.round_bf16
@@ -229,8 +241,10 @@ def test_rounding_functions_by_name():
     assert conv.named_rounding(conv.round_bf16) is conv.round_bf16
     with pytest.raises(ValueError, match="bf16 rounding 'half'.*'identity', 'nearest', 'bf16'"):
         conv.named_rounding("half")
-    for net in (cifar8, resnet34):
+    for net in (cifar8.NET, resnet34.NET):
         with pytest.raises(ValueError, match="bf16 rounding 'half'"):
-            net.Config(bf16=True, bf16_rounding="half")
+            net.config(bf16=True, bf16_rounding="half")
+        # a function passes through: the bf16 check's reference rounds with one of its own
+        assert net.config(bf16=True, bf16_rounding=conv.round_bf16).bf16_rounding is conv.round_bf16
     with pytest.raises(ValueError, match="round_bf16: expected float32, float64 or bfloat16"):
         conv.round_bf16(jnp.ones(3, jnp.float16))

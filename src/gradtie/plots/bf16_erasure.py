@@ -5,7 +5,9 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ._style import OK_COLOR, CONTROL_COLOR, FIGSIZE
+from ..checks.bf16.kinds import OP_LABELS
+from ..checks.bf16.sites import accumulation_bound, node_bound
+from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
 
 
 BF16_OP_MARKERS = {"forward": "o", "backward": "s", "grad_weight": "^"}
@@ -16,7 +18,6 @@ def bf16_bound(rows_by_net: dict, controls: list = (), title: str = "Every bf16 
     """Max |node − exact| / Σ|a|·|b| per conv node against its contraction length n (log–log), one
     marker per kind, one colour per net ({"cifar8": [SiteRow], …}); the bound with and without the
     result's rounding as curves; control nodes (e.g. bf16 accumulation) in red."""
-    from ..checks.bf16 import OP_LABELS, accumulation_bound, node_bound
     fig, ax = plt.subplots(figsize=FIGSIZE)
     ns = [r.n for rows in rows_by_net.values() for r in rows] + [r.n for r in controls]
     grid = np.logspace(0, np.log10(max(ns) * 4), 200)
@@ -71,27 +72,29 @@ def bf16_f32_distance(rows_by_net: dict, title: str = "Beyond the suite: the bf1
     return fig
 
 
-def bf16_gradient(rows_by_net: dict, controls_by_net: dict, title: str = "Every bf16 node is its op's "
-                                                                          "derivative; zeroed, flipped and ×1.01 nodes are not") -> plt.Figure:
-    """Per gradient node, its error over its limit (the larger of size and along-the-node), one
-    column per node: the chain's nodes (blue, ≤ 1) and each control (red markers, > 1), one panel per
-    net ({"cifar8": [GradientRow], …}, {"cifar8": {control: [GradientRow]}, …})."""
-    nets = list(rows_by_net)
+def bf16_stages(reports_by_net: dict, caught_by_net: dict,
+                title: str = "Every bf16 stage ties to its VJP; planted bugs part from it") -> plt.Figure:
+    """Per stage row (the loss cotangent, then the stages from the head down, each its nodes and the
+    cotangent it hands on), its error over its limit: the real chain's rows (blue, ≤ 1) and, for each
+    planted catalogue entry, the row where it first parts (red), one panel per net ({"cifar8": the
+    chain's stage ties (`bf16.stage_ties`), …}, {"cifar8": [Bf16Caught], …})."""
+    nets = list(reports_by_net)
     fig, axes = plt.subplots(1, len(nets), figsize=(FIGSIZE[0] + 3.0, 4.2), squeeze=False, sharey=True)
-    markers = ["v", "x", "^", "s"]
     for ax, net in zip(axes[0], nets):
-        rows = rows_by_net[net]
-        idx = {r.name: i for i, r in enumerate(rows)}
-        ratios = np.array([max(r.ratio, 1e-6) for r in rows])
-        ax.scatter(np.arange(len(rows)), ratios, s=10, color=OK_COLOR, label="the chain's node")
-        for m, (label, planted) in zip(markers, controls_by_net.get(net, {}).items()):
-            ax.scatter([idx[r.name] for r in planted], [r.ratio for r in planted], s=14, marker=m,
-                       color=CONTROL_COLOR, alpha=0.7, label=f"control: {label}")
+        pairs = [(t.net, r) for t in reports_by_net[net].backward_order() for r in t.rows]
+        idx = {(stage, r.name): i for i, (stage, r) in enumerate(pairs)}
+        rows = [r for _, r in pairs]
+        ax.scatter(np.arange(len(rows)), [max(r.ratio, 1e-6) for r in rows], s=10, color=OK_COLOR,
+                   label="the chain's rows")
+        parted = [(c.bug, c.report.first_parting()) for c in caught_by_net.get(net, [])]
+        parted = [(bug, p) for bug, p in parted if p is not None]
+        ax.scatter([idx[(p.stage, p.row.name)] for _, p in parted], [min(p.row.ratio, 1e6) for _, p in parted],
+                   s=18, marker="x", color=CONTROL_COLOR, label=f"planted: first parting ({len(parted)} bugs)")
         ax.axhline(1.0, color="k", lw=1, ls="--", label="limit")
         ax.set_yscale("log")
-        ax.set_xlabel(f"{net}: node (signature order, input last)")
+        ax.set_xlabel(f"{net}: row (loss cotangent, then head → input)")
         ax.set_title(net, fontsize=9)
-    axes[0, 0].set_ylabel("error / limit")
+    axes[0, 0].set_ylabel("error / limit (capped at 1e6)")
     axes[0, 0].legend(fontsize=7, loc="center left")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -100,7 +103,7 @@ def bf16_gradient(rows_by_net: dict, controls_by_net: dict, title: str = "Every 
 
 def bf16_replica(arrays: dict, replicas: int, title: str = "The all-reduced bf16 gradient is mean_r rnd(S_r), "
                                                             "not rnd(Σ_r S_r)/R: the gap is real and under 2u·M") -> plt.Figure:
-    """Histogram over every weight-gradient entry of the named sites ({"conv1": replica arrays, …}) of
+    """Histogram over every weight-gradient entry of the named sites (`ReplicaReport.arrays`) of
     (mean_r rnd(S_r) − rnd(Σ_r S_r)/R) / M, with the ±2u lines; identity's difference (all 0) noted."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
     vals = np.concatenate([(d["diff"] / np.where(d["mag"] > 0, d["mag"], 1)).ravel() for d in arrays.values()])

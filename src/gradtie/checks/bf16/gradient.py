@@ -1,306 +1,192 @@
-"""The whole bf16 gradient: every node of the bf16 chain against its own op's derivative.
+"""The bf16 gradient, stage by stage: each stage of the bf16 chain against the VJP of that stage
+alone, at the input, the cotangent and the rounding decisions the chain hands it.
 
-A bf16 chain rounds every conv operand and result to 8 bits, so it is not the f32 chain, and on a
-small batch it is not even close to it: a 2⁻⁸ change of the inputs flips ReLU masks and, through
-BatchNorm over few cells, moves whole nodes (`f32_distance` measures how far; it is beyond the suite,
-and no verdict can stand on it: a node returned as zeros sits about as far from the f32 node). It is
-not close to itself either: a bf16 rounding that lands one ulp apart spreads, so two float32
-evaluations of one whole bf16 chain differ by percents.
+A bf16 chain is not the f32 chain, and on a small batch not even close to it (`f32_distance`:
+rounding flips ReLU masks, and BatchNorm over few cells moves whole nodes; beyond the suite, and
+no verdict can stand on it). Nor is it close to itself: one float32 ulp next to a bf16 rounding
+boundary moves a rounded entry by a bf16 ulp, which BatchNorm over few cells spreads.
 
-The verdict holds each node where the suite does (`cifar8Bbn_train_step_tiedB`, `r34_net_tiedB`,
-at the bf16 flag: `ConvWTiedBAt bf16`, `convWeightGradBBf16`): at the cotangent the rendered chain
-threads to it. We run the chain once and record every parameter node's call — its input and the
-cotangent it reads — and the input cotangent's; the reference is the VJP of that one op's forward
-(the autodiff oracle) at those same arrays, in float64, with a bf16 rounding point rounding the value
-going forward and the cotangent coming back, as a bf16 kind does to its operands and its result. No
-rounding decision is shared across ops, so nothing spreads: a node differs from its reference only
-by float32 arithmetic and, for a kind, by an entry whose result rounds one bf16 ulp the other way.
-
-The limit is the point's own envelope: the same reference run in float32, the chain's precision,
-against float64 (its accumulation may round a kind's entry the other way too), at the recorded
-arrays and at `BF16_GRADIENT_DRAWS` − 1 copies nudged by float32's own round-off. Per node we compare
-two numbers, each within `BF16_GRADIENT_FACTOR` times its envelope (floored, `node_floors`): the
-error's size ‖g − r‖ and its component along the node, c = ⟨g − r, r⟩/‖r‖². A node zeroed (c = −1),
-sign-flipped (c = −2) or scaled by 1.01 (c = 0.01) fails; so the controls (`controls`). Rounding
-the forward and input-backward sites goes beyond the suite, whose bf16 switch is on the conv
-weight-gradient nodes. Shown in: bf16 erasure.
+So we tie it where the suite does (`cifar8Bbn_train_step_tiedB`, `r34_net_tiedB` at the bf16 flag:
+`ConvWTiedBAt bf16`, `convWeightGradBBf16`), stage by stage as `checks.stages` does in float64: the
+chain runs once with a tape (each stage's input and cotangent) and a recording kit (each conv
+site's operands and results), and each stage's nodes and the cotangent it hands on are tied to the
+float64 VJP of the stage's forward there (`gradtie.reference`), every conv site a kind frozen at
+the chain's rounding decisions: its rounded input, weight and output are the chain's, and each
+cotangent into and out of its contraction is rounded as the kit's backwards round it — the chain's
+way where the chain's value lies within one ulp. No rounding can flip between the two sides; what
+is left is float32 arithmetic, held to the point's float32 envelope (`checks.envelope`) times
+F32_ENVELOPE_FACTOR, floored at float32's floor. A wrong BatchNorm, pool, ReLU, residual or head
+backward parts at the stage holding it, and so does a conv backward off by more than an ulp; under
+one ulp a bug can hide in the chain's rounding, bf16's resolution. The loss cotangent is tied to
+autodiff of the loss. Rounding the forward and input-backward sites goes beyond the suite, whose
+bf16 switch is on the weight-gradient nodes. Shown in: bf16 erasure.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Optional
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
-from ... import prng, reference
-from ...ops import batchnorm, conv, dense
-from ..tie import rendered, targets_matrix, zero_in_reals
-from ...tolerances import (BF16_F32_DISTANCE_DRAWS, BF16_F32_DISTANCE_NUDGE, BF16_GRADIENT_DRAWS, BF16_GRADIENT_FACTOR,
-                          BF16_GRADIENT_NUDGE, BF16_ONE_ULP)
-from .kinds import QUICK, U_F32, _chain
+from ... import reference, rendered
+from ... import tolerances as tol
+from ...host import to_device, tree_to_device
+from ...kit import KIT
+from ...nets.protocol import Pass, as_net
+from ...ops import conv, maxpool
+from .. import envelope as env_
+from .. import stages
+from ..tie import Chain, TieReport, bn_cells, bn_of, compare, need_x64, targets_matrix, zero_in_reals
+from .kinds import U_F32
+from .sites import run
 
 
-# ---- the reference's rounding ------------------------------------------------------------------
+# ---- the reference: each stage's VJP with the chain's rounding decisions --------------------------
+
+NEAREST = ("bf16", "nearest", conv.bf16_operand, conv.round_bf16)   # roundings to nearest bf16
+
+
+def _ulp(t):
+    """One bf16 ulp of each entry of a bf16-valued array (0 at 0)."""
+    return jnp.exp2(jnp.floor(jnp.log2(jnp.abs(t))) - 7)
+
 
 @jax.custom_vjp
-def _rne_both(a):
-    """bf16 round-to-nearest-even of the value; the cotangent coming back is rounded too."""
-    return conv.round_bf16(a)
+def _rounded_cotangent(v, target, pre):
+    """v going forward; coming back, the cotangent rounded to bf16 as a kind rounds it — the chain's
+    rounded value `target` wherever the cotangent lies within one ulp of the chain's own `pre`."""
+    return v
 
 
-_rne_both.defvjp(lambda a: (conv.round_bf16(a), None), lambda _, ct: (conv.round_bf16(ct),))
+def _rounded_cotangent_bwd(res, ct):
+    target, pre = res
+    snapped = jnp.where(jnp.abs(ct - pre) <= _ulp(target), target, conv.round_bf16(ct))
+    return snapped, jnp.zeros_like(target), jnp.zeros_like(pre)
 
 
-def _reference_rounding(cfg):
-    """The reference's rounding: the same values as the chain's, differentiable."""
-    rounding = getattr(cfg, "bf16_rounding", "bf16")
-    if not cfg.bf16 or rounding == "identity":
-        return None
-    if rounding not in ("bf16", "nearest"):
-        raise ValueError(f"the bf16 gradient verdict replays a named rounding ('bf16', 'nearest' or "
-                         f"'identity'), got {rounding!r}")
-    return _rne_both
+_rounded_cotangent.defvjp(lambda v, target, pre: (v, (target, pre)), _rounded_cotangent_bwd)
 
 
-# ---- the chain, with every node's call recorded -------------------------------------------------
-#
-# The nets call the op kit through its modules, so wrapping the entry points that make a node sees
-# each call with its arguments; a node is then named by the very array the backward returns.
-
-NODE_OPS = {"conv.grad_weight": (conv, "grad_weight"), "conv.grad_bias": (conv, "grad_bias"),
-            "conv.backward": (conv, "backward"), "batchnorm.grad_weight": (batchnorm, "grad_weight"),
-            "batchnorm.grad_bias": (batchnorm, "grad_bias"), "dense.grad_weight": (dense, "grad_weight"),
-            "dense.grad_bias": (dense, "grad_bias")}
-
-
-@contextmanager
-def _recording(log: list):
-    originals = {label: getattr(module, attr) for label, (module, attr) in NODE_OPS.items()}
-
-    def wrap(label):
-        def recorded(*args, **kwargs):
-            out = originals[label](*args, **kwargs)
-            log.append((label, args, kwargs, out))
-            return out
-        return recorded
-
-    patches = [mock.patch.object(module, attr, wrap(label)) for label, (module, attr) in NODE_OPS.items()]
-    for p in patches:
-        p.start()
-    try:
-        yield log
-    finally:
-        for p in reversed(patches):
-            p.stop()
+def _frozen_kit(rec: dict):
+    """KIT with every conv forward a bf16 kind frozen at the chain's rounding decisions: its rounded
+    input, weight and output are the chain's (`rec[name]`: x, y, and the backward's dc, dx, dw), its
+    derivative the kind's (every cotangent into and out of the contraction rounded, as the kit's conv
+    backwards round, and rounded the chain's way where the chain's value lies within one ulp)."""
+    def conv_forward(name, x, w, b=None, *, stride=1, rnd=None, formulation=None):
+        r = rec[name]
+        def frozen(value, v, target, pre):   # value going forward, v's derivative coming back
+            return value + (_rounded_cotangent(v, target, pre) - lax.stop_gradient(v))
+        xs = frozen(conv.round_bf16(r["x"]), x, r["dx"], r["dx"])
+        ws = frozen(conv.round_bf16(w), w, r["dw"], r["dw"])
+        z = conv.forward(xs, ws, None, stride=stride, formulation=formulation)[0]
+        y = frozen(r["y"], z, conv.round_bf16(r["dc"]), r["dc"])
+        return (y if b is None else y + (b - lax.stop_gradient(b))[None, :, None, None]), conv.ConvSaved(x, stride)
+    return KIT._replace(conv_forward=conv_forward)
 
 
-_TAPES: dict = {}   # (net, cfg, α) -> (the jitted recorded chain, the statics its trace read)
+def _kit(acts, nodes):
+    return KIT if acts is None else _frozen_kit({k: {**acts[k], **nodes[k]} for k in acts})
 
 
-def _arrays(tree):
-    return [a for a in jax.tree.leaves(tree) if isinstance(a, jax.Array)]
+@partial(jax.jit, static_argnums=(0, 1))
+def _selections(net, cfg, params, inputs, acts, nodes):
+    """σ = argmax of every pool, read off each stage's reference forward at its recorded input."""
+    sel = {}
+    for stage in net.stage_list(cfg):
+        _, saved = stage.forward(params, inputs[stage.name], cfg, Pass(kit=_kit(acts, nodes)))
+        sel.update({k: maxpool.select(r, net.pools[k]) for k, r in stage.pool_inputs(saved).items()})
+    return sel
 
 
-def node_calls(net, params, x, targets, cfg, *, label_smoothing: float = 0.0) -> dict:
-    """Run the rendered chain once (jitted) -> {node name: (op, array arguments, static keywords,
-    node)}, every parameter node and "input", the input cotangent."""
-    key = (net, cfg, label_smoothing)
-    if key not in _TAPES:
-        statics: dict = {}
-
-        def run(p, x_, t_):
-            log: list = []
-            with _recording(log):
-                _, grads, dx = rendered(net, p, x_, t_, cfg, label_smoothing)
-            by_id = {id(out): i for i, (*_, out) in enumerate(log)}
-            picked = {name: by_id[id(g)] for name, g in {**grads, "input": dx}.items()}
-            statics.clear()
-            out = {}
-            for name, i in picked.items():
-                label, args, kwargs, node = log[i]
-                arrays = [a for a in args if not isinstance(a, batchnorm.BNSaved)]
-                bn = [a for a in args if isinstance(a, batchnorm.BNSaved)]
-                bn_statics = (bn[0].eps, bn[0].per_example) if bn else None
-                arrays = ([bn[0].x, bn[0].mean, bn[0].var] if bn else []) + arrays
-                statics[name] = (label, {k: v for k, v in kwargs.items() if k != "rnd"}, bn_statics)
-                out[name] = (arrays, node)
-            return out
-
-        _TAPES[key] = (jax.jit(run, compiler_options=QUICK), statics)
-    run, statics = _TAPES[key]
-    out = run(params, x, targets)
-    return {name: (statics[name][0], arrays, statics[name][1], statics[name][2], node)
-            for name, (arrays, node) in out.items()}
+@partial(jax.jit, static_argnums=(0, 1))
+def _vjps(net, cfg, params, inputs, dys, acts, nodes, sel):
+    """Every stage's VJP alone at its input and cotangent, the chain's rounding decisions frozen
+    (`acts`, `nodes`: `_recorded`; None: no bf16 site) and its pools at σ (`sel`)."""
+    how = Pass(kit=_kit(acts, nodes), selections=sel or None)
+    return {stage.name: reference.vjp(lambda p, a, st=stage: st.forward(p, a, cfg, how)[0],
+                                      {k: params[k] for k in stage.params}, inputs[stage.name],
+                                      cotangent=dys[stage.name])
+            for stage in net.stage_list(cfg)}
 
 
-def _reference(label: str, arrays: list, kw: dict, bn_statics, node_shape, rnd):
-    """The VJP of the op that made a node, at its recorded arrays (all of one float dtype)."""
-    if label == "conv.grad_weight":
-        x, dy = arrays
-        w = jnp.zeros(node_shape, x.dtype)        # dW does not depend on W
-        _, pull = jax.vjp(lambda w_: conv.forward(x, w_, None, stride=kw.get("stride", 1), rnd=rnd)[0], w)
-        return pull(dy)[0]
-    if label == "conv.backward":
-        w, dy = arrays
-        x = jnp.zeros(kw["input_shape"], dy.dtype)
-        _, pull = jax.vjp(lambda x_: conv.forward(x_, w, None, stride=kw.get("stride", 1), rnd=rnd)[0], x)
-        return pull(dy)[0]
-    if label in ("conv.grad_bias", "batchnorm.grad_bias", "dense.grad_bias"):
-        (dy,) = arrays
-        c = dy.shape[1]
-        if label == "dense.grad_bias":
-            return reference.dense_vjp(jnp.zeros((dy.shape[0], 1), dy.dtype), jnp.zeros((c, 1), dy.dtype),
-                                       jnp.zeros(c, dy.dtype), dy)[2]
-        x = jnp.zeros(dy.shape, dy.dtype)       # the bias is added after the kind: Σ dy, unrounded
-        w = jnp.zeros((c, c, 1, 1), dy.dtype)
-        _, pull = jax.vjp(lambda b_: conv.forward(x, w, b_, rnd=rnd)[0], jnp.zeros(c, dy.dtype))
-        return pull(dy)[0]
-    if label == "batchnorm.grad_weight":
-        # ∂/∂γ of the BN output γ·x̂ + β, x̂ from the statistics the forward computed at this point
-        x, mean, var, dy = arrays
-        eps, per_example = bn_statics
-        stat = (lambda v: v[:, :, None, None]) if per_example else (lambda v: v[None, :, None, None])
-        xhat = (x - stat(mean)) * jax.lax.rsqrt(stat(var) + eps)
-        gamma = jnp.ones(x.shape[1], x.dtype)
-        _, pull = jax.vjp(lambda g: g[None, :, None, None] * xhat, gamma)
-        return pull(dy)[0]
-    if label == "dense.grad_weight":
-        x, dy = arrays
-        return reference.dense_vjp(x, jnp.zeros(node_shape, x.dtype), jnp.zeros(node_shape[0], x.dtype), dy)[1]
-    raise ValueError(f"no reference for {label}")
+def _recorded(sites) -> tuple[dict, dict]:
+    """The chain's conv sites by layer -> ({layer: the forward's input x and rounded output y, the
+    cotangent dc its backwards read, the input cotangent dx they return}, {layer: the weight node dw})."""
+    rec: dict = {}
+    for s in sites:
+        r = rec.setdefault(s.name, {})
+        if s.op == "forward":
+            r.update(x=s.a, y=s.node)       # with its bias: the frozen kit adds the bias's derivative only
+        elif s.op == "backward":
+            r.update(dc=s.a, dx=s.node)
+        else:
+            r.update(dw=s.node)
+    return ({k: {f: r[f] for f in ("x", "y", "dc", "dx")} for k, r in rec.items()},
+            {k: {"dw": r["dw"]} for k, r in rec.items()})
 
 
-@partial(jax.jit, static_argnums=(1, 2), compiler_options=QUICK)
-def _references(arrays: dict, specs: tuple, rnd) -> dict:
-    return {name: _reference(label, arrays[name], dict(kw), bn_statics, shape, rnd)
-            for name, label, kw, bn_statics, shape in specs}
-
-
-def reference_nodes(calls: dict, cfg, dtype, *, nudge: float = 0.0, seed: int = 0) -> dict:
-    """Every recorded node's reference (one compiled program), its arrays cast to `dtype` and, with
-    `nudge`, each entry moved by a relative nudge·ξ (ξ standard normal, drawn on the host)."""
-    rng = np.random.default_rng(seed)
-
-    def prepare(a):
-        if not nudge:
-            return a.astype(dtype)
-        a = np.asarray(a)
-        return jnp.asarray((a * (1 + nudge * rng.standard_normal(a.shape))).astype(dtype))
-    specs = tuple((name, label, tuple(sorted(kw.items())), bn_statics, tuple(node.shape))
-                  for name, (label, _, kw, bn_statics, node) in calls.items())
-    arrays = {name: [prepare(a) for a in arrays] for name, (_, arrays, *_) in calls.items()}
-    return _references(arrays, specs, _reference_rounding(cfg))
-
-
-# ---- one node's verdict -------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class GradientRow:
-    """One node of the bf16 chain against its op's float64 reference r."""
-    name: str
-    size: int
-    zero_in_reals: bool      # 0 in ℝ (a conv bias behind BN): both sides are round-off
-    err: float               # ‖g − r‖
-    along: float             # c = ⟨g − r, r⟩ / ‖r‖²: the error along the node (0 for 0-in-ℝ nodes)
-    scale: float             # ‖r‖
-    envelope: float          # max ‖r32 − r‖: the reference in float32 against float64
-    envelope_along: float    # max |⟨r32 − r, r⟩| / ‖r‖²
-    floor: float             # the smallest envelope we allow (see `node_floors`)
-    floor_along: float
-    gg: float                # ‖g‖², ⟨g, r⟩: what a scaled node's numbers follow from
-    gr: float
-    control: str = ""        # "" for the chain's own node, else what was planted
-
-    @property
-    def limit(self) -> float:
-        return BF16_GRADIENT_FACTOR * max(self.envelope, self.floor)
-
-    @property
-    def limit_along(self) -> float:
-        return BF16_GRADIENT_FACTOR * max(self.envelope_along, self.floor_along)
-
-    @property
-    def ratio(self) -> float:
-        """The larger of err/limit and |c|/limit_along: ≤ 1 passes."""
-        r = self.err / self.limit if self.limit > 0 else (0.0 if self.err == 0 else np.inf)
-        if not self.zero_in_reals:
-            r = max(r, abs(self.along) / self.limit_along)
-        return float(r)
-
-    @property
-    def rel(self) -> float:
-        return self.err / self.scale if self.scale > 0 else 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.ratio <= 1.0
-
-    def scaled(self, s: float, control: Optional[str] = None) -> "GradientRow":
-        """The same node returned as s·g: zeroed (0), sign-flipped (−1), scaled (1.01)."""
-        rr = self.scale ** 2
-        err = float(np.sqrt(max(s * s * self.gg - 2 * s * self.gr + rr, 0.0)))
-        along = (s * self.gr - rr) / rr if rr > 0 else 0.0
-        return replace(self, err=err, along=along, gg=s * s * self.gg, gr=s * self.gr,
-                       control=control or f"×{s:g}")
-
-
-def node_floors(name: str, r: np.ndarray, zero: bool) -> tuple[float, float]:
-    """(floor, floor along) for a node whose reference is r. A conv weight node is a bf16 kind's
-    result: two float32 sums of the same products may round one entry one bf16 ulp apart, so we never
-    ask for less than one entry off by BF16_ONE_ULP (the largest entry, the worst case). Every other
-    node is float32 arithmetic: float32's resolution of the node."""
-    rr = float(np.vdot(r, r))
-    if zero or rr == 0:
-        return 0.0, 0.0
-    if r.ndim == 4:
-        big = float(np.max(np.abs(r)))
-        return BF16_ONE_ULP * big, BF16_ONE_ULP * big * big / rr
-    return U_F32 * np.sqrt(rr), U_F32
-
-
-def gradient_rows(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, seed: int = 0,
-                  draws: int = BF16_GRADIENT_DRAWS) -> list[GradientRow]:
-    """Every node of the bf16 chain (and the input cotangent, last) against its op's reference."""
+def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
+               key: Optional[jax.Array] = None, factor: float = tol.F32_ENVELOPE_FACTOR, how: str = "quick",
+               ran: Optional[tuple] = None) -> stages.StageReport:
+    """Tie every stage of the bf16 chain (`chain`, default the net's own; cfg.bf16_rounding at every
+    conv site), run in float32, to its stage's float64 VJP at the chain's own stage input, cotangent
+    and rounding decisions, within `factor` × the point's envelope; and the loss cotangent to
+    autodiff of the loss. ran: `sites.run`'s output at this point, when already run."""
+    need_x64("the bf16 stage ties")
+    net = as_net(net)
+    chain = chain or Chain(net)
+    key = jax.random.key(0) if key is None else key
     cfg = replace(cfg, bf16=True)
-    t = targets_matrix(targets, cfg.num_classes, x.dtype)
-    calls = node_calls(net, params, x, t, cfg, label_smoothing=label_smoothing)
-    r64 = reference_nodes(calls, cfg, jnp.float64)
-    r32 = [reference_nodes(calls, cfg, jnp.float32)]
-    r32 += [reference_nodes(calls, cfg, jnp.float32, nudge=BF16_GRADIENT_NUDGE, seed=seed + d)
-            for d in range(draws - 1)]
-    zero = zero_in_reals(params)
-    rows = []
-    for name in [*params, "input"]:
-        g = np.asarray(calls[name][-1], np.float64)
-        r = np.asarray(r64[name], np.float64)
-        z = name in zero
-        rr = float(np.vdot(r, r))
-        along = rr > 0 and not z
-        env, env_along = 0.0, 0.0
-        for other in r32:
-            d = np.asarray(other[name], np.float64) - r
-            env = max(env, float(np.linalg.norm(d)))
-            env_along = max(env_along, abs(float(np.vdot(d, r))) / rr if along else 0.0)
-        floor, floor_along = node_floors(name, r, z)
-        rows.append(GradientRow(name, int(r.size), z, float(np.linalg.norm(g - r)),
-                                float(np.vdot(g - r, r)) / rr if along else 0.0, float(np.sqrt(rr)),
-                                env, env_along, floor, floor_along, float(np.vdot(g, g)), float(np.vdot(g, r))))
-    return rows
+    if cfg.bf16_rounding not in ("identity", *NEAREST):
+        raise ValueError(f"the bf16 stage ties freeze a named rounding ('bf16', 'nearest' or 'identity'), "
+                         f"got {cfg.bf16_rounding!r}")
+    params = {k: to_device(v, np.float32) for k, v in params.items()}
+    x = to_device(x, np.float32)
+    t = targets_matrix(targets, cfg.num_classes, jnp.float32)
+    out, tape, sites = ran or run(chain, params, x, t, cfg, label_smoothing=label_smoothing, how=how)
+    stage_list = net.stage_list(cfg)
+    names = [s.name for s in stage_list]
+    acts, nodes = (None, None) if cfg.bf16_rounding == "identity" else _recorded(sites)
+    values = {"params": params, "inputs": tape.inputs, "dys": tape.cotangents, "acts": acts, "nodes": nodes}
+    wide = {k: tree_to_device(v, np.float64) for k, v in values.items()}
+    values["sel"] = _selections(net, cfg, wide["params"], wide["inputs"], wide["acts"], wide["nodes"])
+    vjps = lambda v: _vjps(net, cfg, v["params"], v["inputs"], v["dys"], v["acts"], v["nodes"], v["sel"])  # noqa: E731
+    ref = vjps({**wide, "sel": values["sel"]})
+    outputs = []
+    for smp in env_.samples(values, dtype="float32", key=key, nudged=("params", "inputs", "dys"),
+                            batched=("inputs", "dys", "acts", "sel")):
+        o = vjps(tree_to_device(smp.values))
+        outputs.append({k: (g, env_.unorder(dx, smp.order)) for k, (g, dx) in o.items()})
+    worst = env_.spread(ref, outputs)
+    cells_ = bn_cells(net, wide["params"], to_device(x, np.float64), cfg)
+    cells = {k: cells_[b] for k in params if (b := bn_of(k, cells_)) is not None}
+    zero, ties = zero_in_reals(params), []
+    for i, stage in enumerate(stage_list):
+        (g_o, dx_o), (g_w, dx_w) = ref[stage.name], worst[stage.name]
+        handed_on = out.dx if i == 0 else tape.cotangents[names[i - 1]]
+        rows = compare({k: out.grads[k] for k in stage.params}, g_o, envelope={**g_w, "input": dx_w}, factor=factor,
+                       floor=tol.FLOORS["float32"], zero_nodes=zero & set(stage.params), dx=(handed_on, dx_o),
+                       cells={k: cells[k] for k in stage.params if k in cells},
+                       shapes={k: tuple(np.shape(params[k])) for k in stage.params} | {"input": tuple(np.shape(dx_o))})
+        ties.append(TieReport(stage.name, "bf16", rows, 0.0, 0.0, meta={
+            "kind": stage.kind, "lean": net.stage_lean.get(stage.kind, ""), "factor": factor,
+            "cotangent_max": float(np.max(np.abs(np.asarray(tape.cotangents[stage.name], np.float64))))}))
+    record = stages.Record(net, chain, params, x, tape.inputs, tape.cotangents, out.grads, out.dx, out.logits,
+                           tape.cotangents[names[-1]], float(out.loss), t, label_smoothing)
+    cot = stages._cotangent_report(net, record, dtype="float32", key=jax.random.fold_in(key, 1), factor=factor)
+    return stages.StageReport(chain.label, "bf16", "stages", ties, cot,
+                              meta={"loss": float(out.loss), "bn_cells": cells_, "factor": factor,
+                                    "rounding": rounding_name(cfg)})
 
 
-CONTROLS = {"zeroed": 0.0, "sign-flipped": -1.0, "scaled ×1.01": 1.01}
-
-
-def controls(rows: list[GradientRow]) -> dict[str, list[GradientRow]]:
-    """Each control applied to every node that is not 0 in ℝ (there a zeroed or flipped node is as
-    right as the chain's: both are round-off): {control: rows}. Every one of them must fail."""
-    return {label: [r.scaled(s, label) for r in rows if not r.zero_in_reals] for label, s in CONTROLS.items()}
+def rounding_name(cfg) -> str:
+    r = cfg.bf16_rounding
+    return r if isinstance(r, str) else getattr(r, "__name__", "custom")
 
 
 # ---- how far the bf16 gradient sits from the f32 one (beyond the suite; no verdict) -------------
@@ -324,45 +210,41 @@ class F32DistanceRow:
         return self.err / max(self.envelope, U_F32 * self.scale, np.finfo(np.float64).tiny)
 
 
-def _nudged(tree, seed: int, nudge: float):
-    """Every entry times (1 + nudge·ξ), ξ standard normal, drawn on the host (no compile per shape)."""
-    rng = np.random.default_rng(seed)
-    return jax.tree.map(lambda a: jnp.asarray(np.asarray(a) * (1 + nudge * rng.standard_normal(a.shape)).astype(a.dtype)),
-                        tree)
-
-
 def f32_distance(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, bf16_grads=None,
-                 key: Optional[jax.Array] = None, draws: int = BF16_F32_DISTANCE_DRAWS,
-                 nudge: float = BF16_F32_DISTANCE_NUDGE) -> list[F32DistanceRow]:
+                 key: Optional[jax.Array] = None, draws: int = tol.BF16_F32_DISTANCE_DRAWS,
+                 nudge: float = tol.BF16_F32_DISTANCE_NUDGE) -> list[F32DistanceRow]:
     """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the same point, each
     with the f32 chain's spread under `draws` random relative nudges of every weight and pixel."""
-    seed = int(prng.randint(jax.random.key(0) if key is None else key, (), 0, 2 ** 31 - 1))
+    net = as_net(net)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
+    alpha = float(label_smoothing)
     cfg32 = replace(cfg, bf16=False)
-    _, g32, dx32 = _chain(net, params, x, t, cfg32, label_smoothing)
-    if bf16_grads is None:
-        _, g16, dx16 = _chain(net, params, x, t, replace(cfg, bf16=True), label_smoothing)
-    else:
-        g16, dx16 = bf16_grads
-    host = lambda g, dx: {**{k: np.asarray(v, np.float64) for k, v in g.items()}, "input": np.asarray(dx, np.float64)}
-    g32, g16 = host(g32, dx32), host(g16, dx16)
-    envelope = {name: 0.0 for name in g32}
-    for d in range(draws):
-        _, gn, dxn = _chain(net, _nudged(params, seed + 2 * d, nudge), _nudged(x, seed + 2 * d + 1, nudge), t,
-                            cfg32, label_smoothing)
-        for name, g in host(gn, dxn).items():
-            envelope[name] = max(envelope[name], float(np.max(np.abs(g - g32[name]))))
+
+    def host(grads, dx):
+        return {**{k: np.asarray(grads[k], np.float64) for k in params}, "input": np.asarray(dx, np.float64)}
+
+    def nodes(p, x_, c):
+        out = rendered.quick(net, Chain(net).kit, p, x_, t, c, alpha=alpha)
+        return host(out.grads, out.dx)
+    g32 = nodes(params, x, cfg32)
+    g16 = nodes(params, x, replace(cfg, bf16=True)) if bf16_grads is None else host(*bf16_grads)
+    spread = {name: 0.0 for name in g32}
+    rng = env_.host_rng(jax.random.key(0) if key is None else key)
+    nudged = lambda a: to_device(np.asarray(a) * (1 + nudge * rng.standard_normal(np.shape(a))), a.dtype)  # noqa: E731
+    for _ in range(draws):
+        gn = nodes(jax.tree.map(nudged, params), nudged(x), cfg32)
+        spread = {k: max(v, float(np.max(np.abs(gn[k] - g32[k])))) for k, v in spread.items()}
     zero = zero_in_reals(params)
-    return [F32DistanceRow(name, g32[name].shape, float(np.max(np.abs(g16[name] - g32[name]))),
-                           envelope[name], float(np.max(np.abs(g32[name]))), name in zero)
-            for name in g32]
+    return [F32DistanceRow(k, g32[k].shape, float(np.max(np.abs(g16[k] - g32[k]))), spread[k],
+                           float(np.max(np.abs(g32[k]))), k in zero) for k in g32]
 
 
 def relu_flips(net, params, x, cfg) -> tuple[int, int]:
     """ReLU inputs whose sign differs between the bf16 and the f32 forward, of all ReLU inputs: the
     cells closer to their kink than bf16's rounding moves them."""
-    fwd = jax.jit(net.forward, static_argnums=2, compiler_options=QUICK)
-    z16 = net.preactivations(fwd(params, x, replace(cfg, bf16=True))[1])
-    z32 = net.preactivations(fwd(params, x, replace(cfg, bf16=False))[1])
+    net = as_net(net)
+    z16 = net.preactivations(rendered.forward(net, params, x, replace(cfg, bf16=True))[1])
+    z32 = net.preactivations(rendered.forward(net, params, x, replace(cfg, bf16=False))[1])
     return (sum(int(np.sum((np.asarray(z16[k]) > 0) != (np.asarray(z32[k]) > 0))) for k in z32),
             sum(int(z.size) for z in z32.values()))
+

@@ -40,25 +40,23 @@ class HloFacts:
                 f"{self.pair_kept}, output rounded to bf16: {self.rounds}")
 
 
-def _rounds(f, x) -> bool:
-    y = np.asarray(f(x))
-    want = np.asarray(conv.round_bf16(x))
-    return bool(np.array_equal(y, want) and not np.array_equal(y, np.asarray(x)))
+def _facts(what: str, f, x) -> HloFacts:
+    f = jax.jit(f)
+    text = f.lower(x).compile().as_text()
+    y, want = np.asarray(f(x)), np.asarray(conv.round_bf16(x))
+    rounds = bool(np.array_equal(y, want) and not np.array_equal(y, np.asarray(x)))
+    return HloFacts(what, jax.default_backend(), convert_ops(text), rounds, text)
 
 
 def hlo_cast_roundtrip(x) -> HloFacts:
     """x.astype(bf16).astype(f32) under jit: does the optimized HLO keep the convert pair, and does
     the compiled function round? (CPU: kept, it rounds; upstream measured XLA GPU deleting it.)"""
-    f = jax.jit(lambda a: a.astype(jnp.bfloat16).astype(a.dtype))
-    text = f.lower(x).compile().as_text()
-    return HloFacts("cast round-trip f32→bf16→f32", jax.default_backend(), convert_ops(text), _rounds(f, x), text)
+    return _facts("cast round-trip f32→bf16→f32", lambda a: a.astype(jnp.bfloat16).astype(a.dtype), x)
 
 
 def hlo_nearest(x) -> HloFacts:
     """conv.round_bf16 under jit: integer ops on the bits, no convert for a compiler to fold."""
-    f = jax.jit(conv.round_bf16)
-    text = f.lower(x).compile().as_text()
-    return HloFacts("round_bf16 (integer ops)", jax.default_backend(), convert_ops(text), _rounds(f, x), text)
+    return _facts("round_bf16 (integer ops)", conv.round_bf16, x)
 
 
 _STABLEHLO_CONV = re.compile(r"stablehlo\.convolution.*:\s*\(tensor<[^>]*x(\w+)>,\s*tensor<[^>]*x(\w+)>\)\s*->\s*tensor<[^>]*x(\w+)>")

@@ -1,30 +1,30 @@
-"""Every conv site of a net: node = rnd(f32 node at rounded operands), under SPEC §7's bound.
+"""Every conv site of a chain: node = rnd(f32 node at rounded operands), under SPEC §7's bound.
 
 With bf16 rounding a kind is not its f32 peer, but it is the f32 peer run on rounded operands and
 rounded once (`site_row`, bit for bit where the backend runs the same sums: `same_computation`).
 Its error against the exact (float64) value, relative to the magnitude sum Σ|a|·|b| of its n
-products, stays under `node_bound(n)` (derivation below). The sites of a net are read from one run
-of its rendered chain with the op kit's three conv entry points wrapped (`conv_sites`): every
-forward conv, input backward and weight gradient, with its operands, strides and node. The bound
-and the forward and input-backward sites go beyond the suite, whose bf16 switch is on the conv
-weight-gradient nodes only (`ConvWTiedBAt bf16`, `convWeightGradBBf16`). Shown in: bf16 erasure.
+products, stays under `node_bound(n)` (derivation below). The sites are the conv calls a chain
+makes through a recording kit (`gradtie.kit.recording`), each named by the layer name every kit
+conv call carries (`conv1`, `layer2.0.downsample.0`). The bound and the forward and input-backward
+sites go beyond the suite, whose bf16 switch is on the conv weight-gradient nodes only
+(`ConvWTiedBAt bf16`, `convWeightGradBBf16`). Shown in: bf16 erasure.
 """
 
 from __future__ import annotations
 
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Optional
-from unittest import mock
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ... import kit as kit_
+from ... import rendered
 from ...ops import conv
-from ..tie import rendered
-from .kinds import OP_LABELS, OPS, QUICK, U_BF16, U_F32, KindCase, _bits, _need_x64, apply, rounded_node
+from ..tie import need_x64
+from .kinds import OP_LABELS, OPS, U_BF16, U_F32, KindCase, apply, bits, rounded_node
 
 # ---- the bound ------------------------------------------------------------------------------------
 #
@@ -65,37 +65,58 @@ def contraction_length(op: str, a_shape, b_shape, kernel_size: int) -> int:
     raise ValueError(f"op {op!r}: expected one of {', '.join(OPS)}")
 
 
-
 # ---- one conv node against its rounding identity and the bound ---------------------------------
 
-@partial(jax.jit, static_argnames=("op", "stride", "kernel_size", "out_shape", "rnd"), compiler_options=QUICK)
-def _site_numbers(a, b, bias, node, *, op, stride, kernel_size, out_shape, rnd):
+@dataclass(frozen=True)
+class Site:
+    """One conv call of a rendered chain: its operands, statics and node."""
+    name: str            # the layer name the kit call carries: "conv3", "layer2.0.downsample.0"
+    op: str              # "forward", "backward", "grad_weight"
+    a: jax.Array         # x (forward, weight grad) or dy (input backward)
+    b: jax.Array         # W (forward, input backward) or dy (weight grad)
+    bias: Optional[jax.Array]
+    node: jax.Array
+    stride: int
+    kernel_size: int
+    formulation: Optional[str] = None
+
+    @property
+    def statics(self) -> tuple:
+        return self.op, self.stride, self.kernel_size, tuple(self.node.shape), self.formulation
+
+
+def _numbers(a, b, bias, node, statics, rnd):
     """(node == rnd(f32 node at rounded operands) [+ bias] bit for bit, per output: |error| against
     the exact value and the magnitude sum M). With a bias, the error is the kind's contraction's:
     the bias is a float32 add after the kind, outside SPEC §7's bound."""
-    statics = dict(stride=stride, kernel_size=kernel_size, out_shape=out_shape)
-    want = rounded_node(op, a, b, rnd=rnd, bias=bias, **statics)
-    equal = jnp.array_equal(_bits(node), _bits(want))
-    core = node if bias is None else apply(op, a, b, rnd=rnd, **statics)
+    op, stride, k, out_shape, formulation = statics
+    kw = dict(stride=stride, kernel_size=k, out_shape=out_shape, formulation=formulation)
+    want = rounded_node(op, a, b, rnd=rnd, bias=bias, **kw)
+    equal = jnp.array_equal(bits(node), bits(want))
+    core = node if bias is None else apply(op, a, b, rnd=rnd, **kw)
     a64, b64 = a.astype(jnp.float64), b.astype(jnp.float64)
-    exact = apply(op, a64, b64, **statics)                    # f32 products are exact in float64
-    mag = apply(op, jnp.abs(a64), jnp.abs(b64), **statics)    # Σ|a|·|b| per output
-    err = jnp.abs(core.astype(jnp.float64) - exact)
-    return equal, err, mag
+    exact = apply(op, a64, b64, **kw)                     # f32 products are exact in float64
+    mag = apply(op, jnp.abs(a64), jnp.abs(b64), **kw)     # Σ|a|·|b| per output
+    return equal, jnp.abs(core.astype(jnp.float64) - exact), mag
+
+
+@partial(jax.jit, static_argnums=(1, 2), compiler_options=rendered.QUICK)
+def _all_numbers(arrays, statics, rnd):
+    """Every site's numbers in one program: one compile for a whole net."""
+    return [_numbers(*arr, st, rnd) for arr, st in zip(arrays, statics)]
 
 
 @dataclass(frozen=True)
 class SiteRow:
-    name: str          # the conv's parameter prefix: "conv3", "layer2.0.downsample.0"
-    op: str            # "forward", "backward", "grad_weight"
+    name: str
+    op: str
     stride: int
     n: int             # contraction length
     equal: bool        # node == rnd(f32 node at rounded operands), bit for bit
     max_rel: float     # max over outputs of |node − exact| / Σ|a|·|b|
-    median_rel: float
     bound: float       # node_bound(n)
-    zero_mag_errors: int = 0   # outputs with Σ|a|·|b| = 0 but a nonzero node (must be 0)
-    equal_required: bool = True  # the kind and the reference run the same computation (see below)
+    zero_mag_errors: int = 0     # outputs with Σ|a|·|b| = 0 but a nonzero node (must be 0)
+    equal_required: bool = True  # the kind and the reference run the same computation
 
     @property
     def ratio(self) -> float:
@@ -110,24 +131,16 @@ class SiteRow:
         return f"{self.name} {OP_LABELS[self.op]}"
 
 
-def runs_as_product(op: str, a_shape, b_shape, node_shape, kernel_size: int) -> bool:
-    """Whether the op kit runs this conv site as patches · weights (`conv.use_patches`, the kit's
-    rule: XLA's CPU convolution is pathological on tiny output grids) rather than XLA's convolution."""
-    use = getattr(conv, "use_patches", None)
-    if use is None:
-        return False
-    k = kernel_size
-    if op == "forward":          # a = x, node = y
-        return bool(use(node_shape[2] * node_shape[3], a_shape[1] * k * k, k))
-    if op == "backward":         # a = dy, b = W, node = dx
-        return bool(use(node_shape[2] * node_shape[3], b_shape[0] * k * k, k))
-    if op == "grad_weight":      # a = x, b = dy: the forward's rule at this site
-        return bool(use(b_shape[2] * b_shape[3], a_shape[1] * k * k, k))
-    raise ValueError(f"op {op!r}: expected one of {', '.join(OPS)}")
+def runs_as_product(op: str, a_shape, b_shape, node_shape, kernel_size: int, formulation=None) -> bool:
+    """Whether the op kit runs this conv site as patches · weights (`conv.use_patches`) rather than
+    XLA's convolution: by its output grid and its terms per output (the weight grad: the forward's)."""
+    grid = b_shape if op == "grad_weight" else node_shape
+    terms = b_shape[0] if op == "backward" else a_shape[1]
+    return bool(conv.use_patches(grid[2] * grid[3], terms * kernel_size ** 2, kernel_size, formulation))
 
 
 def same_computation(op: Optional[str] = None, a_shape=None, b_shape=None, node_shape=None, kernel_size: int = 3,
-                     rnd=None) -> bool:
+                     rnd=None, formulation=None) -> bool:
     """Whether a bf16 kind and its reference run the same sums in the same order, so that node =
     rnd(f32 node at rounded operands) holds bit for bit. On CPU XLA widens rounded bf16 operands and
     runs the very f32 convolution the reference runs; a matrix product of bf16-typed operands (a site
@@ -137,116 +150,82 @@ def same_computation(op: Optional[str] = None, a_shape=None, b_shape=None, node_
         return False
     if op is None or rnd is not conv.bf16_operand:
         return True
-    return not runs_as_product(op, a_shape, b_shape, node_shape, kernel_size)
+    return not runs_as_product(op, a_shape, b_shape, node_shape, kernel_size, formulation)
+
+
+def site_rows(sites: list[Site], rnd) -> list[SiteRow]:
+    """Every site against the rounding identity (bit for bit) and the bound, against float64."""
+    need_x64("the bf16 bound")
+    numbers = _all_numbers([(s.a, s.b, s.bias, s.node) for s in sites], tuple(s.statics for s in sites), rnd)
+    rows = []
+    for s, (equal, err, mag) in zip(sites, numbers):
+        err, mag = np.asarray(err), np.asarray(mag)
+        live = mag > 0
+        rel = err[live] / mag[live]
+        n = contraction_length(s.op, s.a.shape, s.b.shape, s.kernel_size)
+        rows.append(SiteRow(s.name, s.op, s.stride, n, bool(equal), float(rel.max(initial=0.0)), float(node_bound(n)),
+                            int(np.sum(err[~live] > 0)),
+                            same_computation(s.op, s.a.shape, s.b.shape, s.node.shape, s.kernel_size, rnd,
+                                             s.formulation)))
+    return rows
 
 
 def site_row(name: str, op: str, a, b, node, *, stride: int, kernel_size: int, rnd, bias=None) -> SiteRow:
-    """Check one conv node: the rounding identity (bit for bit) and the bound against float64."""
-    _need_x64("the bf16 bound")
-    out_shape = tuple(node.shape)
-    equal, err, mag = _site_numbers(a, b, bias, node, op=op, stride=stride, kernel_size=kernel_size,
-                                    out_shape=out_shape, rnd=rnd)
-    err, mag = np.asarray(err), np.asarray(mag)
-    live = mag > 0
-    rel = err[live] / mag[live]
-    n = contraction_length(op, a.shape, b.shape, kernel_size)
-    return SiteRow(name, op, stride, n, bool(equal), float(rel.max(initial=0.0)),
-                   float(np.median(rel)) if rel.size else 0.0, float(node_bound(n)),
-                   int(np.sum(err[~live] > 0)),
-                   same_computation(op, a.shape, b.shape, node.shape, kernel_size, rnd))
+    """One conv node (a planted kind's, say) against the rounding identity and the bound."""
+    return site_rows([Site(name, op, a, b, bias, node, stride, kernel_size)], rnd)[0]
 
 
 def case_row(case: KindCase, rnd, node=None) -> SiteRow:
     """The kind under `rnd` (or a given node) against rnd(f32 node at rounded operands) and the bound."""
     node = case.node(rnd) if node is None else node
-    return site_row(case.label, case.op, case.a, case.b, node, stride=case.stride,
-                    kernel_size=case.kernel_size, rnd=rnd, bias=case.bias)
+    return site_row(case.label, case.op, case.a, case.b, node, stride=case.stride, kernel_size=case.kernel_size,
+                    rnd=rnd, bias=case.bias)
 
 
-# ---- the sites of a net ---------------------------------------------------------------------------
+# ---- the sites of a chain: its conv calls through a recording kit ------------------------------------
 
-@dataclass(frozen=True)
-class Site:
-    """One conv call of a net's rendered chain: its operands, statics and node."""
-    name: str
-    op: str
-    a: jax.Array
-    b: jax.Array
-    bias: Optional[jax.Array]
-    node: jax.Array
-    stride: int
-    kernel_size: int
+CONV_OPS = ("conv_forward", "conv_backward", "conv_grad_weight")
 
 
-@contextmanager
-def _logged_convs(log: list):
-    """Wrap conv.forward / backward / grad_weight: each call appends (op, a, b, bias, node, stride, k, W)."""
-    forward, backward, grad_weight = conv.forward, conv.backward, conv.grad_weight
-
-    def forward_(x, weight, bias=None, *, stride=1, rnd=None):
-        y, saved = forward(x, weight, bias, stride=stride, rnd=rnd)
-        log.append(("forward", x, weight, bias, y, stride, weight.shape[2], weight))
-        return y, saved
-
-    def backward_(weight, dy, *, input_shape, stride=1, rnd=None):
-        dx = backward(weight, dy, input_shape=input_shape, stride=stride, rnd=rnd)
-        log.append(("backward", dy, weight, None, dx, stride, weight.shape[2], weight))
-        return dx
-
-    def grad_weight_(x, dy, *, kernel_size, stride=1, rnd=None):
-        dw = grad_weight(x, dy, kernel_size=kernel_size, stride=stride, rnd=rnd)
-        log.append(("grad_weight", x, dy, None, dw, stride, kernel_size, None))
-        return dw
-
-    with mock.patch.object(conv, "forward", forward_), mock.patch.object(conv, "backward", backward_), \
-            mock.patch.object(conv, "grad_weight", grad_weight_):
-        yield log
+def sites_of(log: list) -> dict:
+    """The conv calls of a recording -> {(i, op, name, stride, k, formulation): (a, b, bias, node)}: the
+    statics as dict keys, so a jitted function hands them back with the arrays (a tree's keys are
+    static). forward(name, x, W, b) -> (y, saved); backward(name, W, dy); grad_weight(name, x, dy)."""
+    out = {}
+    for i, c in enumerate(c for c in log if c.op in CONV_OPS):
+        name, p, q, *bias = c.args
+        op, kw = c.op[len("conv_"):], c.kwargs
+        a, b = (q, p) if op == "backward" else (p, q)
+        k = kw["kernel_size"] if op == "grad_weight" else b.shape[2]
+        bias, node = ((bias[0] if bias else kw.get("bias")), c.out[0]) if op == "forward" else (None, c.out)
+        out[(i, op, name, kw.get("stride", 1), k, kw.get("formulation"))] = (a, b, bias, node)
+    return out
 
 
-def _site_names(log: list, params: dict) -> list[str]:
-    """Name each call by its weight (the same array object the net passed); a weight gradient by
-    the forward conv that read the same input with the same kernel and output width."""
-    by_weight = {id(v): k[: -len(".weight")] for k, v in params.items() if k.endswith(".weight")}
-    by_input, names = {}, []
-    for op, a, b, _, node, _, k, weight in log:
-        if op == "grad_weight":
-            names.append(by_input[(id(a), k, b.shape[1])])
-            continue
-        name = by_weight[id(weight)]
-        if op == "forward":
-            by_input[(id(a), k, weight.shape[0])] = name
-        names.append(name)
-    return names
+def as_sites(recorded: dict) -> list[Site]:
+    return [Site(name, op, a, b, bias, node, stride, k, form)
+            for (_, op, name, stride, k, form), (a, b, bias, node) in sorted(recorded.items(), key=lambda kv: kv[0][0])]
 
 
-_SITE_RUNS: dict = {}   # (net, cfg, α) -> (the jitted logged chain, the statics its trace read)
+def _run(net, kit, params, x, t, cfg, alpha):
+    log, tape = [], rendered.new_tape()
+    out = rendered.step(net, kit_.recording(kit, log, CONV_OPS), params, x, t, cfg, alpha=alpha, tape=tape)
+    return out, tape, sites_of(log)
 
 
-def conv_sites(net, params, x, targets, cfg, *, label_smoothing: float = 0.0):
-    """Run the rendered chain once (jitted) and read every conv site -> (sites, (loss, grads, dx))."""
-    key = (net, cfg, label_smoothing)
-    if key not in _SITE_RUNS:
-        statics: list = []
+_run_quick = jax.jit(_run, static_argnums=(0, 1, 5, 6), compiler_options=rendered.QUICK)
 
-        def run(p, x_, t_):
-            log: list = []
-            with _logged_convs(log):
-                out = rendered(net, p, x_, t_, cfg, label_smoothing)
-            names = _site_names(log, p)
-            statics[:] = [(name, op, stride, k) for name, (op, *_, stride, k, _w) in zip(names, log)]
-            return out, [(a, b, bias, node) for _, a, b, bias, node, *_ in log]
 
-        _SITE_RUNS[key] = (jax.jit(run, compiler_options=QUICK), statics)
-    run, statics = _SITE_RUNS[key]
-    out, arrays = run(params, x, targets)
-    sites = [Site(name, op, a, b, bias, node, stride, k)
-             for (name, op, stride, k), (a, b, bias, node) in zip(statics, arrays)]
+def run(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0, how: str = "quick"):
+    """A rendered chain (a `tie.Chain`) run once with a tape and a recording kit -> (Rendered, Tape,
+    sites). how: "quick" (one program, LLVM's optimisation off) or "eager" (op by op: planted chains
+    at one point share their ops, not their programs)."""
+    fn = {"quick": _run_quick, "eager": _run}[how]
+    out, tape, recorded = fn(chain.net, chain.kit, params, x, targets, cfg, float(label_smoothing))
+    return out, tape, as_sites(recorded)
+
+
+def conv_sites(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0):
+    """Every conv site of a rendered chain (a `tie.Chain`) at one point -> (sites, Rendered)."""
+    out, _, sites = run(chain, params, x, targets, cfg, label_smoothing=label_smoothing)
     return sites, out
-
-
-
-def site_rows(sites: list[Site], rnd) -> list[SiteRow]:
-    """Every conv site of a net: the rounding identity and the bound."""
-    return [site_row(s.name, s.op, s.a, s.b, s.node, stride=s.stride, kernel_size=s.kernel_size,
-                     rnd=rnd, bias=s.bias) for s in sites]
-
