@@ -41,6 +41,8 @@ def _check(args: argparse.Namespace) -> int:
                 print("  " + v.describe())
         if report.tie is not None:
             print(report.tie.table())
+            if args.sensitivity and hasattr(report.tie, "sensitivity_table"):
+                print(report.tie.sensitivity_table())
         if args.timings:
             print(report.timing_table())
         print(report.summary())
@@ -126,23 +128,23 @@ EXIT_INTERRUPTED = 130
 
 
 def _train(args: argparse.Namespace) -> int:
-    from . import data, train
-    from .checks.check import net_module
+    from . import data, nets, train
     recorded = train.resume_arguments(args.out) if args.resume else {}
     o = argparse.Namespace(**{k: getattr(args, k) if getattr(args, k) is not None else recorded.get(k, default)
                               for k, default in TRAIN_DEFAULTS.items()})
-    net = net_module(o.net)
+    net = nets.load(o.net)
     dataset = data.load(o.data, size=o.image_size, n_train=o.n_train, n_test=o.n_test, seed=o.seed)
     kwargs = {"num_classes": dataset.num_classes}
     if o.net == "cifar8":
         kwargs["head_width"] = o.head_width
-    cfg = net.Config(bf16=o.bf16, **kwargs)
+    cfg = net.config(bf16=o.bf16, **kwargs)
     try:
-        result = train.fit(net, cfg, dataset, optimizer=o.optimizer, lr=o.lr, epochs=o.epochs, batch=o.batch,
-                           grads=o.grads, seed=o.seed, flip=o.flip, warmup_epochs=o.warmup_epochs,
-                           label_smoothing=o.label_smoothing, precise_batches=o.precise_batches,
-                           out=args.out, resume=args.resume, extend_epochs=args.extend_epochs or 0,
-                           stop_after=args.stop_after, log=lambda line: print(line, flush=True))
+        config = train.FitConfig(optimizer=o.optimizer, lr=o.lr, epochs=o.epochs, batch=o.batch, grads=o.grads,
+                                 seed=o.seed, flip=o.flip, warmup_epochs=o.warmup_epochs,
+                                 label_smoothing=o.label_smoothing, precise_batches=o.precise_batches)
+        result = train.fit(net, cfg, dataset, config, out=args.out, resume=args.resume,
+                           extend_epochs=args.extend_epochs or 0, stop_after=args.stop_after,
+                           log=lambda line: print(line, flush=True))
     except train.NonFiniteLoss as e:
         print(f"gradtie train: error: {e}", file=sys.stderr)
         return EXIT_NOT_FINITE
@@ -219,6 +221,9 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--seed", type=int, default=0)
     c.add_argument("--no-fd", action="store_true", help="skip the finite differences (autodiff tie only)")
     c.add_argument("--timings", action="store_true", help="print where the time goes")
+    c.add_argument("--sensitivity", action="store_true",
+                   help="per node, the smallest relative error δ the verdict catches at this point (a node "
+                        "returned as node·(1 + δ) fails from there on), and the summary over the net")
     c.add_argument("--json", action="store_true", help="print the report as JSON")
     c.set_defaults(func=_check)
 

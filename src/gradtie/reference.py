@@ -52,6 +52,11 @@ def value_and_grad(f: Callable, **kwargs):
     return jax.value_and_grad(f, **kwargs)
 
 
+def jvp(f: Callable, primals: tuple, tangents: tuple):
+    """`jax.jvp`: forward-mode derivatives (a walk's Taylor coefficients, a census's tangents)."""
+    return jax.jvp(f, primals, tangents)
+
+
 def vjp(f: Callable, *primals, cotangent):
     """Cotangents of every primal of `f` at `primals` for the output cotangent."""
     _, pullback = jax.vjp(f, *primals)

@@ -151,20 +151,7 @@ GERM_PREDICTION_SPAN = 10.0
 # … and "sharp" when within 5 % of it (the bracket resolves 2.3 %).
 GERM_SHARP_REL = 0.05
 
-# ---- bf16 gradient verdict (checks/bf16/gradient.py) ---------------------------------------------
-# Each node of the bf16 chain is held to its op's float64 reference, at the cotangent the chain
-# hands it, within this many times the point's envelope: the largest error of the same reference
-# evaluated in float32. Measured at 8 points (cifar8 at batch 4 and 8, ResNet-34 at 32 px; photos,
-# drawn weights): the chain's error reached 1.0 envelope, a node scaled by 1.01 18.6 or more. 2
-# leaves a factor 2 on the one side and 9 on the other.
-BF16_GRADIENT_FACTOR = 2.0
-# The envelope's float32 evaluations: at the recorded arrays and at 2 copies nudged by 2⁻²⁴·ξ per
-# entry (float32's own round-off).
-BF16_GRADIENT_DRAWS = 3
-BF16_GRADIENT_NUDGE = 2.0 ** -24
-# A conv weight node is a bf16 kind's result: two float32 sums of the same products may round an
-# entry one bf16 ulp apart (2⁻⁷ of it at most), so the envelope never goes below one entry off by that.
-BF16_ONE_ULP = 2.0 ** -7
+# ---- bf16 (checks/bf16/) -------------------------------------------------------------------------
 # How far the bf16 gradient sits from the f32 one (described, not judged): the f32 chain's spread when
 # every weight and pixel moves by a relative 2⁻⁸ (bf16's unit roundoff), the largest over 2 draws.
 BF16_F32_DISTANCE_NUDGE = 2.0 ** -8

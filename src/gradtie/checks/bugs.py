@@ -338,6 +338,36 @@ def _named(net: Net, planted: Callable, name: str) -> Chain:
     return Chain(protocol.with_backwards(net, planted, net.name), KIT, name)
 
 
+# ---- one node off by a relative δ: the check's sensitivity, planted ----------------------------------
+
+def scaled_node(net, name: str, delta: float) -> Chain:
+    """The chain of `net` with parameter node `name` returned as node·(1 + δ): a bug of known size,
+    to see the verdict catch it above its sensitivity (`NodeRow.sensitivity`) and miss it below."""
+    net = nets.load(net)
+    layer, _, which = name.rpartition(".")
+    f = 1.0 + float(delta)
+
+    def node(op: str, make: Callable, node_name: Callable) -> Callable:
+        def planted(*args, **kwargs):
+            out = make(*args, **kwargs)
+            return out * f if node_name(args) == name else out
+        return planted
+
+    def bn_nodes(layer_name, saved, weight, bias, dy):
+        dgamma, dbeta = KIT.bn_nodes(layer_name, saved, weight, bias, dy)
+        if layer_name == layer:
+            dgamma, dbeta = (dgamma * f, dbeta) if which == "weight" else (dgamma, dbeta * f)
+        return dgamma, dbeta
+
+    kit = KIT._replace(
+        conv_grad_weight=node("conv_grad_weight", KIT.conv_grad_weight, lambda a: f"{a[0]}.weight"),
+        conv_grad_bias=node("conv_grad_bias", KIT.conv_grad_bias, lambda a: f"{a[0]}.bias"),
+        dense_grad_weight=node("dense_grad_weight", KIT.dense_grad_weight, lambda a: f"{a[0]}.weight"),
+        dense_grad_bias=node("dense_grad_bias", KIT.dense_grad_bias, lambda a: f"{a[0]}.bias"),
+        bn_nodes=bn_nodes)
+    return Chain(net, kit, f"{name} × (1 + {delta:.1e})")
+
+
 # ---- the catalogue -----------------------------------------------------------------------------
 
 def _bn(**wrong):

@@ -30,7 +30,8 @@ from .. import tolerances as tol
 from ..host import to_device
 from .. import nets
 from ..nets.protocol import Net, as_net
-from . import bf16, bugs, census, fd, stages
+from . import bugs, census, fd, stages
+from .bf16 import check as bf16_check
 from .tie import Chain, reference_at, targets_matrix, tie, tie_replicas
 
 EXIT_TIED, EXIT_FAILED, EXIT_NOT_SMOOTH = 0, 1, 2
@@ -228,7 +229,7 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     if plant_bug is not None:
         chain = bugs.plant(plant_bug, net, cfg)
         entry = bugs.catalogue(net)[plant_bug]
-        if entry.replicas and replicas < 2:
+        if entry.replicas and replicas < 2 and counts is None:
             raise ValueError(f"plant-bug {plant_bug} lives in the data-parallel step: use --replicas R ≥ 2")
         if entry.needs_uneven and len(set(counts or ())) < 2:
             raise ValueError(f"plant-bug {plant_bug} plants nothing where every replica holds the same "
@@ -256,7 +257,7 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
                 return CheckReport(None, [], smooth, settings, timings)
         if bf16:   # a bf16 chain does not tie to float64 autodiff: its stages do, within a bf16 envelope
             with _phase(timings, "bf16 check"):
-                rep = bf16.check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
+                rep = bf16_check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                   key=jax.random.fold_in(key, 2))
             return CheckReport(rep, [], smooth, settings, timings)
         with _phase(timings, "reference + envelope"):
@@ -277,9 +278,12 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
             with _phase(timings, "finite differences"):
                 out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
                                    how="compiled" if not chain.planted else "quick")
+                # the input row only where the real loss has an input gradient (no tie at a positive max)
+                real_input = point.input_model == "real"
                 fd_rows = fd.derivatives(net, params, x, t, cfg, out.grads, reference_grads=point.reference[1],
                                          key=jax.random.fold_in(key, 2), label_smoothing=label_smoothing,
-                                         loss_roundoff=point.envelope.loss)
+                                         loss_roundoff=point.envelope.loss, dx=out.dx if real_input else None,
+                                         reference_dx=point.reference[2] if real_input else None)
     return CheckReport(result, fd_rows, smooth, settings, timings, parting)
 
 

@@ -126,21 +126,25 @@ def entries(stage_list) -> list[int]:
 
 
 def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: dict, key, names=None,
-                label_smoothing: float = 0.0, loss_roundoff: float = 0.0,
+                label_smoothing: float = 0.0, loss_roundoff: float = 0.0, dx=None, reference_dx=None,
                 factor: float = tol.FD_FACTOR) -> list[FDRow]:
-    """One `FDRow` per node in `names` (default: all): D(h) along a random unit direction against
-    ⟨rendered node, v⟩, held to FD_FACTOR × (truncation + round-off), floored at FD_REL.
+    """One `FDRow` per node in `names` (default: all, then "input" when `dx` is given): D(h) along a
+    random unit direction against ⟨rendered node, v⟩, held to FD_FACTOR × (truncation + round-off),
+    floored at FD_REL.
 
-    grads: the rendered nodes judged; reference_grads: the oracle's, which set each row's scale (the
-    floor for a direction nearly orthogonal to its node). Every evaluation runs one compiled probe
-    from the node's stage onward: the loss and whether the perturbed point lies in the same smooth
-    piece (every ReLU sign, every pool choice), compared where the forward ran, so no saved
+    grads (and dx, the input cotangent): the rendered nodes judged; reference_grads (reference_dx):
+    the oracle's, which set each row's scale (the floor for a direction nearly orthogonal to its
+    node). The step starts at FD_STEP (or twice the last node's), is halved until both ends lie in
+    the point's smooth piece (every ReLU sign, every pool choice), then halved further while the
+    envelope (truncation + round-off) keeps shrinking: where the loss curves hard (a BatchNorm over
+    few cells) the best step is far below the first one inside the piece. Every evaluation runs one
+    compiled probe from the node's stage onward (the input's from the first stage), so no saved
     activation comes back to the host. loss_roundoff: ε_L, the loss's round-off spread at the point
     (`Envelope.loss` of the tie); the round-off of D(h) is ε_L/h. targets: rows [N,K]. Directions
     are drawn on the host.
     """
     net = as_net(net)
-    names = list(params) if names is None else list(names)
+    names = list(params) + (["input"] if dx is not None else []) if names is None else list(names)
     params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
     x = jnp.asarray(x, jnp.float64)
     t = jnp.asarray(targets, jnp.float64)
@@ -148,49 +152,63 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: d
     stage_list = net.stage_list(cfg)
     starts = entries(stage_list)
     entry_of = {p: max(e for e in starts if e <= i) for i, stage in enumerate(stage_list) for p in stage.params}
+    entry_of["input"] = 0
     missing = [n for n in names if n not in entry_of]
     if missing:
         raise ValueError(f"fd.derivatives: {missing} are not parameters of any stage of {net.name}")
+    if "input" in names and (dx is None or reference_dx is None):
+        raise ValueError("fd.derivatives: the input row needs dx and reference_dx")
     _, saved, inputs = rendered.forward(net, params, x, cfg)   # the tie's and the census's program
     here = piece_of(net, saved)
+    rendered_of = dict(grads, input=dx)
+    reference_of = dict(reference_grads, input=reference_dx)
 
     def evaluate(name, base, step, v):
         # θ + step·v on the host: no compiled program per node shape
         start = entry_of[name]
-        p = dict(params, **{name: to_device(base + step * v)})
-        loss, same = jax.device_get(_suffix_probe(net, start, p, inputs[stage_list[start].name], cfg, t, alpha,
-                                                  here))
+        moved = to_device(base + step * v)
+        p, h = (params, moved) if name == "input" else (dict(params, **{name: moved}), inputs[stage_list[start].name])
+        loss, same = jax.device_get(_suffix_probe(net, start, p, h, cfg, t, alpha, here))
         return float(loss), bool(same)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in reference_grads.values())
     rng = host_rng(key)
     rows = []
     h_last = tol.FD_STEP
     for name in names:
-        v = rng.standard_normal(np.shape(params[name]))
+        base = np.asarray(x if name == "input" else params[name])
+        v = rng.standard_normal(base.shape)
         v = v / np.linalg.norm(v)
-        base = np.asarray(params[name])
-        # the nodes of one point keep to similar radii: start one halving above the last node's step
-        # rather than at FD_STEP; each halving reuses the ±h/2 ends, so it costs two forwards
         ends_at: dict[float, tuple[float, bool]] = {}
 
         def end(step):
             if step not in ends_at:
                 ends_at[step] = evaluate(name, base, step, v)
             return ends_at[step]
-        h = min(tol.FD_STEP, 2 * h_last)
-        while True:
+
+        def judged(h):
+            """(D(h), its envelope, both ends of h and h/2 inside the piece)"""
             ends = [end(step) for step in (h, -h, h / 2, -h / 2)]
-            inside = all(same for _, same in ends)
-            if inside or h / 2 < tol.FD_MIN_STEP:
-                break
+            lp, lm, lp2, lm2 = (loss for loss, _ in ends)
+            d_h, d_h2 = (lp - lm) / (2 * h), (lp2 - lm2) / h
+            return d_h, 4 / 3 * abs(d_h - d_h2) + loss_roundoff / h, all(same for _, same in ends)
+
+        # the nodes of one point keep to similar radii: start one halving above the last node's step
+        # rather than at FD_STEP; each halving reuses the ±h/2 ends, so it costs two forwards
+        h = min(tol.FD_STEP, 2 * h_last)
+        d_h, env, inside = judged(h)
+        while not inside and h / 2 >= tol.FD_MIN_STEP:
             h /= 2
+            d_h, env, inside = judged(h)
+        while inside and h / 2 >= tol.FD_MIN_STEP:   # a smaller step while the envelope shrinks
+            d2, env2, inside2 = judged(h / 2)
+            if not inside2 or env2 >= env:
+                break
+            h, d_h, env = h / 2, d2, env2
         h_last = h
-        lp, lm, lp2, lm2 = (loss for loss, _ in ends)
-        d_h, d_h2 = (lp - lm) / (2 * h), (lp2 - lm2) / h
-        dot = float(np.vdot(np.asarray(grads[name], np.float64), v))
-        ref = float(np.vdot(np.asarray(reference_grads[name], np.float64), v))
+        dot = float(np.vdot(np.asarray(rendered_of[name], np.float64), v))
+        ref = float(np.vdot(np.asarray(reference_of[name], np.float64), v))
         scale = max(abs(d_h), abs(ref), tol.ZERO_NODE_FLOOR * gnorm)
-        envelope = (4 / 3 * abs(d_h - d_h2) + loss_roundoff / h) / scale
+        envelope = env / scale
         limit = max(factor * envelope, tol.FD_REL)
         rows.append(FDRow(name, d_h, dot, abs(d_h - dot) / scale, limit, h, envelope, kinked=not inside))
     return rows

@@ -377,7 +377,7 @@ def path_losses(net, params, x, targets, cfg, path: Path, ts, *, label_smoothing
 # Forward-mode Taylor coefficients along the path: the walk's oracle side, and this module's only
 # autodiff (as `census.kink_radius`'s tangents are). It differentiates the forward, never a backward.
 def _tangent(g, one, t):
-    return jax.jvp(g, (t,), (one,))
+    return reference.jvp(g, (t,), (one,))
 
 
 def _taylor(f, zero, order: int) -> list:

@@ -56,6 +56,7 @@ class NodeRow:
     floor: float = 0.0      # the dtype's floor (SPEC's figure)
     cells: Optional[int] = None  # M: the cells its BatchNorm layer averages over (None: no BN)
     mismatch: str = ""  # the rendered node's shape or dtype is not its parameter's: a failure whatever its values
+    magnitude: float = 0.0  # max |rendered node|
 
     @property
     def ok(self) -> bool:
@@ -87,6 +88,16 @@ class NodeRow:
         if not self.ok:
             return "FAILED"
         return "ILL" if self.ill_conditioned else "tied"
+
+    @property
+    def sensitivity(self) -> float:
+        """The smallest relative error δ on this node the verdict catches for sure: the node
+        returned as node·(1 + δ) fails its limit for every δ above it, (limit·scale + err) / max|node|.
+        Below (limit·scale − err) / max|node| it passes. A node 0 in ℝ is measured against the net's
+        scale, so a relative error on it is invisible (a large figure says so)."""
+        if self.magnitude <= 0:
+            return float("inf")
+        return (self.limit * self.scale + self.err) / self.magnitude
 
     def describe(self) -> str:
         if self.mismatch:
@@ -207,6 +218,21 @@ class TieReport:
         if self.failed:
             line += f"; first to break in backward order: {self.first_failure().name}"
         return line
+
+    def sensitivity(self) -> tuple[float, float]:
+        """(median, largest) over the parameter nodes that are not 0 in ℝ of the smallest relative
+        error each row catches for sure (`NodeRow.sensitivity`): how small a bug the check sees here."""
+        values = sorted(r.sensitivity for r in self.nodes if not r.zero_in_reals)
+        return (float(np.median(values)), values[-1]) if values else (float("inf"), float("inf"))
+
+    def sensitivity_table(self) -> str:
+        lines = [f"{'node':<36} {'limit':>8} {'caught from δ':>14}"]
+        lines += [f"{r.name:<36} {r.limit:8.1e} {r.sensitivity:14.1e}" + ("  (0 in ℝ)" if r.zero_in_reals else "")
+                  for r in self.rows if r.name != "loss"]
+        median, worst = self.sensitivity()
+        lines.append(f"a node off by a relative δ is caught from δ = {median:.1e} (median node), every node from "
+                     f"δ = {worst:.1e} (nodes 0 in ℝ aside)")
+        return "\n".join(lines)
 
     def table(self) -> str:
         head_ = (f"{'node':<36} {'shape':<18} {'M':>7} {'envelope':>9} {'limit':>8} {'rel err':>9} "
@@ -346,8 +372,9 @@ def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict
         env = envelope.get(name, 0.0) / scale
         limit = max(factor * env, floor)
         bad = int(np.sum(diff > limit * scale))
+        magnitude = float(np.max(np.abs(a64))) if a64.size and not mismatch else 0.0
         rows.append(NodeRow(name, tuple(np.shape(a)), err, scale, err / scale, limit, zero, bad, env, floor,
-                            cells.get(name), mismatch))
+                            cells.get(name), mismatch, magnitude))
     return rows
 
 

@@ -138,6 +138,10 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
     worst = env_.spread(list(ref), outputs)
     rows = compare(dict(zip(names, got)), dict(zip(names, ref)), envelope=dict(zip(names, worst)), factor=factor,
                    shapes={n: tuple(a.shape) for n, a in zip(names, args)}, dtype="float64")
+    shaped = [r for r in rows if r.mismatch]
+    if shaped:
+        raise VJPMismatch("check_vjp: the hand VJP's cotangents are not its arguments': "
+                          + "; ".join(r.describe() for r in shaped))
 
     # 3. finite differences at the best-converged step
     dot = float(sum(jnp.vdot(jnp.asarray(c, jnp.float64), d) for c, d in zip(got, v)))
