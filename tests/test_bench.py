@@ -49,9 +49,10 @@ def test_flop_count_of_one_conv_and_one_product():
     from gradtie.ops import conv, dense
     x = jax.ShapeDtypeStruct((2, 3, 8, 8), jnp.float32)
     for form in conv.FORMULATIONS:
-        with conv.formulation(form):
-            three = bench.forward_flops(lambda a, w: conv.forward(a, w)[0], x, jax.ShapeDtypeStruct((4, 3, 3, 3), jnp.float32))
-            one = bench.forward_flops(lambda a, w: conv.forward(a, w)[0], x, jax.ShapeDtypeStruct((4, 3, 1, 1), jnp.float32))
+        three = bench.forward_flops(lambda a, w: conv.forward(a, w, formulation=form)[0], x,
+                                    jax.ShapeDtypeStruct((4, 3, 3, 3), jnp.float32))
+        one = bench.forward_flops(lambda a, w: conv.forward(a, w, formulation=form)[0], x,
+                                  jax.ShapeDtypeStruct((4, 3, 1, 1), jnp.float32))
         assert three == 2.0 * 2 * 4 * 8 * 8 * 27
         assert three == 9 * one
     product = bench.forward_flops(lambda a, w: dense.forward(a, w)[0], jax.ShapeDtypeStruct((5, 7), jnp.float32),

@@ -13,7 +13,17 @@ Check a net of your own (`gradtie.nets.protocol`) or one hand-written VJP:
 
 __version__ = "0.2.0"
 
-from .checks.check import check  # noqa: E402
-from .checks.vjp import NotSmooth, VJPMismatch, check_vjp  # noqa: E402
+# read when first asked for: `import gradtie.ops` (or `gradtie --help`) does not load the checks
+_LAZY = {"check": ("checks.check", "check"), "check_vjp": ("checks.vjp", "check_vjp"),
+         "NotSmooth": ("checks.vjp", "NotSmooth"), "VJPMismatch": ("checks.vjp", "VJPMismatch")}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'gradtie' has no attribute {name!r}")
+    import importlib
+    module, attr = _LAZY[name]
+    return getattr(importlib.import_module(f".{module}", __name__), attr)
+
 
 __all__ = ["NotSmooth", "VJPMismatch", "__version__", "check", "check_vjp"]

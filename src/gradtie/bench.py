@@ -535,6 +535,9 @@ def chapter_workloads(name: str, p: dict[str, Any]) -> list[Workload]:
                                  10, "float64")
                 + _workloads_for(name, f"cifar8 R={r}", "cifar8", max(g("batch", 4) // r, 1), 32, 10, "float64",
                                  replicas=r))
+    if name == "check_your_own":
+        return _workloads_for(name, "bottleneck check", str(ROOT / "examples" / "bottleneck.py") + ":NET",
+                              g("batch", 4), g("image_size", 32), 10, "float64")
     if name == "bf16_erasure":
         out = []
         for bf16 in (False, True):
