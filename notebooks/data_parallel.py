@@ -126,16 +126,17 @@ print(f"{p.net}: {len(params)} parameter tensors at drawn weights; {len(devices)
 # %%
 sweep = dp.sweep(model, params, cfg, dp.splits(p.replicas, p.batch), image_size=p.image_size,
                  seed=p.seed, label_smoothing=alpha, devices=devices, progress=False)
-print(sweep.table())
+for t in sweep.ties:
+    print(f"R = {t.meta['replicas']} × N = {t.meta['per_replica']}: {t.summary()}")
 
 # %% tags=["nbval-check-output"]
 print(book.glue("rn_sweep", sweep.summary()))
 print("every point satisfies the parameter-gradient hypothesis (census):", sweep.smooth)
-print("worst row of every split below its limit:", all(r.ratio < 1 for r in sweep.rows))
+print("worst row of every split below its limit:", all(t.worst().ratio < 1 for t in sweep.ties))
 
 # %%
 assert sweep.ok and sweep.smooth
-assert all(not r.report.ill_conditioned for r in sweep.rows)
+assert all(not t.ill_conditioned for t in sweep.ties)
 plots.data_parallel.figure_sweep(sweep)
 plt.show()
 
@@ -157,7 +158,7 @@ plt.show()
 # %%
 b2 = 2 * p.batch
 x2, t2, point2 = sweep.points[b2]
-tied2 = next(r.report for r in sweep.rows if r.replicas == 2 and r.per_replica == p.batch)
+tied2 = next(t for t in sweep.ties if (t.meta["replicas"], t.meta["per_replica"]) == (2, p.batch))
 per_replica = tie_replicas(model, params, x2, t2, cfg, replicas=2, label_smoothing=alpha, point=point2,
                            sync_bn=False, devices=devices)
 print(per_replica.summary())

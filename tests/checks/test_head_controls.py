@@ -36,7 +36,7 @@ def test_fold_matches_head_cotangent_bit_for_bit():
 
 def test_fold_cases_with_mixup_and_cutmix_targets():
     cases = hc.fold_cases(jax.random.key(0), batches=(3,))
-    assert cases.ok and len(cases.ties) == 6
+    assert cases.ok and len(cases.rows) == 6
     for kind in hc.TARGET_KINDS:
         assert hc.row_sum_error(hc.batch_targets(kind, 6, 10, jax.random.key(2))) <= 1e-15
 
@@ -79,7 +79,7 @@ def test_controls_hide_where_the_maths_says():
 def test_control_table_reads_red_for_every_bug():
     z, _, t = _batch(6, 10)
     table = hc.control_cases(z, t, 0.1)
-    assert [tie.ok for tie in table.ties] == [True, False, False, False]
+    assert [row.ok for row in table.rows] == [True, False, False, False]
     assert "red: smoothing_wrong_k, drop_batch_divisor, smoothing_twice" in table.summary()
 
 
@@ -112,5 +112,5 @@ def test_smoothed_entropy_is_the_loss_at_log_t_tilde(k, alpha):
 def test_linear_head_ties_at_tied_features_and_its_control_goes_red():
     good = hc.linear_head_cases(jax.random.key(0))
     bad = hc.linear_head_cases(jax.random.key(0), gap_backward=hc.gap_without_area)
-    assert good.ok and good.feature_ties > 0
-    assert not bad.ties[0].ok and all(t.ok for t in bad.ties[1:])
+    assert good.ok and good.meta["feature_ties"] > 0
+    assert not bad.rows[0].ok and all(r.ok for r in bad.rows[1:])

@@ -74,7 +74,7 @@ def test_cifar8_step_tied_to_optax_f64(recipe, c8_reference, c8_batches):
         assert s.within("momentum") == ((0, 0) if recipe == "sgd" else (38, 38))
     # the momentum state is part of what is tied: the rows exist and carry an envelope
     if recipe != "sgd":
-        assert max(r.envelope for r in rep.steps[1].momentum) > 0
+        assert max(r.envelope for r in rep.steps[1].groups["momentum"]) > 0
 
 
 def test_cifar8_step_tied_at_init_weights_and_another_seed(c8_batches):
@@ -103,8 +103,8 @@ def test_skip_tensor_fails_exactly_that_tensor_at_step_1(c8_reference, c8_batche
                         reference=c8_reference("heavy-ball"), control=control)
     first = rep.steps[0]
     assert first.moved == 37
-    assert [r.name for r in first.params if not r.ok] == ["bn5.bias"]
-    assert [r.name for r in first.momentum if not r.ok] == ["bn5.bias"]
+    assert [r.name for r in first.groups["params"] if not r.ok] == ["bn5.bias"]
+    assert [r.name for r in first.groups["momentum"] if not r.ok] == ["bn5.bias"]
     assert rep.red
 
 
@@ -127,7 +127,7 @@ def test_unbiased_running_variance_fails_only_the_variances(c8_reference, c8_bat
                         control=step.control(cifar8.NET, "nesterov", "unbiased_running_variance"))
     for s in rep.steps:
         assert s.within("params") == (38, 38) and s.within("momentum") == (38, 38)
-        failed = {r.name for r in s.running if not r.ok}
+        failed = {r.name for r in s.groups["running"] if not r.ok}
         assert failed == {f"bn{k}.running_var" for k in range(1, 9)}
     assert rep.red
 
@@ -154,7 +154,7 @@ def test_resnet34_step_tied_to_optax_f64(conv_bias, recipe, tensors):
     assert rep.tensors == tensors and rep.label_smoothing == 0.1
     assert rep.ok and not rep.ill_conditioned, rep.summary()
     assert rep.movers == tensors and all(s.moved == tensors for s in rep.steps)
-    assert len(rep.steps[0].running) == 72          # 36 BatchNorm layers
+    assert len(rep.steps[0].groups["running"]) == 72         # 36 BatchNorm layers
     # layer4 averages 4 cells per channel: the point's envelope, not the floor, sets some limits there
     assert any(r.by == "envelope" for _, _, r in rep.rows())
 

@@ -11,14 +11,12 @@ Shown in: Data-parallel tie.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
 
 import jax.numpy as jnp
-import numpy as np
 
 from .. import data
-from ..progress import bar
 from ..nets.protocol import as_net
+from ..progress import bar
 from . import census as census_
 from .tie import TieReport, reference_at, targets_matrix, tie_replicas
 
@@ -32,72 +30,31 @@ def splits(largest_replicas: int, largest_per_replica: int) -> list[tuple[int, i
     return [(r, n) for r in rs for n in ns]
 
 
-@dataclass(frozen=True)
-class SweepRow:
-    replicas: int
-    per_replica: int
-    report: TieReport
-    smooth: Optional[bool]     # the parameter-gradient hypothesis holds at the point (None: not taken)
-
-    @property
-    def global_batch(self) -> int:
-        return self.replicas * self.per_replica
-
-    @property
-    def ratio(self) -> float:
-        """The worst row's error over its limit (< 1: tied)."""
-        w = self.report.worst()
-        return w.rel / w.limit
-
-    @property
-    def ok(self) -> bool:
-        return self.report.ok and not self.report.ill_conditioned
-
-
 @dataclass
 class SweepReport:
+    """One `tie_replicas` report per split (meta: R "replicas", N "per_replica"); a split ties when
+    every row agrees (within its limit and judgeable)."""
     net: str
-    rows: list[SweepRow]
-    # R·N -> (x, targets, the `tie.Point`): each global batch with its reference and envelope, for
-    # further ties at the same point (an uneven split of it, a control)
+    ties: list[TieReport]
+    smooth_at: dict[int, bool]     # R·N -> the parameter-gradient hypothesis holds at that batch
+    # R·N -> (x, targets, `tie.Point`): for further ties at the same point (an uneven split, a control)
     points: dict = field(default_factory=dict, repr=False)
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.rows)
+        return all(t.tied for t in self.ties)
 
     @property
     def smooth(self) -> bool:
-        return all(r.smooth is not False for r in self.rows)
-
-    @property
-    def worst(self) -> SweepRow:
-        return max(self.rows, key=lambda r: r.ratio)
+        return all(self.smooth_at.values())
 
     def summary(self) -> str:
         """Counts and pass/fail only: stable across machines (what a compared cell prints)."""
-        tied = sum(r.ok for r in self.rows)
-        batches = sorted({r.global_batch for r in self.rows})
-        nodes = {len(r.report.nodes) for r in self.rows}
-        return (f"{self.net}: {tied}/{len(self.rows)} splits tied ({', '.join(f'{r.replicas}×{r.per_replica}' for r in self.rows)}; "
-                f"R·N = {', '.join(map(str, batches))}), every node of {'/'.join(map(str, nodes))} and the loss "
-                f"within its limit" + ("" if self.ok else "; FAILED"))
-
-    def table(self) -> str:
-        head = f"{'R':>3} {'N':>3} {'R·N':>4} {'smooth':>7} {'tied':>9} {'worst node':<30} {'err/limit':>9}"
-        lines = [head, "-" * len(head)]
-        for r in self.rows:
-            w = r.report.worst()
-            tied = sum(x.ok for x in r.report.nodes)
-            smooth = "-" if r.smooth is None else ("yes" if r.smooth else "NO")
-            lines.append(f"{r.replicas:>3} {r.per_replica:>3} {r.global_batch:>4} {smooth:>7} "
-                         f"{f'{tied}/{len(r.report.nodes)}':>9} {w.name:<30} {r.ratio:9.1e}")
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"net": self.net, "ok": self.ok, "rows": [
-            {"replicas": r.replicas, "per_replica": r.per_replica, "ratio": r.ratio, "ok": r.ok,
-             "smooth": r.smooth, "tie": r.report.as_dict()} for r in self.rows]}
+        shown = ", ".join(f"{t.meta['replicas']}×{t.meta['per_replica']}" for t in self.ties)
+        nodes = {len(t.nodes) for t in self.ties}
+        return (f"{self.net}: {sum(t.tied for t in self.ties)}/{len(self.ties)} splits tied ({shown}; R·N = "
+                f"{', '.join(map(str, sorted(self.smooth_at)))}), every node of {'/'.join(map(str, nodes))} and the "
+                f"loss within its limit" + ("" if self.ok else "; FAILED"))
 
 
 def photo_batch(batch: int, image_size: int, num_classes: int, *, seed: int = 0):
@@ -106,22 +63,20 @@ def photo_batch(batch: int, image_size: int, num_classes: int, *, seed: int = 0)
     return jnp.asarray(x, jnp.float64), targets_matrix(jnp.asarray(labels), num_classes, jnp.float64)
 
 
-def sweep(net, params, cfg, shapes: Sequence[tuple[int, int]], *, image_size: int = 32, seed: int = 0,
-          label_smoothing: float = 0.0, devices=None, census: bool = True, progress: bool = True) -> SweepReport:
+def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, label_smoothing: float = 0.0,
+          devices=None, progress: bool = True) -> SweepReport:
     """The mesh step at every (R, N) of `shapes` against the single-device float64 oracle at R·N
-    (photo crops, one reference and envelope per global batch), with the smoothness census of each
-    global batch when `census`. devices: the mesh's devices (a chapter passes the host CPU's)."""
+    (photo crops, one reference, envelope and smoothness census per global batch). devices: the
+    mesh's devices (a chapter passes the host CPU's)."""
     net = as_net(net)
-    points: dict[int, Any] = {}
-    rows = []
+    points, smooth_at, ties = {}, {}, []
     for r, n in bar(list(shapes), desc="R·N sweep", enabled=progress):
         b = r * n
         if b not in points:
             x, t = photo_batch(b, image_size, cfg.num_classes, seed=seed)
-            smooth = census_.smoothness(net, params, x, cfg).hypothesis(census_.PARAMETERS).holds if census else None
-            points[b] = (x, t, reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing), smooth)
-        x, t, point, smooth = points[b]
-        rep = tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
-                           devices=devices)
-        rows.append(SweepRow(r, n, rep, smooth))
-    return SweepReport(net.name, rows, {b: v[:3] for b, v in points.items()})
+            smooth_at[b] = census_.smoothness(net, params, x, cfg).hypothesis(census_.PARAMETERS).holds
+            points[b] = (x, t, reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing))
+        x, t, point = points[b]
+        ties.append(tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
+                                 devices=devices))
+    return SweepReport(net.name, ties, smooth_at, points)

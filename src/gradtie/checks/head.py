@@ -12,18 +12,16 @@ Functions return reports and print nothing. Shown in: Head fold.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from .. import data, prng, reference
-from ..ops import dense, gap, head
 from .. import tolerances as tol
-
-OPS = ("softmaxRow", "subB", "scaleB", "addVB", "shiftB", "divConstB")
-
+from ..ops import dense, gap, head
+from .tie import NodeRow, TieReport, compare
 
 # ---- the fold, step by step ---------------------------------------------------------------------
 
@@ -38,26 +36,16 @@ class FoldSteps:
     d1: np.ndarray    # addVB: d0 + a
     d2: np.ndarray    # shiftB: d1 − α/K
     dy: np.ndarray    # divConstB: d2 / N
-
-    @property
-    def n(self) -> int:
-        return int(self.p.shape[0])
-
-    @property
-    def k(self) -> int:
-        return int(self.p.shape[1])
-
-    def steps(self) -> list[tuple[str, str, np.ndarray]]:
-        """(Lean name, formula, value) in fold order."""
-        return [("softmaxRow", "p = softmax(z)", self.p), ("subB", "d0 = p − t", self.d0),
-                ("scaleB", "a = α·t", self.a), ("addVB", "d1 = d0 + a", self.d1),
-                ("shiftB", "d2 = d1 − α/K", self.d2), ("divConstB", "dy = d2 / N", self.dy)]
+    n: int            # the batch N
+    k: int            # the classes K
 
     def table(self, example: int = 0, decimals: int = 4) -> str:
         """One line per op: its Lean name, formula and the row of `example`, rounded."""
         lines = [f"example {example}, N = {self.n}, K = {self.k}, α = {self.alpha:g}",
                  f"{'t':<11} {'':<15} " + " ".join(f"{v:{decimals + 4}.{decimals}f}" for v in self.targets[example])]
-        for name, formula, value in self.steps():
+        for name, formula, value in [("softmaxRow", "p = softmax(z)", self.p), ("subB", "d0 = p − t", self.d0),
+                                     ("scaleB", "a = α·t", self.a), ("addVB", "d1 = d0 + a", self.d1),
+                                     ("shiftB", "d2 = d1 − α/K", self.d2), ("divConstB", "dy = d2 / N", self.dy)]:
             row = " ".join(f"{v + 0.0:{decimals + 4}.{decimals}f}" for v in value[example])
             lines.append(f"{name:<11} {formula:<15} {row}")
         return "\n".join(lines)
@@ -81,7 +69,7 @@ def fold_steps(logits, targets, alpha: float = 0.0) -> FoldSteps:
     d1 = head.add(d0, a)
     d2 = head.shift(d1, alpha / k)
     dy = head.div_const(d2, n)
-    return FoldSteps(float(alpha), *(np.asarray(v) for v in (targets, p, d0, a, d1, d2, dy)))
+    return FoldSteps(float(alpha), *(np.asarray(v) for v in (targets, p, d0, a, d1, d2, dy)), int(n), int(k))
 
 
 # ---- planted bugs: each breaks one step of the fold ---------------------------------------------
@@ -89,9 +77,8 @@ def fold_steps(logits, targets, alpha: float = 0.0) -> FoldSteps:
 def smoothing_wrong_k(logits, targets, alpha: float = 0.0):
     """α/K with K read off the batch axis (N) instead of the class axis: the shift is α/N. Invisible
     when N = K or α = 0."""
-    n, _ = logits.shape
-    s = fold_steps(logits, targets, alpha)
-    return head.div_const(head.shift(jnp.asarray(s.d1), alpha / n), n)
+    n = len(logits)
+    return head.div_const(head.shift(jnp.asarray(fold_steps(logits, targets, alpha).d1), alpha / n), n)
 
 
 def drop_batch_divisor(logits, targets, alpha: float = 0.0):
@@ -104,66 +91,36 @@ def smoothing_twice(logits, targets, alpha: float = 0.0):
     return jnp.asarray(fold_steps(logits, head.smoothed(jnp.asarray(targets), alpha), alpha).dy)
 
 
-CONTROLS: dict[str, Callable] = {"smoothing_wrong_k": smoothing_wrong_k,
-                                 "drop_batch_divisor": drop_batch_divisor,
-                                 "smoothing_twice": smoothing_twice}
+CONTROLS: dict[str, Callable] = {f.__name__: f for f in (smoothing_wrong_k, drop_batch_divisor, smoothing_twice)}
 
 
 # ---- the tie ------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Tie:
-    label: str
-    err: float      # max |fold − oracle|
-    scale: float    # max |oracle|
-    limit: float    # relative tolerance
-
-    @property
-    def rel(self) -> float:
-        return self.err / self.scale if self.scale > 0 else self.err
-
-    @property
-    def ok(self) -> bool:
-        return bool(self.rel <= self.limit)
-
-
-def _fold(logits, targets, alpha):
-    return jnp.asarray(fold_steps(logits, targets, alpha).dy)
-
-
-def tie_fold(logits, targets, alpha: float = 0.0, *, fold: Optional[Callable] = None, label: str = "",
-             limit: float = tol.REL_F64) -> Tie:
-    """The fold (or a planted bug) against ∂/∂z of the mean smoothed cross-entropy by autodiff."""
-    dy = (fold or _fold)(logits, targets, alpha)
-    oracle = reference.head_cotangent(jnp.asarray(logits), jnp.asarray(targets), alpha)
-    return Tie(label, float(jnp.max(jnp.abs(dy - oracle))), float(jnp.max(jnp.abs(oracle))), limit)
-
-
-@dataclass
-class TieTable:
-    ties: list[Tie]
-
-    @property
-    def ok(self) -> bool:
-        return all(t.ok for t in self.ties)
-
-    @property
-    def worst(self) -> Tie:
-        return max(self.ties, key=lambda t: t.rel / t.limit)
-
-    def table(self) -> str:
-        width = max(len(t.label) for t in self.ties)
-        lines = [f"{'case':<{width}}  {'rel err':>8}  {'limit':>6}  tied"]
-        for t in self.ties:
-            lines.append(f"{t.label:<{width}}  {t.rel:8.0e}  {t.limit:6.0e}  {'yes' if t.ok else 'NO'}")
-        return "\n".join(lines)
+class HeadTies(TieReport):
+    """Head ties, one `tie.compare` row per case at a fixed limit (no envelope: the fold's six
+    roundings sit far below it)."""
 
     def summary(self) -> str:
         """Counts and the limit only: stable to print."""
-        n_ok = sum(t.ok for t in self.ties)
-        failed = [t.label for t in self.ties if not t.ok]
-        line = f"tied {n_ok}/{len(self.ties)} at rel err ≤ {self.ties[0].limit:.0e}"
+        failed = [r.name for r in self.rows if not r.ok]
+        line = f"tied {len(self.rows) - len(failed)}/{len(self.rows)} at rel err ≤ {self.rows[0].limit:.0e}"
         return line + (f"; red: {', '.join(failed)}" if failed else "")
+
+
+def _row(label: str, got, oracle, limit: float = tol.REL_F64) -> NodeRow:
+    """max |got − oracle| relative to max |oracle| (to 1 where the oracle is 0), held to `limit`."""
+    return compare({label: got}, {label: oracle}, floor=limit)[0]
+
+
+def _ties(rows: list[NodeRow], **meta) -> HeadTies:
+    return HeadTies("head", "float64", rows, 0.0, 0.0, meta)
+
+
+def tie_fold(logits, targets, alpha: float = 0.0, *, fold: Optional[Callable] = None, label: str = "",
+             limit: float = tol.REL_F64) -> NodeRow:
+    """The fold (or a planted bug) against ∂/∂z of the mean smoothed cross-entropy by autodiff."""
+    dy = fold(logits, targets, alpha) if fold else fold_steps(logits, targets, alpha).dy
+    return _row(label, dy, reference.head_cotangent(jnp.asarray(logits), jnp.asarray(targets), alpha), limit)
 
 
 def plain_cross_entropy(logits, labels):
@@ -172,14 +129,12 @@ def plain_cross_entropy(logits, labels):
     return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
 
 
-def tie_plain(logits, labels, *, limit: float = tol.REL_F64) -> Tie:
+def tie_plain(logits, labels, *, limit: float = tol.REL_F64) -> NodeRow:
     """The fold at α = 0 with one-hot rows against autodiff of plain cross-entropy on int labels."""
-    logits = jnp.asarray(logits)
-    t = head.one_hot(jnp.asarray(labels), logits.shape[1], logits.dtype)
-    dy = jnp.asarray(fold_steps(logits, t, 0.0).dy)
-    oracle = jax.grad(plain_cross_entropy)(logits, jnp.asarray(labels))
-    return Tie("α=0 vs plain cross-entropy", float(jnp.max(jnp.abs(dy - oracle))),
-               float(jnp.max(jnp.abs(oracle))), limit)
+    logits, labels = jnp.asarray(logits), jnp.asarray(labels)
+    dy = fold_steps(logits, head.one_hot(labels, logits.shape[1], logits.dtype), 0.0).dy
+    _, oracle = reference.value_and_grad(plain_cross_entropy)(logits, labels)
+    return _row("α=0 vs plain cross-entropy", dy, oracle, limit)
 
 
 def refusal(logits, targets, alpha: float = 0.0) -> str:
@@ -217,7 +172,7 @@ def row_sum_error(targets) -> float:
 
 def fold_cases(key, *, alphas: Sequence[float] = (0.0, 0.1), batches: Sequence[int] = (3, 6),
                kinds: Sequence[str] = TARGET_KINDS, num_classes: int = 10,
-               logit_scale: float = 3.0) -> TieTable:
+               logit_scale: float = 3.0) -> HeadTies:
     """The fold tied to autodiff for every (α, N, target kind): random logits N(0, scale²)."""
     ties = []
     for i, (alpha, n, kind) in enumerate((a, n, k) for a in alphas for n in batches for k in kinds):
@@ -225,13 +180,13 @@ def fold_cases(key, *, alphas: Sequence[float] = (0.0, 0.1), batches: Sequence[i
         z = logit_scale * prng.normal(kz, (n, num_classes), jnp.float64)
         t = batch_targets(kind, n, num_classes, kt)
         ties.append(tie_fold(z, t, alpha, label=f"α={alpha:g} N={n} {kind}"))
-    return TieTable(ties)
+    return _ties(ties)
 
 
-def control_cases(logits, targets, alpha: float) -> TieTable:
+def control_cases(logits, targets, alpha: float) -> HeadTies:
     """The fold and each planted bug, tied to autodiff at the same batch."""
-    return TieTable([tie_fold(logits, targets, alpha, label="fold (six kit ops)")] +
-                    [tie_fold(logits, targets, alpha, fold=f, label=name) for name, f in CONTROLS.items()])
+    return _ties([tie_fold(logits, targets, alpha, label="fold (six kit ops)")] +
+                 [tie_fold(logits, targets, alpha, fold=f, label=name) for name, f in CONTROLS.items()])
 
 
 # ---- the minimum of the smoothed loss -----------------------------------------------------------
@@ -244,8 +199,7 @@ def smoothed_entropy(num_classes: int, alpha: float) -> float:
     return float(-np.sum(t * np.log(t)))
 
 
-@dataclass(frozen=True)
-class EntropyTerms:
+class EntropyTerms(NamedTuple):
     """H(t̃) for a one-hot t, split into the label's term and the other K − 1 classes' terms."""
     num_classes: int
     alpha: float
@@ -253,15 +207,8 @@ class EntropyTerms:
     other_share: float      # t̃ on each other class: α/K
     label_term: float       # −t̃_label·ln t̃_label
     others_term: float      # −(K − 1)·(α/K)·ln(α/K)
-
-    @property
-    def total(self) -> float:
-        return self.label_term + self.others_term
-
-    @property
-    def best_margin(self) -> float:
-        """The logit margin where p = t̃: ln(t̃_label / t̃_other)."""
-        return float(np.log(self.label_share / self.other_share))
+    total: float            # their sum, H(t̃)
+    best_margin: float      # the logit margin where p = t̃: ln(t̃_label / t̃_other)
 
 
 def entropy_terms(num_classes: int = 10, alpha: float = 0.1) -> EntropyTerms:
@@ -269,8 +216,9 @@ def entropy_terms(num_classes: int = 10, alpha: float = 0.1) -> EntropyTerms:
     if not 0.0 < alpha <= 1.0 or num_classes < 2:
         raise ValueError(f"entropy_terms: expected 0 < alpha <= 1 and num_classes >= 2, got {alpha!r}, {num_classes!r}")
     top, rest = 1 - alpha + alpha / num_classes, alpha / num_classes
-    return EntropyTerms(num_classes, float(alpha), top, rest, float(-top * np.log(top)),
-                        float(-(num_classes - 1) * rest * np.log(rest)))
+    label_term, others_term = float(-top * np.log(top)), float(-(num_classes - 1) * rest * np.log(rest))
+    return EntropyTerms(num_classes, float(alpha), top, rest, label_term, others_term, label_term + others_term,
+                        float(np.log(top / rest)))
 
 
 @dataclass
@@ -284,11 +232,7 @@ class MarginCurve:
     at_log_target: float    # the loss at z = log t̃, where p = t̃
     best_margin: float      # the margin minimising the loss: log((1 − α + α/K)/(α/K))
     descent: float          # the loss after gradient descent on all K logits with the kit fold
-
-    @property
-    def minimum(self) -> float:
-        """The smallest loss on the margin grid."""
-        return float(np.min(self.losses))
+    minimum: float          # the smallest loss on the margin grid
 
     @property
     def ok(self) -> bool:
@@ -309,19 +253,16 @@ def margin_curve(num_classes: int = 10, alpha: float = 0.1, *, margins: Optional
     margins = np.linspace(0.0, 12.0, 481) if margins is None else np.asarray(margins)
     t = head.one_hot(jnp.array([0]), num_classes, jnp.float64)
     loss = jax.jit(lambda z: head.forward(z, t, alpha))
-    e0 = np.zeros(num_classes)
-    e0[0] = 1.0
+    e0 = np.eye(num_classes)[0]
     losses = np.array([float(loss(jnp.asarray(m * e0)[None])) for m in margins])
-    t_smooth = head.smoothed(t, alpha)
-    at_log_target = float(loss(jnp.log(t_smooth)))
-    top, rest = 1 - alpha + alpha / num_classes, alpha / num_classes
-    best = float(np.log(top / rest)) if rest > 0 else np.inf
+    at_log_target = float(loss(jnp.log(head.smoothed(t, alpha))))
 
     def step(z, _):
         return z - lr * head.cotangent(z, t, alpha), None
     z, _ = jax.lax.scan(step, jnp.zeros((1, num_classes), jnp.float64), None, length=descent_steps)
     return MarginCurve(num_classes, float(alpha), margins, losses, smoothed_entropy(num_classes, alpha),
-                       at_log_target, best, float(loss(z)))
+                       at_log_target, entropy_terms(num_classes, alpha).best_margin, float(loss(z)),
+                       float(np.min(losses)))
 
 
 # ---- the linear head: GAP and dense, no hypothesis needed ---------------------------------------
@@ -344,23 +285,18 @@ def feature_ties(g) -> int:
     return int(np.sum(counts * (counts - 1) // 2))
 
 
-@dataclass
-class LinearHeadTie(TieTable):
-    feature_ties: int = 0   # equal pairs among the GAP features the dense layer reads
-
-
 def gap_without_area(input_shape, dg):
     """A planted GAP backward that forgets the 1/(H·W): dg broadcast as it is."""
-    n, c, h, w = input_shape
     return jnp.broadcast_to(dg[:, :, None, None], input_shape)
 
 
 def linear_head_cases(key, *, n: int = 3, channels: int = 8, size: int = 4, num_classes: int = 5,
-                      gap_backward: Callable = gap.backward) -> LinearHeadTie:
+                      gap_backward: Callable = gap.backward) -> HeadTies:
     """GAP backward (`gapBack`), the dense input backward (`rowDenseBackFlat`) and the dense weight
     and bias nodes, tied to `jax.vjp` of the forwards at a random point whose features hold exact
     ties (`tied_head_input`): both maps are linear, so ties change nothing. `gap_backward` swaps in
-    a planted bug (`gap_without_area`)."""
+    a planted bug (`gap_without_area`). meta["feature_ties"]: the equal pairs among the GAP features
+    the dense layer reads."""
     kx, kw, kb, kg = jax.random.split(key, 4)
     x = tied_head_input(kx, n, channels, size)
     w = prng.normal(kw, (num_classes, channels), jnp.float64) / np.sqrt(channels)
@@ -370,10 +306,6 @@ def linear_head_cases(key, *, n: int = 3, channels: int = 8, size: int = 4, num_
     dg = dense.backward(w, dlogits)
     dg_o, dw_o, db_o = reference.dense_vjp(g, w, b, dlogits)
     dx_o = reference.gap_vjp(x, dg_o)
-    pairs = [("gapBack: dx", gap_backward(shape, dg), dx_o),
-             ("rowDenseBackFlat: dg", dg, dg_o),
-             ("dense weight: dW", dense.grad_weight(g, dlogits), dw_o),
-             ("dense bias: db", dense.grad_bias(dlogits), db_o)]
-    ties = [Tie(label, float(jnp.max(jnp.abs(a - o))), float(jnp.max(jnp.abs(o))), tol.REL_F64)
-            for label, a, o in pairs]
-    return LinearHeadTie(ties, feature_ties(g))
+    return _ties([_row("gapBack: dx", gap_backward(shape, dg), dx_o), _row("rowDenseBackFlat: dg", dg, dg_o),
+                  _row("dense weight: dW", dense.grad_weight(g, dlogits), dw_o),
+                  _row("dense bias: db", dense.grad_bias(dlogits), db_o)], feature_ties=feature_ties(g))

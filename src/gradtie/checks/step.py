@@ -4,20 +4,15 @@ The Lean suite ties the gradient nodes of two train steps: `r34_net_tiedB` (ResN
 110 SGD-updated tensors of ResNet-34's step (146 at convBias := true), and
 `cifar8Bbn_train_step_tiedB`, the 38 of cifar8-BN's. A train step is those nodes fed to an update
 rule, plus the BatchNorm running averages. This module ties the whole step as `train.make_step`
-takes it (one forward, the rendered chain, the update rule, the running statistics) to the step a
-user of the usual tools takes: autodiff of the forward-based loss (`gradtie.reference.oracle`) fed
-to optax, with the running averages recomputed from the BatchNorm inputs in plain jnp.
+takes it to the step a user of the usual tools takes: autodiff of the forward-based loss
+(`reference.oracle`) fed to optax, the running averages recomputed from the BatchNorm inputs in jnp.
 
-The two runs start from the same weights and take `len(batches)` consecutive steps each on their
-own, so the optimizer state (the momentum buffer) carries each step into the next. After every step
-each tensor is a row: the updated parameters, the momentum buffer, the running statistics, and the
-step's loss.
-
-Limits. A row is held to `tie.compare`'s max(STEP_TIE_FACTOR × envelope, 1e-10). Its envelope is
-the spread of the reference run itself when each of its autodiff gradients is taken at a
-`checks.envelope` sample instead: the batch in reverse order, or the parameters and the images
-nudged by one unit roundoff, a fresh nudge every step. Each such run goes from the start to the
-last step, so the envelope holds whatever step 1's round-off has grown into by step 2.
+Both runs take `len(batches)` consecutive steps from the same weights, each on its own, so the
+momentum buffer carries each step into the next. After every step each updated tensor, momentum
+buffer and running statistic, and the loss, is a row of `tie.compare`, held to max(STEP_TIE_FACTOR ×
+its envelope, 1e-10): the spread (`envelope.spread`) of the reference run itself with each of its
+gradients taken at an `envelope.samples` point instead (the batch reversed; parameters and images
+nudged by one unit roundoff, fresh every step), each such run going to the last step.
 
 | recipe     | `gradtie.train` (SPEC §9)               | optax                                                   |
 |------------|-----------------------------------------|---------------------------------------------------------|
@@ -25,10 +20,9 @@ last step, so the envelope holds whatever step 1's round-off has grown into by s
 | nesterov   | v ← μv + g; θ ← θ − lr·(g + μv)         | `sgd(lr, momentum=0.9, nesterov=True)`                  |
 | heavy-ball | g ← g + wd·θ; v ← μv + g; θ ← θ − lr·v  | `chain(add_decayed_weights(wd), sgd(lr, momentum=0.9))` |
 
-optax's `trace` forms the new buffer as g + μ·t and, with `nesterov`, the update as g + μ·(new
-buffer), scaled by −lr and added to θ: SPEC's formulas term by term, so on the same gradients the
-two rules agree bit for bit (`rule_difference`). AdamW is not tied here: its step is blind to the
-gradient's scale (SPEC §11), so a parameter tie after it proves little.
+optax's `trace` forms the buffer as g + μ·t and, with `nesterov`, the update as g + μ·(new buffer):
+SPEC's formulas term by term, so on the same gradients the two rules agree bit for bit
+(`rule_difference`). AdamW is not tied: its step is blind to the gradient's scale (SPEC §11).
 
 Shown in: Training with the rendered step.
 """
@@ -37,7 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, NamedTuple, Optional, Sequence
 
 import jax
@@ -50,15 +44,15 @@ from .. import reference, train
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
 from ..nets.protocol import Net, as_net
+from ..ops import head
 from ..progress import bar
 from . import envelope as env_
-from .tie import NodeRow, bn_cells, bn_of, compare, is_beta, targets_matrix, zero_in_reals
+from .tie import NodeRow, bn_cells, bn_of, compare, is_beta, need_x64, zero_in_reals
 
 RECIPES = ("sgd", "nesterov", "heavy-ball")
 # SPEC §1, written out here apart from `gradtie.train`: running ← 0.99·running + 0.01·batch, and
 # the first step copies the batch's statistics (biased variance)
 RUNNING_MOMENTUM = 0.01
-GROUPS = ("loss", "momentum", "params", "running")
 GROUP_NAMES = {"loss": "loss", "momentum": "momentum buffer", "params": "updated tensor",
                "running": "running statistic"}
 
@@ -75,30 +69,23 @@ def _check_recipe(recipe: str) -> train.Optimizer:
 def optax_recipe(recipe: str, lr: float) -> optax.GradientTransformation:
     """The optax transformation that is SPEC §9's `recipe` at learning rate lr, with `gradtie.train`'s
     hyperparameters (μ = 0.9, heavy ball's wd = 1e-4)."""
-    hyper = _check_recipe(recipe).hyper
-    if recipe == "sgd":
-        return optax.sgd(lr)
-    if recipe == "nesterov":
-        return optax.sgd(lr, momentum=hyper["momentum"], nesterov=True)
-    return optax.chain(optax.add_decayed_weights(hyper["weight_decay"]),
-                       optax.sgd(lr, momentum=hyper["momentum"]))
+    h = _check_recipe(recipe).hyper
+    sgd = optax.sgd(lr, momentum=h.get("momentum"), nesterov=recipe == "nesterov")
+    return optax.chain(optax.add_decayed_weights(h["weight_decay"]), sgd) if recipe == "heavy-ball" else sgd
 
 
 def optax_text(recipe: str) -> str:
-    """The optax chain as code, for a report."""
-    hyper = _check_recipe(recipe).hyper
-    return {"sgd": "optax.sgd(lr)",
-            "nesterov": f"optax.sgd(lr, momentum={hyper.get('momentum')}, nesterov=True)",
-            "heavy-ball": f"optax.chain(optax.add_decayed_weights({hyper.get('weight_decay')}), "
-                          f"optax.sgd(lr, momentum={hyper.get('momentum')}))"}[recipe]
+    """`optax_recipe` as code, for a report."""
+    h = _check_recipe(recipe).hyper
+    momentum = f", momentum={h['momentum']}" if "momentum" in h else ""
+    sgd = f"optax.sgd(lr{momentum}{', nesterov=True' if recipe == 'nesterov' else ''})"
+    return f"optax.chain(optax.add_decayed_weights({h['weight_decay']}), {sgd})" if recipe == "heavy-ball" else sgd
 
 
 def optax_trace(state) -> Optional[dict]:
     """The momentum buffer inside an optax state (its `TraceState.trace`), or None without one."""
-    for leaf in jax.tree.leaves(state, is_leaf=lambda s: isinstance(s, optax.TraceState)):
-        if isinstance(leaf, optax.TraceState):
-            return leaf.trace
-    return None
+    leaves = jax.tree.leaves(state, is_leaf=lambda s: isinstance(s, optax.TraceState))
+    return next((s.trace for s in leaves if isinstance(s, optax.TraceState)), None)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1))
@@ -127,92 +114,69 @@ def rule_difference(recipe: str, params: Mapping, grads: Sequence[Mapping], *, l
     if not grads:
         raise ValueError("rule_difference: needs at least one step's gradients")
     tx, theirs = _optax_rule(recipe, lr)
-    names = list(params)
     mine, other = dict(params), dict(params)
     state, opt_state, worst = ours.init(mine), tx.init(other), 0.0
     for g in grads:
-        g = {k: g[k] for k in names}
         mine, state = _rule(ours, lr, mine, g, state)
         other, opt_state = theirs(other, g, opt_state)
-        worst = max(worst, max(float(jnp.max(jnp.abs(mine[k] - other[k]))) for k in names))
+        worst = max([worst] + [float(jnp.max(jnp.abs(mine[k] - other[k]))) for k in params])
     return worst
+
+
+def random_gradients(params: Mapping, steps: int, *, seed: int = 0) -> list[dict]:
+    """`steps` gradients shaped like `params`, entries N(0, 1): inputs for `rule_difference`."""
+    rng = np.random.default_rng(seed)
+    return [{k: jnp.asarray(rng.standard_normal(np.shape(v)).astype(jnp.result_type(v))) for k, v in params.items()}
+            for _ in range(steps)]
 
 
 # ---- must-fail controls: a rendered step with one thing wrong -----------------------------------
 
 class StepControl(NamedTuple):
-    """A rendered train step with one planted mistake: `net` (the real net, or a wrapper of it) stepped
-    by `optimizer` through `train.make_step`."""
+    """A rendered train step with one planted mistake: `net` stepped by `optimizer` (`train.make_step`)."""
     name: str
     breaks: str
     net: Any
     optimizer: train.Optimizer
 
 
-def _map(f, *trees):
-    return {k: f(*(t[k] for t in trees)) for k in trees[0]}
+# name -> (the recipes it applies to, what it breaks); all but the last a small change around a real rule
+CONTROLS = {
+    "decoupled_weight_decay": (("heavy-ball",), "weight decay applied after momentum (decoupled) instead of "
+                               "added to g"),
+    "dampened_momentum": (("heavy-ball", "nesterov"), "the buffer takes (1 − μ)·g (PyTorch dampening = μ)"),
+    "no_lookahead": (("nesterov",), "θ ← θ − lr·v: Nesterov's look-ahead g + μv dropped"),
+    "learning_rate_twice": (RECIPES, "the learning rate applied twice (θ moves by lr²·step)"),
+    "skip_tensor": (RECIPES, "the step leaves {skip} as it was"),
+    "unbiased_running_variance": (RECIPES, "running_var averages M/(M−1)·σ² (unbiased) instead of the biased σ²")}
 
 
-@functools.lru_cache(maxsize=None)
-def decoupled_weight_decay(momentum: float = 0.9, weight_decay: float = 1e-4) -> train.Optimizer:
-    """Heavy ball with the decay taken out of the buffer: v ← μv + g; θ ← θ − lr·v − lr·wd·θ (the
-    step after the first differs from coupled decay only through v)."""
-    def update(params, grads, state, lr):
-        v = _map(lambda v_, g: momentum * v_ + g, state["v"], grads)
-        new = _map(lambda p, v_: p - lr * v_ - lr * weight_decay * p, params, v)
-        return new, {"v": v}
-    return train.Optimizer("decoupled_weight_decay", lambda p: {"v": _map(jnp.zeros_like, p)}, update,
-                           {"momentum": momentum, "weight_decay": weight_decay})
-
-
-@functools.lru_cache(maxsize=None)
-def dampened_momentum(recipe: str) -> train.Optimizer:
-    """The recipe with PyTorch's `dampening = μ`: the buffer takes (1 − μ)·g instead of g."""
+@functools.lru_cache(maxsize=None)   # one object per control: its compiled steps are reused
+def _planted_rule(recipe: str, name: str, skip: str) -> train.Optimizer:
+    """`recipe`'s update rule with the mistake `name`, written around a real rule of `gradtie.train`:
+    a change to what goes in (the gradient, the learning rate) or to what comes out."""
     ours = _check_recipe(recipe)
-    mu, wd = ours.hyper["momentum"], ours.hyper.get("weight_decay", 0.0)
-    nesterov = recipe == "nesterov"
+    mu, wd = ours.hyper.get("momentum", 0.0), ours.hyper.get("weight_decay", 0.0)
+    without_decay = train.heavy_ball(mu, 0.0).update
+    dampened = train.make_optimizer(recipe, **{k: (1 - mu) * v if k == "weight_decay" else v
+                                               for k, v in ours.hyper.items()})
+
+    def keep(old, new):
+        return {k: old[k] if k == skip else v for k, v in new.items()}
 
     def update(params, grads, state, lr):
-        g = _map(lambda g_, p: g_ + wd * p, grads, params)
-        v = _map(lambda v_, g_: mu * v_ + (1 - mu) * g_, state["v"], g)
-        step = _map(lambda g_, v_: g_ + mu * v_, g, v) if nesterov else v
-        return _map(lambda p, s: p - lr * s, params, step), {"v": v}
-    return train.Optimizer("dampened_momentum", ours.init, update, dict(ours.hyper))
-
-
-@functools.lru_cache(maxsize=None)
-def no_lookahead() -> train.Optimizer:
-    """Nesterov's buffer with the heavy-ball step: θ ← θ − lr·v instead of θ − lr·(g + μv)."""
-    ours = train.nesterov()
-    mu = ours.hyper["momentum"]
-
-    def update(params, grads, state, lr):
-        v = _map(lambda v_, g: mu * v_ + g, state["v"], grads)
-        return _map(lambda p, v_: p - lr * v_, params, v), {"v": v}
-    return train.Optimizer("no_lookahead", ours.init, update, dict(ours.hyper))
-
-
-@functools.lru_cache(maxsize=None)
-def learning_rate_twice(recipe: str) -> train.Optimizer:
-    """The recipe with the learning rate applied twice: θ moves by lr²·(its step)."""
-    ours = _check_recipe(recipe)
-    return train.Optimizer("learning_rate_twice", ours.init,
-                           lambda params, grads, state, lr: ours.update(params, grads, state, lr * lr),
-                           dict(ours.hyper))
-
-
-@functools.lru_cache(maxsize=None)
-def skip_tensor(recipe: str, name: str) -> train.Optimizer:
-    """The recipe's step on every tensor but `name`, which (with its buffer) stays as it was."""
-    ours = _check_recipe(recipe)
-
-    def update(params, grads, state, lr):
-        new, new_state = ours.update(params, grads, state, lr)
-        new = {k: params[k] if k == name else v for k, v in new.items()}
-        if "v" in new_state:
-            new_state = dict(new_state, v={k: state["v"][k] if k == name else v for k, v in new_state["v"].items()})
-        return new, new_state
-    return train.Optimizer("skip_tensor", ours.init, update, dict(ours.hyper))
+        if name == "decoupled_weight_decay":     # the heavy ball without decay, then θ ← θ − lr·wd·θ
+            new, state = without_decay(params, grads, state, lr)
+            return {k: new[k] - lr * wd * params[k] for k in new}, state
+        if name == "dampened_momentum":          # the rule fed (1 − μ)·g, its decay scaled alike
+            return dampened.update(params, {k: (1 - mu) * g for k, g in grads.items()}, state, lr)
+        if name == "no_lookahead":               # Nesterov's buffer stepped as the heavy ball: θ ← θ − lr·v
+            return without_decay(params, grads, state, lr)
+        if name == "learning_rate_twice":
+            return ours.update(params, grads, state, lr * lr)
+        new, new_state = ours.update(params, grads, state, lr)   # skip_tensor: it and its buffer stay
+        return keep(params, new), {g: keep(state[g], tree) for g, tree in new_state.items()}
+    return train.Optimizer(name, ours.init, update, dict(ours.hyper))
 
 
 @dataclass(frozen=True, eq=False)
@@ -229,53 +193,27 @@ class UnbiasedRunningVariance(Net):
         return stats
 
 
-@functools.lru_cache(maxsize=None)   # one definition per net: its compiled steps are reused
+@functools.lru_cache(maxsize=None)
 def unbiased_running_variance(net: Net) -> UnbiasedRunningVariance:
     return UnbiasedRunningVariance(**{f.name: getattr(net, f.name) for f in dataclasses.fields(Net)})
 
 
-def controls(net, recipe: str, *, skip: Optional[str] = None) -> list[StepControl]:
-    """The must-fail controls of `recipe`'s step: each a rendered step with one mistake a hand-written
-    optimizer or BatchNorm commonly has. `skip`: the tensor the skipping step leaves out (default:
-    a BatchNorm β in the middle of the net)."""
-    _check_recipe(recipe)
+def control(net, recipe: str, name: str, *, skip: Optional[str] = None) -> StepControl:
+    """The must-fail control `name` of `recipe`'s step (CONTROLS): a rendered step with one mistake a
+    hand-written optimizer or BatchNorm commonly has. `skip`: the tensor skip_tensor leaves out
+    (default: a BatchNorm β in the middle of the net)."""
+    ours = _check_recipe(recipe)
     net = as_net(net)
+    names = [n for n, (recipes, _) in CONTROLS.items() if recipe in recipes]
+    if name not in names:
+        raise ValueError(f"control {name!r} for {recipe}: expected one of {', '.join(names)}")
+    if name == "unbiased_running_variance":
+        return StepControl(name, CONTROLS[name][1], unbiased_running_variance(net), ours)
     if skip is None:
         shapes = {s.name: s.shape for s in net.param_specs(net.cfg())}
         betas = [n for n in shapes if is_beta(n, shapes)]
         skip = betas[len(betas) // 2]
-    out = []
-    if recipe == "heavy-ball":
-        out.append(StepControl("decoupled_weight_decay", "weight decay applied after momentum (decoupled) "
-                               "instead of added to g", net, decoupled_weight_decay()))
-    if recipe != "sgd":
-        out.append(StepControl("dampened_momentum", "the buffer takes (1 − μ)·g (PyTorch dampening = μ)",
-                               net, dampened_momentum(recipe)))
-    if recipe == "nesterov":
-        out.append(StepControl("no_lookahead", "θ ← θ − lr·v: Nesterov's look-ahead g + μv dropped",
-                               net, no_lookahead()))
-    out += [StepControl("learning_rate_twice", "the learning rate applied twice (θ moves by lr²·step)",
-                        net, learning_rate_twice(recipe)),
-            StepControl("skip_tensor", f"the step leaves {skip} as it was", net, skip_tensor(recipe, skip)),
-            StepControl("unbiased_running_variance", "running_var averages M/(M−1)·σ² (unbiased) instead "
-                        "of the biased σ²", unbiased_running_variance(net), train.make_optimizer(recipe))]
-    return out
-
-
-def control(net, recipe: str, name: str, **kwargs) -> StepControl:
-    """The control `name` of `recipe`'s step (`controls`), or a ValueError naming the ones there are."""
-    found = {c.name: c for c in controls(net, recipe, **kwargs)}
-    if name not in found:
-        raise ValueError(f"control {name!r} for {recipe}: expected one of {', '.join(found)}")
-    return found[name]
-
-
-def random_gradients(params: Mapping, steps: int, *, seed: int = 0) -> list[dict]:
-    """`steps` gradients shaped like `params`, entries N(0, 1): inputs for `rule_difference`."""
-    steps = data_._positive_int("step.random_gradients", "steps", steps)
-    rng = np.random.default_rng(seed)
-    return [{k: jnp.asarray(rng.standard_normal(np.shape(v)).astype(jnp.result_type(v))) for k, v in params.items()}
-            for _ in range(steps)]
+    return StepControl(name, CONTROLS[name][1].format(skip=skip), net, _planted_rule(recipe, name, skip))
 
 
 # ---- the reference run: optax on autodiff gradients ---------------------------------------------
@@ -287,8 +225,7 @@ def _reference_running(running, bn_inputs, count, per_example: bool):
     for name, c in bn_inputs.items():
         axes = (2, 3) if per_example else (0, 2, 3)
         mean = jnp.mean(c, axis=axes, keepdims=True)
-        var = jnp.mean(jnp.square(c - mean), axis=axes)
-        mean = jnp.squeeze(mean, axis=axes)
+        mean, var = jnp.squeeze(mean, axis=axes), jnp.mean(jnp.square(c - mean), axis=axes)
         if per_example:
             mean, var = jnp.mean(mean, axis=0), jnp.mean(var, axis=0)
         for stat, b in (("running_mean", mean), ("running_var", var)):
@@ -307,18 +244,16 @@ def _reference_step(net: Net, cfg, recipe: str, lr: float, alpha: float, params,
     _, saved = net.forward(at, x, cfg)
     bn_inputs = {name: layer.c for name, layer in net.bn_layers(saved).items()}
     updates, opt_state = _optax_rule(recipe, lr)[0].update(g, opt_state, params)
-    per_example = getattr(cfg, "bn", "batch") == "example"
     return (optax.apply_updates(params, updates), opt_state,
-            _reference_running(running, bn_inputs, count, per_example), loss)
+            _reference_running(running, bn_inputs, count, getattr(cfg, "bn", "batch") == "example"), loss)
 
 
-def _evaluation(kind: Optional[str], params, x, targets, key):
-    """(params, x, targets) where a run takes its gradient at one step: the point itself (kind None),
-    the batch reversed, or the parameters and images nudged by one unit roundoff (a fresh
-    `envelope.samples` draw every step)."""
-    if kind is None:
+def _evaluation(label: Optional[str], params, x, targets, key):
+    """(params, x, targets) where a run takes its gradient at one step: the point itself (label None),
+    the batch reversed, or parameters and images nudged by one unit roundoff (`envelope.samples`)."""
+    if label is None:
         return params, x, targets
-    if kind == "batch reversed":
+    if label == "batch reversed":
         (s,) = env_.samples({"x": x, "targets": targets}, dtype="float64", key=key, batched=("x", "targets"),
                             nudges=0)
         return params, to_device(s.values["x"]), to_device(s.values["targets"])
@@ -327,13 +262,8 @@ def _evaluation(kind: Optional[str], params, x, targets, key):
     return tree_to_device(s.values["params"]), to_device(s.values["x"]), targets
 
 
-def _max_abs_diff(a: Mapping, b: Mapping) -> dict[str, float]:
-    return {k: float(np.max(np.abs(np.asarray(a[k]) - np.asarray(b[k])))) for k in b}
-
-
 class StepState(NamedTuple):
-    """One run after one step: the parameters, the momentum buffer (None without one), the running
-    statistics and the step's loss."""
+    """One run after one step (or, in an envelope, each leaf's largest distance from the reference)."""
     params: dict
     momentum: Optional[dict]
     running: dict
@@ -348,43 +278,11 @@ class StepReference:
     lr: float
     label_smoothing: float
     states: list[StepState]                    # after step 1, 2, …
-    envelopes: list[dict[str, dict[str, float]]]   # per step: group -> tensor -> max |sample − reference|
-    evaluations: tuple[str, ...]               # what each envelope run's gradients were
+    envelopes: list[StepState]                 # per step, each leaf: max |sample − reference|
     bn_cells: dict[str, int]
     zero_at_start: frozenset                   # conv biases that start (and, in ℝ, stay) at 0
-    batches: list = field(repr=False, default_factory=list)   # the (x, targets) of each step, float64
-    start: dict = field(repr=False, default_factory=dict)     # θ₀, float64
-
-    @property
-    def steps(self) -> int:
-        return len(self.states)
-
-
-def _float64(tree):
-    return {k: to_device(v, np.float64) for k, v in tree.items()}
-
-
-def _checked_batches(op: str, batches, cfg) -> list[tuple[jax.Array, jax.Array]]:
-    if not batches:
-        raise ValueError(f"{op}: batches must hold at least one (x, targets) pair, one per step")
-    out = []
-    for i, b in enumerate(batches):
-        if len(b) != 2:
-            raise ValueError(f"{op}: batch {i} must be an (x, targets) pair")
-        x = to_device(b[0], np.float64)
-        if x.ndim != 4:
-            raise ValueError(f"{op}: batch {i}'s images must be [N,3,H,W], got shape {tuple(x.shape)}")
-        t = targets_matrix(jnp.asarray(b[1]), cfg.num_classes, jnp.float64)
-        if t.shape != (x.shape[0], cfg.num_classes):
-            raise ValueError(f"{op}: batch {i}'s targets must be {x.shape[0]} labels or rows of "
-                             f"{cfg.num_classes}, got shape {tuple(jnp.shape(b[1]))}")
-        out.append((x, t))
-    return out
-
-
-def _state_of(params, opt_state_momentum, running, loss) -> StepState:
-    return StepState(dict(params), None if opt_state_momentum is None else dict(opt_state_momentum),
-                     dict(running), float(loss))
+    batches: list                              # the (x, targets) of each step, float64
+    start: dict                                # θ₀, float64
 
 
 def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "heavy-ball",
@@ -397,9 +295,7 @@ def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str =
     taken at parameters and images nudged by one unit roundoff (fresh every step)."""
     op = "step.reference_run"
     net = as_net(net)
-    if not jax.config.jax_enable_x64:
-        raise ValueError(f"{op}: the step tie runs in float64: it needs jax_enable_x64 "
-                         f"(jax.config.update('jax_enable_x64', True))")
+    need_x64(op)
     if cfg.bf16:
         raise ValueError(f"{op}: the step tie is float64; cfg.bf16 must be False")
     _check_recipe(recipe)
@@ -407,70 +303,57 @@ def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str =
     if not lr > 0:
         raise ValueError(f"{op}: lr must be positive, got {lr!r}")
     alpha = train.default_label_smoothing(net) if label_smoothing is None else float(label_smoothing)
-    batches = _checked_batches(op, batches, cfg)
-    p64 = _float64(params)
+    if not batches:
+        raise ValueError(f"{op}: batches must hold at least one (x, targets) pair, one per step")
+    batches = [(to_device(x, np.float64), head.as_targets(f"{op}: batch {i}", t, np.shape(x)[0], cfg.num_classes,
+                                                          jnp.float64)) for i, (x, t) in enumerate(batches)]
+    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
     tx = _optax_rule(recipe, lr)[0]
     key = jax.random.key(0) if key is None else key
 
-    def run(kind: Optional[str], r: int = 0):
-        """The states after each step of one run (a generator): the reference (kind None), the
-        batch reversed, or the r-th run of nudges."""
-        q, s, running = p64, tx.init(p64), dict(net.init_running(p64, cfg))
+    def run(label: Optional[str], r: int = 0) -> list[StepState]:
+        """The states after each step of one run: the reference (label None), the batch reversed, or
+        the r-th run of nudges."""
+        q, s, running, out = p64, tx.init(p64), dict(net.init_running(p64, cfg)), []
         for t, (x, targets) in enumerate(batches):
-            at, xs, ts = _evaluation(kind, q, x, targets, jax.random.fold_in(jax.random.fold_in(key, r), t))
+            at, xs, ts = _evaluation(label, q, x, targets, jax.random.fold_in(jax.random.fold_in(key, r), t))
             q, s, running, loss = _reference_step(net, cfg, recipe, lr, alpha, q, at, s, running, jnp.asarray(t),
                                                   xs, ts)
-            q = {k_: q[k_] for k_ in p64}
-            yield _state_of(q, optax_trace(s), running, loss)
+            q, trace = {k: q[k] for k in p64}, optax_trace(s)
+            out.append(StepState(q, None if trace is None else {k: trace[k] for k in p64}, dict(running),
+                                 float(loss)))
+        return out
 
     n = batches[0][0].shape[0]
     runs = ([("batch reversed", 0)] if n > 1 else []) + [(f"nudge {r + 1} (u = 2^-53)", r + 1)
                                                         for r in range(nudges + (n == 1))]
-    shown = bar(desc="step tie: reference and envelope runs", total=len(runs) + 1, enabled=progress)
-    states = list(run(None))
-    shown.update(1)
-    envelopes = [{g: {} for g in GROUPS} for _ in states]
-    for label, r in runs:
-        kind = label if label == "batch reversed" else "nudge"
-        for t, (mine, ref) in enumerate(zip(run(kind, r), states)):
-            env = envelopes[t]
-            for group in ("params", "momentum", "running"):
-                a, b = getattr(mine, group), getattr(ref, group)
-                if b is None:
-                    continue
-                for name, d in _max_abs_diff(a, b).items():
-                    env[group][name] = max(env[group].get(name, 0.0), d)
-            env["loss"]["loss"] = max(env["loss"].get("loss", 0.0), abs(mine.loss - ref.loss))
-        shown.update(1)
-    shown.close()
+    states = run(None)
+    # one envelope run at a time: each holds the net's parameters and buffer at every step
+    envelopes = env_.spread(states, (run(label, r) for label, r in
+                                     bar(runs, desc="step tie: envelope runs", enabled=progress)))
     zero = frozenset(n_ for n_ in zero_in_reals(p64) if not bool(jnp.any(p64[n_] != 0)))
-    return StepReference(net.name, recipe, lr, alpha, states, envelopes,
-                         ("autodiff (the reference)",) + tuple(label for label, _ in runs),
-                         bn_cells(net, p64, batches[0][0], cfg), zero, batches, p64)
+    return StepReference(net.name, recipe, lr, alpha, states, envelopes, bn_cells(net, p64, batches[0][0], cfg),
+                         zero, batches, p64)
 
 
 # ---- the rendered run and the verdict ------------------------------------------------------------
 
 @dataclass(frozen=True)
 class StepRows:
-    """The verdict of one step: the loss row, then one row per tensor of each group."""
-    step: int                     # 1, 2, …
-    loss: NodeRow
-    params: list[NodeRow]
-    momentum: list[NodeRow]       # empty for plain SGD
-    running: list[NodeRow]
-    moved: int                    # tensors the rendered step changed, of those whose step is not 0 in ℝ
-
-    def groups(self) -> dict[str, list[NodeRow]]:
-        return {"loss": [self.loss], "momentum": self.momentum, "params": self.params, "running": self.running}
-
-    def rows(self) -> list[NodeRow]:
-        return [r for rows in self.groups().values() for r in rows]
+    """One step's `tie.compare` rows by group, in the order a failure is looked for: the loss, the
+    momentum buffer (none for plain SGD), the updated tensors, the running statistics."""
+    step: int                          # 1, 2, …
+    groups: dict[str, list[NodeRow]]
+    moved: int                         # tensors the rendered step changed, of those whose step is not 0 in ℝ
 
     def within(self, group: str) -> tuple[int, int]:
         """(rows of `group` within their limit, rows of `group`) at this step."""
-        rows = self.groups()[group]
+        rows = self.groups[group]
         return sum(r.ok for r in rows), len(rows)
+
+
+def _within_text(counts) -> str:
+    return ", ".join(f"{ok}/{n} {GROUP_NAMES[g]}s" for g, (ok, n) in counts if n)
 
 
 @dataclass
@@ -481,22 +364,23 @@ class StepTieReport:
     lr: float
     label_smoothing: float
     tensors: int                  # the census: tensors the step updates
-    floats: int
     movers: int                   # tensors whose step is not 0 in ℝ (all but conv biases without decay)
     steps: list[StepRows]
     control: Optional[str] = None     # the planted mistake's name (None: the real step)
-    meta: dict[str, Any] = field(default_factory=dict)
 
     def rows(self) -> list[tuple[int, str, NodeRow]]:
-        return [(s.step, g, r) for s in self.steps for g, rows in s.groups().items() for r in rows]
+        """(step, group, row) in the order a failure is looked for: by step and group, the momentum
+        buffer and the updated tensors in backward order (head first)."""
+        return [(s.step, g, r) for s in self.steps for g, rows in s.groups.items()
+                for r in (rows[::-1] if g in ("momentum", "params") else rows)]
 
     @property
     def failed(self) -> list[tuple[int, str, NodeRow]]:
-        return [(t, g, r) for t, g, r in self.rows() if not r.ok]
+        return [row for row in self.rows() if not row[2].ok]
 
     @property
     def ill_conditioned(self) -> list[tuple[int, str, NodeRow]]:
-        return [(t, g, r) for t, g, r in self.rows() if r.ill_conditioned]
+        return [row for row in self.rows() if row[2].ill_conditioned]
 
     @property
     def ok(self) -> bool:
@@ -508,84 +392,36 @@ class StepTieReport:
         return any(not r.ill_conditioned for _, _, r in self.failed)
 
     def first_failure(self) -> Optional[tuple[int, str, NodeRow]]:
-        """The first failing row: by step, then loss, momentum buffer, updated tensors (each in
-        backward order, head first), running statistics."""
-        for s in self.steps:
-            order = [s.loss] + list(reversed(s.momentum)) + list(reversed(s.params)) + s.running
-            groups = ["loss"] + ["momentum"] * len(s.momentum) + ["params"] * len(s.params) + ["running"] * len(s.running)
-            for g, r in zip(groups, order):
-                if not r.ok:
-                    return s.step, g, r
-        return None
-
-    def worst(self) -> tuple[int, str, NodeRow]:
-        return max(self.rows(), key=lambda tgr: tgr[2].rel / tgr[2].limit)
+        return next(iter(self.failed), None)
 
     def counts(self, group: str) -> tuple[int, int]:
         """(rows within their limit at every step, rows per step) of a group."""
-        per_step = [s.groups()[group] for s in self.steps]
-        n = len(per_step[0])
-        ok = sum(all(rows[i].ok for rows in per_step) for i in range(n))
-        return ok, n
+        per_step = [s.groups[group] for s in self.steps]
+        return sum(all(rows[i].ok for rows in per_step) for i in range(len(per_step[0]))), len(per_step[0])
 
     def summary(self) -> str:
         what = self.net if self.control is None else f"{self.net} + {self.control}"
-        line = (f"{self.recipe} step of {what} tied to {self.optax} on autodiff gradients: "
-                f"{self.tensors} tensors, {len(self.steps)} steps, float64")
-        parts = []
-        for g in ("params", "momentum", "running"):
-            ok, n = self.counts(g)
-            if n:
-                parts.append(f"{ok}/{n} {GROUP_NAMES[g]}s")
-        line += "; within their limits at every step: " + ", ".join(parts)
-        line += f", loss {'yes' if self.counts('loss')[0] else 'NO'}"
-        t, g, w = self.worst()
-        line += f"; worst {w.rel / w.limit:.2g} of its limit (step {t}, {GROUP_NAMES[g]} {w.name})"
+        t, g, w = max(self.rows(), key=lambda row: row[2].ratio)
+        line = (f"{self.recipe} step of {what} tied to {self.optax} on autodiff gradients: {self.tensors} tensors, "
+                f"{len(self.steps)} steps, float64; within their limits at every step: "
+                f"{_within_text((g_, self.counts(g_)) for g_ in ('params', 'momentum', 'running'))}, "
+                f"loss {'yes' if self.counts('loss')[0] else 'NO'}; worst {w.ratio:.2g} of its limit (step {t}, "
+                f"{GROUP_NAMES[g]} {w.name})")
         if self.ill_conditioned:
             t, g, r = self.ill_conditioned[0]
             line += f"; {len(self.ill_conditioned)} rows too ill-conditioned to judge (first: step {t}, {r.name})"
-        first = self.first_failure()
-        if first:
-            t, g, r = first
-            line += (f"; first to break: step {t}, {GROUP_NAMES[g]} {r.name} (err {r.rel:.1e} > limit "
-                     f"{r.limit:.1e})")
+        if self.failed:
+            t, g, r = self.first_failure()
+            line += f"; first to break: step {t}, {GROUP_NAMES[g]} {r.name} (err {r.rel:.1e} > limit {r.limit:.1e})"
         return line
 
     def verdict_lines(self) -> list[str]:
         """One line per step: counts within their limits (stable text: no error sizes)."""
-        lines = []
-        for s in self.steps:
-            parts = [f"{ok}/{n} {GROUP_NAMES[g]}s" for g in ("params", "momentum", "running")
-                     for ok, n in [s.within(g)] if n]
-            still = (f" (the other {self.tensors - self.movers} are conv biases behind BatchNorm: their "
-                     f"step is 0 in ℝ)" if self.movers < self.tensors else "")
-            lines.append(f"step {s.step}: {s.moved}/{self.movers} tensors moved{still}; within their limits: "
-                         f"{', '.join(parts)}, loss {'yes' if s.loss.ok else 'NO'}")
-        return lines
-
-    def table(self, step: Optional[int] = None) -> str:
-        head_ = f"{'step':>4} {'group':<9} {'tensor':<36} {'M':>6} {'envelope':>9} {'limit':>8} {'rel err':>9} {'err/lim':>8}  ok"
-        lines = [head_, "-" * len(head_)]
-        for t, g, r in self.rows():
-            if step is not None and t != step:
-                continue
-            verdict = "ILL" if r.ill_conditioned else ("yes" if r.ok else "NO")
-            lines.append(f"{t:>4} {g:<9} {r.name:<36} {r.cells if r.cells else '-':>6} {r.envelope:9.1e} "
-                         f"{r.limit:8.1e} {r.rel:9.1e} {r.rel / r.limit:8.2g}  {verdict}")
-        return "\n".join(lines)
-
-    def as_dict(self) -> dict[str, Any]:
-        return {"net": self.net, "recipe": self.recipe, "optax": self.optax, "lr": self.lr,
-                "label_smoothing": self.label_smoothing, "tensors": self.tensors, "floats": self.floats,
-                "movers": self.movers,
-                "control": self.control, "ok": self.ok, "summary": self.summary(), **self.meta,
-                "rows": [{"step": t, "group": g, "name": r.name, "err": r.err, "scale": r.scale,
-                          "rel": r.rel, "limit": r.limit, "envelope": r.envelope, "ok": r.ok,
-                          "ill_conditioned": r.ill_conditioned} for t, g, r in self.rows()]}
-
-
-def _changed(a: Mapping, b: Mapping) -> dict[str, bool]:
-    return {k: bool(np.any(np.asarray(a[k]) != np.asarray(b[k]))) for k in b}
+        still = (f" (the other {self.tensors - self.movers} are conv biases behind BatchNorm: their step is 0 in "
+                 f"ℝ)" if self.movers < self.tensors else "")
+        return [f"step {s.step}: {s.moved}/{self.movers} tensors moved{still}; within their limits: "
+                f"{_within_text((g, s.within(g)) for g in ('params', 'momentum', 'running'))}, "
+                f"loss {'yes' if s.within('loss')[0] else 'NO'}" for s in self.steps]
 
 
 def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "heavy-ball",
@@ -593,66 +429,51 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
              reference: Optional[StepReference] = None, control: Optional[StepControl] = None,
              key: Optional[jax.Array] = None, factor: float = tol.STEP_TIE_FACTOR,
              progress: bool = False) -> StepTieReport:
-    """The rendered train step (`train.make_step`, grads="rendered") taken `len(batches)` times from
-    `params`, tied after every step to optax's `recipe` on autodiff gradients (`reference_run`):
-    every updated tensor, the momentum buffer, the running statistics and the loss, each within
-    max(factor × its envelope, 1e-10) of the reference (`tie.compare`).
-
-    `reference`: a `reference_run` to share (the controls of one run). `control`: a `StepControl`
-    whose net and update rule replace the real ones on the rendered side.
+    """The rendered train step (`train.make_step`) taken `len(batches)` times from `params`, tied after
+    every step to optax's `recipe` on autodiff gradients (`reference_run`, or `reference` when the
+    controls of one run share it): every updated tensor, the momentum buffer, the running statistics
+    and the loss. `control`: a `StepControl` whose net and update rule replace the real ones.
 
     Lean: `r34_net_tiedB` (110 tensors; 146 at convBias := true), `cifar8Bbn_train_step_tiedB` (38).
     Shown in: Training with the rendered step.
     """
-    op = "step.tie_step"
     net = as_net(net)
     if reference is None:
         reference = reference_run(net, params, batches, cfg, recipe=recipe, lr=lr,
                                   label_smoothing=label_smoothing, key=key, progress=progress)
     elif reference.recipe != recipe or (lr is not None and float(lr) != reference.lr):
-        raise ValueError(f"{op}: the shared reference ran {reference.recipe} at lr {reference.lr}, "
+        raise ValueError(f"step.tie_step: the shared reference ran {reference.recipe} at lr {reference.lr}, "
                          f"not {recipe} at lr {lr}")
-    opt = train.make_optimizer(recipe) if control is None else control.optimizer
-    stepper = net if control is None else control.net
+    ours = train.make_optimizer(recipe)
+    opt, stepper = (ours, net) if control is None else (control.optimizer, control.net)
     # a control's step runs once per batch: LLVM's optimisation off halves its compile (rendered.QUICK)
     step = train.make_step(stepper, cfg, opt, grads="rendered", label_smoothing=reference.label_smoothing,
                            quick=control is not None)
     state = train.init_state(stepper, cfg, reference.start, opt)
-    cells_of = {name: reference.bn_cells[b] for name in reference.start
-                if (b := bn_of(name, reference.bn_cells)) is not None}
-    conv_biases = zero_in_reals(reference.start)
+    start, cells = reference.start, reference.bn_cells
+    cells_of = {name: cells[b] for name in start if (b := bn_of(name, cells)) is not None}
+    conv_biases = zero_in_reals(start)
     # a conv bias behind BatchNorm has gradient 0 in ℝ: it moves only by weight decay, if it is not 0
-    decay = train.make_optimizer(recipe).hyper.get("weight_decay", 0.0)
-    movers = [n for n in reference.start if n not in conv_biases
-              or (decay and bool(np.any(np.asarray(reference.start[n]) != 0)))]
-    out = []
+    decay = ours.hyper.get("weight_decay", 0.0)
+    movers = [n for n in start if n not in conv_biases or (decay and bool(np.any(np.asarray(start[n]) != 0)))]
+    judge = functools.partial(compare, factor=factor, floor=tol.REL_F64)
+    steps = []
     for t, ((x, targets), ref, env) in enumerate(zip(reference.batches, reference.states, reference.envelopes)):
         before = state.params
         state, metrics = step(state, x, targets, reference.lr)
-        params_rows = compare(state.params, ref.params, envelope=env["params"], factor=factor,
-                              floor=tol.REL_F64, zero_nodes=reference.zero_at_start, cells=cells_of,
-                              loss=(metrics["loss"], ref.loss), loss_envelope=env["loss"].get("loss", 0.0))
-        momentum_rows = []
-        if ref.momentum is not None:
-            if "v" not in state.opt_state:
-                raise ValueError(f"{op}: the recipe keeps a momentum buffer, the rendered optimizer "
-                                 f"{opt.name!r} keeps none ('v')")
-            # a conv bias's buffer is wd·θ plus a gradient that is 0 in ℝ: its round-off is on the
-            # scale of the net's gradient, not of itself
-            momentum_rows = compare(state.opt_state["v"], ref.momentum, envelope=env["momentum"],
-                                    factor=factor, floor=tol.REL_F64, zero_nodes=conv_biases, cells=cells_of)
-        running_cells = {name: reference.bn_cells[name.rsplit(".", 1)[0]] for name in ref.running}
-        running_rows = compare(state.running, ref.running, envelope=env["running"], factor=factor,
-                               floor=tol.REL_F64, cells=running_cells)
-        changed = _changed(state.params, before)
-        moved = sum(changed[n] for n in movers)
-        out.append(StepRows(t + 1, params_rows[0], params_rows[1:], momentum_rows, running_rows, moved))
-    sizes = [int(np.prod(np.shape(v))) for v in reference.start.values()]
+        params_rows = judge(state.params, ref.params, envelope=env.params, zero_nodes=reference.zero_at_start,
+                            cells=cells_of, loss=(metrics["loss"], ref.loss), loss_envelope=env.loss)
+        # a conv bias's buffer is wd·θ plus a gradient that is 0 in ℝ: its round-off is on the scale
+        # of the net's gradient, not of itself
+        momentum_rows = [] if ref.momentum is None else judge(
+            state.opt_state["v"], ref.momentum, envelope=env.momentum, zero_nodes=conv_biases, cells=cells_of)
+        running_rows = judge(state.running, ref.running, envelope=env.running,
+                             cells={name: cells[name.rsplit(".", 1)[0]] for name in ref.running})
+        moved = sum(bool(np.any(np.asarray(state.params[n]) != np.asarray(before[n]))) for n in movers)
+        steps.append(StepRows(t + 1, {"loss": params_rows[:1], "momentum": momentum_rows,
+                                      "params": params_rows[1:], "running": running_rows}, moved))
     return StepTieReport(reference.net, recipe, optax_text(recipe), reference.lr, reference.label_smoothing,
-                         len(sizes), sum(sizes), len(movers), out, None if control is None else control.name,
-                         {"evaluations": list(reference.evaluations), "factor": factor,
-                          "bn_cells": reference.bn_cells,
-                          "breaks": None if control is None else control.breaks})
+                         len(start), len(movers), steps, None if control is None else control.name)
 
 
 # ---- the photos a user would step on ------------------------------------------------------------
@@ -660,9 +481,6 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
 def photo_batches(steps: int, batch: int, image_size: int, *, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
     """`steps` batches of photo crops (float64) with their labels, the photo each was cut from
     (`data.photo_labels`, K = 7)."""
-    op = "step.photo_batches"
-    steps, batch = data_._positive_int(op, "steps", steps), data_._positive_int(op, "batch", batch)
     x, labels = data_.photo_labels(steps * batch, image_size, seed=seed, dtype=np.float64)
-    order = np.random.default_rng(seed).permutation(len(labels))   # mix the photos across batches
-    x, labels = x[order], labels[order]
-    return [(x[i * batch:(i + 1) * batch], labels[i * batch:(i + 1) * batch]) for i in range(steps)]
+    order = np.random.default_rng(seed).permutation(steps * batch)   # mix the photos across batches
+    return [(x[part], labels[part]) for part in np.split(order, steps)]

@@ -27,20 +27,19 @@ FLOOR = 1e-8   # err/limit of an exact agreement (error 0), drawn at the bottom 
 def figure_sweep(report: SweepReport) -> plt.Figure:
     """The worst row's error over its limit at every split R × N, against R·N: all under 1."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
-    rs = sorted({r.replicas for r in report.rows})
-    for i, rep in enumerate(rs):
-        rows = [r for r in report.rows if r.replicas == rep]
-        ax.semilogy([r.global_batch for r in rows], [max(r.ratio, FLOOR) for r in rows], "o-", ms=6,
+    points = [(t.meta["replicas"], t.meta["per_replica"], max(t.worst().ratio, FLOOR)) for t in report.ties]
+    for i, rep in enumerate(sorted({r for r, _, _ in points})):
+        rows = [(r * n, n, ratio) for r, n, ratio in points if r == rep]
+        ax.semilogy([b for b, _, _ in rows], [ratio for _, _, ratio in rows], "o-", ms=6,
                     color=SYNC_SHADES[min(i + 1, len(SYNC_SHADES) - 1)], label=f"R = {rep} replicas")
-        for r in rows:
-            ax.annotate(f"N = {r.per_replica}", (r.global_batch, max(r.ratio, FLOOR)), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")
+        for b, n, ratio in rows:
+            ax.annotate(f"N = {n}", (b, ratio), fontsize=7, xytext=(4, 4), textcoords="offset points")
     ax.axhline(1.0, color=CONTROL_COLOR, ls="--", lw=1, label="limit (10 × the point's envelope)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch R·N (the single-device batch each split is tied to)")
     ax.set_ylabel("worst row: error / limit")
     ax.set_title(f"{report.net}: every split R × N ties to one device at R·N")
-    ax.set_ylim(min(FLOOR, min(r.ratio for r in report.rows) / 3), 10)
+    ax.set_ylim(min(FLOOR, min(t.worst().ratio for t in report.ties) / 3), 10)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
     return fig

@@ -33,9 +33,9 @@ def fold_row(steps, example: int = 0) -> plt.Figure:
 def fold_ties(tables: dict, limit: float,
               title: str = "The six kit ops equal ∂/∂z of the mean smoothed cross-entropy; "
                            "each planted bug goes red") -> plt.Figure:
-    """Relative error against autodiff per row of labelled `checks.head.TieTable`s; rows over the
+    """Relative error against autodiff per row of labelled `checks.head.HeadTies`; rows over the
     limit (the planted bugs) in red, exact zeros at the left edge."""
-    rows = [(f"{name}: {t.label}", t.rel, t.ok) for name, table in tables.items() for t in table.ties]
+    rows = [(f"{name}: {r.name}", r.rel, r.ok) for name, table in tables.items() for r in table.rows]
     floor = 1e-18
     fig, ax = plt.subplots(figsize=(FIGSIZE[0], 1.0 + 0.26 * len(rows)))
     y = np.arange(len(rows))[::-1]

@@ -113,17 +113,17 @@ def step_tie(ties: Sequence, controls: Sequence = ()) -> plt.Figure:
         ctrl = controls[k] if k < len(controls) else None
         offset, ticks = 0, []
         for group, label, marker in STEP_GROUPS:
-            n = len(rep.steps[0].groups()[group])
+            n = len(rep.steps[0].groups[group])
             if n == 0:
                 continue
             x = offset + np.arange(n)
             for i, s in enumerate(rep.steps):
                 shade = 0.35 + 0.65 * i / max(len(rep.steps) - 1, 1)
-                y = [max(r.rel / r.limit, floor) for r in s.groups()[group]]
+                y = [max(r.rel / r.limit, floor) for r in s.groups[group]]
                 ax.semilogy(x, y, marker, ms=3, color=OK_COLOR, alpha=shade, mfc="none" if i == 0 else OK_COLOR,
                             label=f"step {s.step}" if group == "params" else None)
             if ctrl is not None:
-                worst = np.max([[r.rel / r.limit for r in s.groups()[group]] for s in ctrl.steps], axis=0)
+                worst = np.max([[r.rel / r.limit for r in s.groups[group]] for s in ctrl.steps], axis=0)
                 ax.semilogy(x, np.maximum(worst, floor), "x", ms=3, color=CONTROL_COLOR,
                             label=f"control: {ctrl.control} (worst step)" if group == "params" else None)
             ticks.append((offset + n / 2, f"{label}\n({n})"))
