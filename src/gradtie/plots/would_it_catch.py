@@ -16,7 +16,8 @@ def caught(reports, title: str = "Every planted bug fails its first node by orde
     for rep in reports:
         worst = rep.real.worst()
         rows.append((f"{rep.net}: real chain", worst.rel / worst.limit, OK_COLOR))
-        rows += [(f"{rep.net}: {c.bug}", max(c.ratio, 1e-12), CONTROL_COLOR) for c in rep.caught]
+        # a node of the wrong shape has no ratio (inf): drawn at the axis' end
+        rows += [(f"{rep.net}: {c.bug}", min(max(c.ratio, 1e-12), 1e13), CONTROL_COLOR) for c in rep.caught]
     fig, ax = plt.subplots(figsize=(FIGSIZE[0], 1.0 + 0.22 * len(rows)))
     y = np.arange(len(rows))[::-1]
     ax.barh(y, [r[1] for r in rows], color=[r[2] for r in rows], height=0.7, left=1e-12)
