@@ -1010,13 +1010,6 @@ def kinks(net: Net, cfg, params, nudged, x) -> jax.Array:
     return jnp.asarray(count, jnp.int32)
 
 
-def zero_in_reals(params: Mapping) -> set[str]:
-    """Conv biases (a `.bias` beside a rank-4 `.weight`): every conv of both nets feeds BatchNorm,
-    which subtracts the bias again, so their gradient is 0 in ℝ and pure round-off in floats."""
-    return {name for name in params if name.endswith(".bias")
-            and jnp.ndim(params.get(name[:-len("bias")] + "weight", jnp.zeros(()))) == 4}
-
-
 @jax.jit
 def _squared_norms(a: Params, b: Params) -> tuple[list, list]:
     """Per tensor, Σ(a − b)² and Σb², in the tensors' dtype: one program and one transfer for the

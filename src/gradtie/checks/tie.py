@@ -23,6 +23,7 @@ from .. import reference as reference_
 from .. import tolerances as tol
 from ..host import to_device
 from ..kit import KIT, Kit
+from ..nets.layers import zero_in_reals
 from ..nets.protocol import Net, as_net
 from ..ops import head, maxpool
 from . import envelope as env_
@@ -253,18 +254,6 @@ class TieReport:
                            "bad": r.bad, "ok": r.ok, "ill_conditioned": r.ill_conditioned,
                            "mismatch": r.mismatch}
                           for r in self.rows]}
-
-
-def zero_in_reals(params: dict[str, jax.Array]) -> set[str]:
-    """Conv biases (a `.bias` beside a rank-4 `.weight`): every conv of the nets here feeds
-    BatchNorm, so their gradient is Σ of a BN input cotangent, which is 0 in ℝ."""
-    out = set()
-    for name in params:
-        if name.endswith(".bias"):
-            w = params.get(name[: -len("bias")] + "weight")
-            if w is not None and jnp.ndim(w) == 4:
-                out.add(name)
-    return out
 
 
 def targets_matrix(targets: jax.Array, num_classes: int, dtype) -> jax.Array:

@@ -34,6 +34,13 @@ def dense_specs(name: str, in_features: int, out_features: int) -> list[ParamSpe
             ParamSpec(f"{name}.bias", (out_features,), "zeros")]
 
 
+def zero_in_reals(params) -> set[str]:
+    """Conv biases (a `.bias` beside a rank-4 `.weight`): a conv feeding BatchNorm, which subtracts
+    the bias again, has a bias gradient 0 in ℝ and pure round-off in floats."""
+    return {name for name in params if name.endswith(".bias")
+            and jnp.ndim(params.get(name[:-len("bias")] + "weight", jnp.zeros(()))) == 4}
+
+
 class ConvBNSaved(NamedTuple):
     """What a conv→BN layer's backward reads."""
     x: jax.Array     # conv input: the weight gradient reads it (its shape sizes the input backward)
