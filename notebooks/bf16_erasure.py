@@ -53,6 +53,8 @@
 # float32.
 
 # %%
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -103,7 +105,7 @@ for name, (net, cfg, size) in nets.items():
 # %% tags=["nbval-check-output"]
 cases = bf16.kind_cases(p.seed)
 for c in cases:
-    print(f"{c.label:20} n = {bf16.contraction_length(c.op, c.a.shape, c.b.shape, c.kernel_size):4}: "
+    print(f"{c.name:20} n = {bf16.contraction_length(c.op, c.a.shape, c.b.shape, c.kernel_size):4}: "
           f"identity kind == f32 peer bit for bit: {bf16.case_erasure(c)}")
 assert all(bf16.case_erasure(c) for c in cases)
 
@@ -115,13 +117,13 @@ assert all(bf16.case_erasure(c) for c in cases)
 # needs), which reassociates the sum.
 
 # %% tags=["nbval-check-output"]
-by_label = {c.label: c for c in cases}
-even = {c.label: c for c in bf16.kind_cases(p.seed, size=8)}
+by_label = {c.name: c for c in cases}
+even = {c.name: c for c in bf16.kind_cases(p.seed, size=8)}
 f1, f2e, g1 = by_label["forward s1"], even["forward s2"], by_label["weight grad s1"]
 controls = {
-    "dropped bias": bf16.case_erasure(f1, bf16.drop_bias_forward(f1.a, f1.b, f1.bias, stride=1)),
-    "'SAME' padding, stride 2": bf16.case_erasure(f2e, bf16.same_padding_forward(f2e.a, f2e.b, f2e.bias, stride=2)),
-    "batch sum per example": bf16.case_erasure(g1, bf16.grad_weight_rounded_per_example(g1.a, g1.b, kernel_size=3)),
+    "dropped bias": bf16.case_erasure(f1, bf16.drop_bias_forward(f1)),
+    "'SAME' padding, stride 2": bf16.case_erasure(f2e, bf16.same_padding_forward(f2e)),
+    "batch sum per example": bf16.case_erasure(g1, bf16.grad_weight_rounded_per_example(g1)),
 }
 for label, erased in controls.items():
     print(f"control {label:26}: equals the f32 peer: {erased}")
@@ -165,14 +167,14 @@ assert all(report.ok for report in erasure.values())
 # %% tags=["nbval-check-output"]
 sites, site_rows, chains = {}, {}, {}
 for name, (net, cfg, params, x, t) in points.items():
-    sites[name], chains[name] = bf16.conv_sites(Chain(net), params, x, t, cfg)
+    sites[name], chains[name], _ = bf16.conv_sites(Chain(net), params, x, t, cfg)
     site_rows[name] = bf16.site_rows(sites[name], rounding(cfg))
     same = [r for r in site_rows[name] if r.equal_required]
     per_op = ", ".join(f"{sum(s.op == op for s in sites[name])} {bf16.OP_LABELS[op]}" for op in bf16.OPS)
     print(f"{name}: {len(sites[name])} conv sites ({per_op}); where the kind and the reference run the "
           f"same sums, {sum(r.equal for r in same)}/{len(same)} equal rnd(f32 node at rounded operands)")
     assert all(r.equal for r in same)
-kinds_rounded = {c.label: bf16.case_row(c, conv.round_bf16).equal for c in cases}
+kinds_rounded = {c.name: bf16.case_row(c, conv.round_bf16).equal for c in cases}
 print(f"six kinds with round_bf16: {sum(kinds_rounded.values())}/6 equal")
 assert all(kinds_rounded.values()) or not bf16.same_computation()
 
@@ -182,9 +184,9 @@ assert all(kinds_rounded.values()) or not bf16.same_computation()
 
 # %% tags=["nbval-check-output"]
 wrong = {
-    "result-only rounding": bf16.case_row(f1, conv.round_bf16, bf16.forward_result_only(f1.a, f1.b, f1.bias)),
+    "result-only rounding": bf16.case_row(f1, conv.round_bf16, bf16.forward_result_only(f1)),
     "rounding inside the batch sum": bf16.case_row(
-        g1, conv.round_bf16, bf16.grad_weight_rounded_per_example(g1.a, g1.b, kernel_size=3, rnd=conv.round_bf16)),
+        g1, conv.round_bf16, bf16.grad_weight_rounded_per_example(g1, conv.round_bf16)),
 }
 for label, row in wrong.items():
     print(f"control {label:30}: equals rnd(f32 node at rounded operands): {row.equal}")
@@ -220,9 +222,8 @@ for name, rows in site_rows.items():
     assert inside == len(rows)
 book.glue("bf16_bound", (sum(r.ratio <= 1 for rows in site_rows.values() for r in rows),
                          sum(len(rows) for rows in site_rows.values())), "{}/{} conv nodes of both nets under the bound")
-pos = bf16.kind_cases(p.seed, c=16, positive=True)[0]
-acc = bf16.site_row("bf16 accumulation", "forward", pos.a, pos.b, bf16.forward_bf16_accumulation(pos.a, pos.b),
-                    stride=1, kernel_size=3, rnd=conv.round_bf16)
+pos = dataclasses.replace(bf16.kind_cases(p.seed, c=16, positive=True)[0], name="bf16 accumulation", bias=None)
+acc = bf16.case_row(pos, conv.round_bf16, bf16.forward_bf16_accumulation(pos.a, pos.b))
 print(f"control, bf16 accumulation at n = {acc.n}: under the bound: {acc.ratio <= 1}")
 assert acc.ratio > 1
 
@@ -370,7 +371,7 @@ for name, (net, cfg, params, x, t) in points.items():
 for name, rows in distance.items():
     ratios = np.array([r.ratio for r in rows])
     rel = np.array([r.rel for r in rows])
-    spread = np.median([r.envelope / r.scale for r in rows if r.scale > 0])
+    spread = np.median([r.envelope for r in rows])
     print(f"{name}: |bf16 − f32| / max|f32| median {np.median(rel):.2f}, max {rel.max():.2f}; "
           f"over the 2⁻⁸ spread median {np.median(ratios):.2f}, max {ratios.max():.2f}; the spread itself "
           f"median {spread:.2f} of the node")
@@ -451,7 +452,7 @@ typed = bf16.hlo_typed_kind(probe, points["cifar8"][2]["conv1.weight"])
 print(cast.summary())
 print(nearest.summary())
 print(typed.summary())
-assert typed.operand_dtypes == ("bf16", "bf16") and typed.result_dtype == "f32" and typed.compiled_bf16 > 0
+assert typed.written == ("bf16", "bf16", "f32") and typed.compiled_bf16 > 0
 assert nearest.converts == [] and nearest.rounds
 if backend == "cpu":
     assert cast.pair_kept and cast.rounds
@@ -462,7 +463,7 @@ if backend == "cpu":
 
 # %%
 print(f"backend: {backend}")
-for facts in (cast.text, typed.compiled):
+for facts in (cast.text, typed.text):
     print("\n".join(line.strip()[:160] for line in facts.splitlines()
                     if " convert(" in line or " convolution(" in line))
     print()

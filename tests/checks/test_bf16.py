@@ -51,7 +51,7 @@ def r34():
 @pytest.fixture(scope="module")
 def c8_sites(c8):
     net, cfg, params, x, t = c8
-    return bf16.conv_sites(Chain(net), params, x, t, cfg)
+    return bf16.conv_sites(Chain(net), params, x, t, cfg)[:2]     # (sites, Rendered)
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def test_sites_cover_every_conv_node(c8_sites):
 
 def test_resnet_sites_cover_every_conv_node(r34):
     net, cfg, params, x, t = r34
-    sites, _ = bf16.conv_sites(Chain(net), params, x, t, cfg)
+    sites = bf16.conv_sites(Chain(net), params, x, t, cfg)[0]
     convs = sorted(name[: -len(".weight")] for name, p in params.items() if p.ndim == 4)
     assert len(convs) == 36
     for op in bf16.OPS:
@@ -124,7 +124,7 @@ def test_every_site_is_rounded_f32_node_and_under_the_bound(c8_check):
 def test_a_planted_conv_backward_fails_its_sites(c8):
     """The sites read the chain's own kit: an unflipped kernel is no rnd(f32 node at rounded operands)."""
     net, cfg, params, x, t = c8
-    sites, _ = bf16.conv_sites(bugs.plant("conv_kernel_not_flipped", net, cfg), params, x, t, cfg)
+    sites = bf16.conv_sites(bugs.plant("conv_kernel_not_flipped", net, cfg), params, x, t, cfg)[0]
     rows = bf16.site_rows([s for s in sites if s.name == "conv5"], rounding(cfg))
     assert [r.ok for r in rows] == [True, False, True]     # forward, input backward, weight grad
 
@@ -133,12 +133,13 @@ def test_a_planted_conv_backward_fails_its_sites(c8):
 def test_bit_identity_is_required_where_kind_and_reference_run_the_same_sums():
     """A tiny deep grid runs as patches · weights on CPU: a product of bf16-typed operands sums in its
     own order, so there the identity is held to the bound only; the f32-carried rounding keeps it."""
-    deep = ("forward", (2, 512, 1, 1), (512, 512, 3, 3), (2, 512, 1, 1), 3)
-    shallow = ("forward", (2, 16, 32, 32), (16, 16, 3, 3), (2, 16, 32, 32), 3)
-    assert bf16.runs_as_product(*deep) and not bf16.runs_as_product(*shallow)
-    assert not bf16.same_computation(*deep, conv.bf16_operand)
-    assert bf16.same_computation(*deep, conv.round_bf16) and bf16.same_computation(*shallow, conv.bf16_operand)
-    assert not bf16.runs_as_product(*deep, "conv")      # the formulation is configuration
+    def forward(c, size, formulation=None):     # a forward site at shapes only
+        x, w = jax.ShapeDtypeStruct((2, c, size, size), jnp.float32), jax.ShapeDtypeStruct((c, c, 3, 3), jnp.float32)
+        return bf16.Site("conv", "forward", x, w, None, x, 1, 3, formulation)
+    deep, shallow = forward(512, 1), forward(16, 32)
+    assert not bf16.same_computation(deep, conv.bf16_operand)
+    assert bf16.same_computation(deep, conv.round_bf16) and bf16.same_computation(shallow, conv.bf16_operand)
+    assert bf16.same_computation(forward(512, 1, "conv"), conv.bf16_operand)      # the formulation is configuration
 
 
 def test_site_bound_is_the_spec_formula():
@@ -154,26 +155,26 @@ def test_site_bound_is_the_spec_formula():
 
 @pytest.fixture(scope="module")
 def cases():
-    return {c.label: c for c in bf16.kind_cases(0)}
+    return {c.name: c for c in bf16.kind_cases(0)}
 
 
 def test_six_kinds_erase_round_and_stay_bounded(cases):
     assert list(cases) == ["forward s1", "input backward s1", "weight grad s1",
                            "forward s2", "input backward s2", "weight grad s2"]
     for c in cases.values():
-        assert bf16.case_erasure(c), c.label
+        assert bf16.case_erasure(c), c.name
         row = bf16.case_row(c, conv.round_bf16)
         assert row.ok, row
 
 
 def test_control_dropped_bias_breaks_erasure(cases):
     c = cases["forward s1"]
-    assert not bf16.case_erasure(c, bf16.drop_bias_forward(c.a, c.b, c.bias, stride=1))
+    assert not bf16.case_erasure(c, bf16.drop_bias_forward(c))
 
 
 def test_control_same_padding_breaks_erasure_on_even_strided():
-    c = {c.label: c for c in bf16.kind_cases(0, size=8)}["forward s2"]
-    assert not bf16.case_erasure(c, bf16.same_padding_forward(c.a, c.b, c.bias, stride=2))
+    c = {c.name: c for c in bf16.kind_cases(0, size=8)}["forward s2"]
+    assert not bf16.case_erasure(c, bf16.same_padding_forward(c))
 
 
 @pytest.mark.parametrize("label", ["weight grad s1", "weight grad s2"])
@@ -181,25 +182,21 @@ def test_control_rounding_inside_the_batch_sum(cases, label):
     """Σ_n rnd(S_n): at identity it reassociates (not the f32 peer's bits), under bf16 it is not
     rnd(f32 node at rounded operands)."""
     c = cases[label]
-    at_identity = bf16.grad_weight_rounded_per_example(c.a, c.b, kernel_size=3, stride=c.stride)
+    at_identity = bf16.grad_weight_rounded_per_example(c)
     assert not bf16.case_erasure(c, at_identity)
-    rounded = bf16.grad_weight_rounded_per_example(c.a, c.b, kernel_size=3, stride=c.stride, rnd=conv.round_bf16)
+    rounded = bf16.grad_weight_rounded_per_example(c, conv.round_bf16)
     assert not bf16.case_row(c, conv.round_bf16, rounded).equal
 
 
 def test_control_result_only_rounding_breaks_the_identity(cases):
     c = cases["forward s1"]
-    assert not bf16.case_row(c, conv.round_bf16, bf16.forward_result_only(c.a, c.b, c.bias)).equal
+    assert not bf16.case_row(c, conv.round_bf16, bf16.forward_result_only(c)).equal
 
 
 def test_control_bf16_accumulation_breaks_the_bound():
-    c = bf16.kind_cases(0, c=16, positive=True)[0]
-    node = bf16.forward_bf16_accumulation(c.a, c.b)
-    row = bf16.site_row("accumulated in bf16", "forward", c.a, c.b, node, stride=1, kernel_size=3,
-                        rnd=conv.round_bf16)
-    assert row.ratio > 1.0
-    assert bf16.case_row(bf16.KindCase("proper", "forward", c.a, c.b, None, 1, 3, c.out_shape),
-                         conv.round_bf16).ratio <= 1.0
+    c = dataclasses.replace(bf16.kind_cases(0, c=16, positive=True)[0], bias=None)
+    assert bf16.case_row(c, conv.round_bf16, bf16.forward_bf16_accumulation(c.a, c.b)).ratio > 1.0
+    assert bf16.case_row(c, conv.round_bf16).ratio <= 1.0
 
 
 def test_the_frozen_reference_conv_is_the_kinds_at_the_chains_decisions(cases):
@@ -216,8 +213,7 @@ def test_the_frozen_reference_conv_is_the_kinds_at_the_chains_decisions(cases):
     wide = lambda a: jnp.asarray(a, jnp.float64)   # noqa: E731
 
     def reference_at(dx_chain):
-        kit = bf16.gradient._frozen_kit({"c": {"x": wide(x), "y": wide(y), "dc": wide(dy), "dx": wide(dx_chain),
-                                               "dw": wide(dw)}})
+        kit = bf16.gradient._frozen_kit({"c": (wide(x), wide(y), wide(dy), wide(dx_chain))}, {"c": wide(dw)})
         value = kit.conv_forward("c", wide(x), wide(w), None, stride=2)[0]
         return value, reference.vjp(lambda x_, w_: kit.conv_forward("c", x_, w_, None, stride=2)[0], wide(x), wide(w),
                                     cotangent=wide(dy))
@@ -356,8 +352,7 @@ def test_cpu_keeps_the_cast_pair_and_the_typed_kind():
     nearest = bf16.hlo_nearest(x)
     assert nearest.converts == [] and nearest.rounds
     typed = bf16.hlo_typed_kind(x, w)
-    assert typed.operand_dtypes == ("bf16", "bf16") and typed.result_dtype == "f32"
-    assert typed.compiled_bf16 > 0
+    assert typed.written == ("bf16", "bf16", "f32") and typed.compiled_bf16 > 0
 
 
 def test_hlo_convert_parser():

@@ -107,53 +107,39 @@ def record(net, params, x, cfg, *, targets=None, label_smoothing: float = 0.0, d
 
 # ---- the oracle: each stage's VJP alone, and its envelope -------------------------------------------
 
-def _stage_fn(stage, cfg, selections):
-    return lambda p, a: stage.forward(p, a, cfg, Pass(selections=selections))[0]
-
-
-@partial(jax.jit, static_argnums=(0, 1, 2))
-def _stage_vjps(net: Net, cfg, names: tuple, params, inputs, dys, selections):
-    out = {}
-    for stage in net.stage_list(cfg):
-        if stage.name in names:
-            sub = {k: params[k] for k in stage.params}
-            out[stage.name] = reference.vjp(_stage_fn(stage, cfg, selections), sub, inputs[stage.name],
-                                            cotangent=dys[stage.name])
-    return out
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _stage_vjps(net: Net, cfg, names: tuple, kit_at, params, inputs, dys, selections, kit_args):
+    how = Pass(kit=KIT if kit_at is None else kit_at(*kit_args), selections=selections)
+    return {s.name: reference.vjp(lambda p, a, s=s: s.forward(p, a, cfg, how)[0], {k: params[k] for k in s.params},
+                                  inputs[s.name], cotangent=dys[s.name])
+            for s in net.stage_list(cfg) if s.name in names}
 
 
 def _tie_stages(net: Net, cfg, names, params, inputs, dys, got: dict, *, dtype: str, key, selections,
-                cells: dict, factor: float, zero_nodes: set) -> list[TieReport]:
+                cells: dict, factor: float, zero_nodes: set, kit_at: Optional[Callable] = None,
+                kit_args: tuple = (None, None)) -> list[TieReport]:
     """One TieReport per stage in `names`: the rendered (grads, dx) in `got` against the stage's
     float64 VJP at the same (exactly widened) input and cotangent, each row within factor × the
-    stage's envelope."""
+    stage's envelope. kit_at(*kit_args): the kit the stages' forwards run through (None: KIT);
+    kit_args: (arrays batched on axis 0, the rest), reversed with the batch, never nudged."""
     names = tuple(names)
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-    i64 = {k: to_device(inputs[k], np.float64) for k in names}
-    d64 = {k: to_device(dys[k], np.float64) for k in names}
-    ref = _stage_vjps(net, cfg, names, p64, i64, d64, selections)
-    values = {"params": p64, "inputs": i64, "dys": d64}
-    if selections is not None:
-        values["selections"] = selections
+    values = {"params": params, "inputs": {k: inputs[k] for k in names}, "dys": {k: dys[k] for k in names},
+              "selections": selections, "kit_batched": kit_args[0], "kit_fixed": kit_args[1]}
+    vjps = lambda v: _stage_vjps(net, cfg, names, kit_at, v["params"], v["inputs"], v["dys"],  # noqa: E731
+                                 v["selections"], (v["kit_batched"], v["kit_fixed"]))
+    ref = vjps({k: tree_to_device(v, None if k == "selections" else np.float64) for k, v in values.items()})
     outputs, labels = [], []
     for s in env_.samples(values, dtype=dtype, key=key, nudged=("params", "inputs", "dys"),
-                          batched=("inputs", "dys", "selections")):
-        v = s.values
-        sel = None if selections is None else tree_to_device(v["selections"])
-        out = _stage_vjps(net, cfg, names, tree_to_device(v["params"]), tree_to_device(v["inputs"]),
-                          tree_to_device(v["dys"]), sel)
-        outputs.append({k: (g, env_.unorder(dx, s.order)) for k, (g, dx) in out.items()})
+                          batched=("inputs", "dys", "selections", "kit_batched")):
+        outputs.append({k: (g, env_.unorder(dx, s.order)) for k, (g, dx) in vjps(tree_to_device(s.values)).items()})
         labels.append(s.label)
     worst = env_.spread(ref, outputs)
     floor = tol.FLOORS[np.dtype(dtype).name]
-    lean = net.stage_lean
     kinds = {st.name: st for st in net.stage_list(cfg)}
     reports = []
     for name in names:
         stage = kinds[name]
-        g_r, dx_r = got[name]
-        g_o, dx_o = ref[name]
-        g_w, dx_w = worst[name]
+        (g_r, dx_r), (g_o, dx_o), (g_w, dx_w) = got[name], ref[name], worst[name]
         rows = compare({k: g_r[k] for k in stage.params}, {k: g_o[k] for k in stage.params},
                        envelope={**g_w, "input": dx_w}, factor=factor, floor=floor,
                        zero_nodes=zero_nodes & set(stage.params), dx=(dx_r, dx_o),
@@ -161,9 +147,24 @@ def _tie_stages(net: Net, cfg, names, params, inputs, dys, got: dict, *, dtype: 
                        shapes={k: tuple(np.shape(params[k])) for k in stage.params} | {"input": tuple(np.shape(dx_o))})
         cot = float(np.max(np.abs(np.asarray(dys[name], np.float64))))
         reports.append(TieReport(name, np.dtype(dtype).name, rows, 0.0, 0.0,
-                                 meta={"kind": stage.kind, "lean": lean.get(stage.kind, ""), "cotangent_max": cot,
-                                       "envelope_evaluations": labels, "factor": factor}))
+                                 meta={"kind": stage.kind, "lean": net.stage_lean.get(stage.kind, ""),
+                                       "cotangent_max": cot, "envelope_evaluations": labels, "factor": factor}))
     return reports
+
+
+def _ties(net: Net, cfg, rec: Record, *, dtype: str, key, factor: float, selections, cells: dict,
+          kit_at: Optional[Callable] = None, kit_args: tuple = (None, None)):
+    """Every stage of a recorded chain tied at the cotangent it was handed (`_tie_stages`), and its
+    loss cotangent when it starts from the loss -> (stage reports, loss-cotangent report or None)."""
+    stage_list = net.stage_list(cfg)
+    got = {s.name: ({k: rec.grads[k] for k in s.params}, rec.handed_on(s.name)) for s in stage_list}
+    reports = _tie_stages(net, cfg, [s.name for s in stage_list], rec.params, rec.inputs, rec.cotangents, got,
+                          dtype=dtype, key=key, selections=selections, cells=cells, factor=factor,
+                          zero_nodes=zero_in_reals(rec.params), kit_at=kit_at, kit_args=kit_args)
+    cot = None
+    if rec.loss is not None:
+        cot = _cotangent_report(net, rec, dtype=dtype, key=jax.random.fold_in(key, 1), factor=factor)
+    return reports, cot
 
 
 def _cotangent_report(net: Net, rec: Record, *, dtype: str, key, factor: float) -> TieReport:
@@ -288,14 +289,18 @@ class StageReport:
                 "stages": [t.as_dict() for t in self.ties]}
 
 
+def _cells(net: Net, params, x, cfg) -> tuple[dict, dict]:
+    """M per BatchNorm layer, and per node (its layer's M)."""
+    bn = bn_cells(net, params, x, cfg)
+    return bn, {name: bn[b] for name in params if (b := bn_of(name, bn)) is not None}
+
+
 def _point(net: Net, params, x, cfg):
-    """σ at the float64 point (where a window ties at a positive maximum), and M per BN layer."""
+    """σ at the float64 point (where a window ties at a positive maximum), and M per node."""
     p64 = {k: to_device(v, np.float64) for k, v in params.items()}
     x64 = to_device(x, np.float64)
     sel, ties = frozen_selections(net, p64, x64, cfg)
-    bn = bn_cells(net, p64, x64, cfg)
-    cells = {name: bn[b] for name in params if (b := bn_of(name, bn)) is not None}
-    return sel, ties, cells
+    return sel, ties, _cells(net, p64, x64, cfg)[1]
 
 
 def _level(net: Net, level: str) -> Net:
@@ -353,14 +358,7 @@ def stage_ties(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, dl
         composition = _composition(rec, fine, cfg)
         rec = fine
     sel, ties, cells = _point(fine_net, params, x, cfg)
-    stage_list = fine_net.stage_list(cfg)
-    names = [s.name for s in stage_list]
-    got = {s.name: ({k: rec.grads[k] for k in s.params}, rec.handed_on(s.name)) for s in stage_list}
-    reports = _tie_stages(fine_net, cfg, names, params, rec.inputs, rec.cotangents, got, dtype=dtype, key=key,
-                          selections=sel, cells=cells, factor=factor, zero_nodes=zero_in_reals(params))
-    cot = None
-    if rec.loss is not None:
-        cot = _cotangent_report(net, rec, dtype=dtype, key=jax.random.fold_in(key, 1), factor=factor)
+    reports, cot = _ties(fine_net, cfg, rec, dtype=dtype, key=key, factor=factor, selections=sel, cells=cells)
     return StageReport(rec.chain.label, dtype, level, reports, cot, composition,
                        meta={"input_model": "frozen" if sel is not None else "real", "tied_windows": ties})
 
@@ -421,11 +419,13 @@ def cotangent_tie(net, params, x, dlogits, cfg, *, chain: Optional[Chain] = None
                            "factor": factor})
 
 
-@partial(jax.jit, static_argnums=(0, 1, 5))
-def _stage_at(net: Net, name: str, params, h, dy, cfg):
+def _stage_alone(net: Net, name: str, params, h, dy, cfg, kit=KIT):
+    """One stage of a net definition alone, through a kit: its forward at h, its backward at dy."""
     stage = next(s for s in net.stage_list(cfg) if s.name == name)
-    _, saved = stage.forward(params, h, cfg, Pass())
-    return stage.backward(params, saved, dy, cfg, KIT)
+    return stage.backward(params, stage.forward(params, h, cfg, Pass(kit=kit))[1], dy, cfg, kit)
+
+
+_stage_at = jax.jit(_stage_alone, static_argnums=(0, 1, 5, 6))
 
 
 def tie_at(net, params, stage: str, h, dy, cfg, *, key: Optional[jax.Array] = None,

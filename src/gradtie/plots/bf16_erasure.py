@@ -47,14 +47,14 @@ def bf16_bound(rows_by_net: dict, controls: list = (), title: str = "Every bf16 
 def bf16_f32_distance(rows_by_net: dict, title: str = "Beyond the suite: the bf16 gradient sits as far from "
                                                        "the f32 one as a 2⁻⁸ nudge moves it") -> plt.Figure:
     """Per gradient node: |bf16 − f32| against the f32 chain's spread under a relative 2⁻⁸ nudge of
-    every weight and pixel (both relative to max|f32 node|), one colour per net ({"cifar8":
-    [F32DistanceRow], …}). A description, not a verdict: at a small batch both are of the node's size."""
+    every weight and pixel (both relative to the node's scale), one colour per net ({"cifar8":
+    [NodeRow] from `bf16.f32_distance`, …}). A description, not a verdict: at a small batch both are
+    of the node's size."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     lo, hi = np.inf, 0.0
     for i, (net, rows) in enumerate(rows_by_net.items()):
-        env = np.array([r.envelope / r.scale for r in rows if r.scale > 0])
-        err = np.array([r.rel for r in rows if r.scale > 0])
+        env, err = np.array([r.envelope for r in rows]), np.array([r.rel for r in rows])
         ax.scatter(env, err, s=18, color=colors[i % len(colors)], alpha=0.8, label=f"{net} ({len(rows)} nodes)")
         pos = np.concatenate([env[env > 0], err[err > 0]])
         if pos.size:

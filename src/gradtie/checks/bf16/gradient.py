@@ -1,250 +1,290 @@
-"""The bf16 gradient, stage by stage: each stage of the bf16 chain against the VJP of that stage
-alone, at the input, the cotangent and the rounding decisions the chain hands it.
+"""The bf16 gradient, stage by stage, and what `gradtie check --bf16` reports.
 
-A bf16 chain is not the f32 chain, and on a small batch not even close to it (`f32_distance`:
-rounding flips ReLU masks, and BatchNorm over few cells moves whole nodes; beyond the suite, and
-no verdict can stand on it). Nor is it close to itself: one float32 ulp next to a bf16 rounding
-boundary moves a rounded entry by a bf16 ulp, which BatchNorm over few cells spreads.
-
-So we tie it where the suite does (`cifar8Bbn_train_step_tiedB`, `r34_net_tiedB` at the bf16 flag:
-`ConvWTiedBAt bf16`, `convWeightGradBBf16`), stage by stage as `checks.stages` does in float64: the
-chain runs once with a tape (each stage's input and cotangent) and a recording kit (each conv
-site's operands and results), and each stage's nodes and the cotangent it hands on are tied to the
-float64 VJP of the stage's forward there (`gradtie.reference`), every conv site a kind frozen at
-the chain's rounding decisions: its rounded input, weight and output are the chain's, and each
-cotangent into and out of its contraction is rounded as the kit's backwards round it — the chain's
-way where the chain's value lies within one ulp. No rounding can flip between the two sides; what
-is left is float32 arithmetic, held to the point's float32 envelope (`checks.envelope`) times
-F32_ENVELOPE_FACTOR, floored at float32's floor. A wrong BatchNorm, pool, ReLU, residual or head
-backward parts at the stage holding it, and so does a conv backward off by more than an ulp; under
-one ulp a bug can hide in the chain's rounding, bf16's resolution. The loss cotangent is tied to
-autodiff of the loss. Rounding the forward and input-backward sites goes beyond the suite, whose
-bf16 switch is on the weight-gradient nodes. Shown in: bf16 erasure.
+A bf16 chain is close neither to the f32 chain on a small batch (`f32_distance`: no verdict stands
+on it) nor to itself: a float32 ulp next to a rounding boundary moves an entry by a bf16 ulp, which
+BatchNorm over few cells spreads. So each stage is tied where the suite ties it (`ConvWTiedBAt
+bf16`) with `checks.stages`' ties, every conv site of the reference a kind frozen at the chain's
+rounding decisions (`_frozen_kit`): what is left is float32 arithmetic, held to F32_ENVELOPE_FACTOR
+× the point's float32 envelope. A bug parts at its stage unless it stays under one bf16 ulp wherever
+it meets a rounding: bf16's resolution. Shown in: bf16 erasure.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import Optional
+from typing import Any, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ... import reference, rendered
+from ... import rendered
 from ... import tolerances as tol
 from ...host import to_device, tree_to_device
 from ...kit import KIT
+from ...nets.layers import rounding, zero_in_reals
 from ...nets.protocol import Pass, as_net
 from ...ops import conv, maxpool
+from .. import bugs, stages
 from .. import envelope as env_
-from .. import stages
-from ..tie import Chain, TieReport, bn_cells, bn_of, compare, need_x64, targets_matrix, zero_in_reals
-from .kinds import U_F32
-from .sites import run
-
-
-# ---- the reference: each stage's VJP with the chain's rounding decisions --------------------------
-
-NEAREST = ("bf16", "nearest", conv.bf16_operand, conv.round_bf16)   # roundings to nearest bf16
-
-
-def _ulp(t):
-    """One bf16 ulp of each entry of a bf16-valued array (0 at 0)."""
-    return jnp.exp2(jnp.floor(jnp.log2(jnp.abs(t))) - 7)
-
+from ..tie import Chain, NodeRow, compare, need_x64, targets_matrix
+from .kinds import U_BF16, U_F32, ErasureReport, chain_erasure
+from .sites import SiteRow, conv_sites, site_rows
 
 @jax.custom_vjp
-def _rounded_cotangent(v, target, pre):
-    """v going forward; coming back, the cotangent rounded to bf16 as a kind rounds it — the chain's
-    rounded value `target` wherever the cotangent lies within one ulp of the chain's own `pre`."""
-    return v
+def _frozen(value, v, target, pre):
+    """`value` going forward; coming back, v's cotangent rounded to bf16 as a kind rounds it: the
+    chain's rounded value `target` wherever the cotangent lies within one ulp of the chain's `pre`."""
+    return value
 
 
-def _rounded_cotangent_bwd(res, ct):
+def _frozen_bwd(res, ct):
     target, pre = res
-    snapped = jnp.where(jnp.abs(ct - pre) <= _ulp(target), target, conv.round_bf16(ct))
-    return snapped, jnp.zeros_like(target), jnp.zeros_like(pre)
+    ulp = jnp.exp2(jnp.floor(jnp.log2(jnp.abs(target))) - 7)     # one bf16 ulp of each entry (0 at 0)
+    snapped = jnp.where(jnp.abs(ct - pre) <= ulp, target, conv.round_bf16(ct))
+    return jnp.zeros_like(ct), snapped, jnp.zeros_like(target), jnp.zeros_like(pre)
 
 
-_rounded_cotangent.defvjp(lambda v, target, pre: (v, (target, pre)), _rounded_cotangent_bwd)
+_frozen.defvjp(lambda value, v, target, pre: (value, (target, pre)), _frozen_bwd)
 
 
-def _frozen_kit(rec: dict):
-    """KIT with every conv forward a bf16 kind frozen at the chain's rounding decisions: its rounded
-    input, weight and output are the chain's (`rec[name]`: x, y, and the backward's dc, dx, dw), its
-    derivative the kind's (every cotangent into and out of the contraction rounded, as the kit's conv
-    backwards round, and rounded the chain's way where the chain's value lies within one ulp)."""
+def _frozen_kit(acts: Optional[dict], dws: Optional[dict]):
+    """KIT with every conv forward a bf16 kind frozen at the chain's rounding decisions (None: KIT):
+    its rounded input, weight and output are the chain's (acts[layer]: x, y and the backward's dc,
+    dx; dws[layer]: dw), its derivative the kind's (every cotangent into and out of the contraction
+    rounded as the kit's conv backwards round, the chain's way where it lies within one ulp)."""
+    if acts is None:
+        return KIT
+
     def conv_forward(name, x, w, b=None, *, stride=1, rnd=None, formulation=None):
-        r = rec[name]
-        def frozen(value, v, target, pre):   # value going forward, v's derivative coming back
-            return value + (_rounded_cotangent(v, target, pre) - lax.stop_gradient(v))
-        xs = frozen(conv.round_bf16(r["x"]), x, r["dx"], r["dx"])
-        ws = frozen(conv.round_bf16(w), w, r["dw"], r["dw"])
-        z = conv.forward(xs, ws, None, stride=stride, formulation=formulation)[0]
-        y = frozen(r["y"], z, conv.round_bf16(r["dc"]), r["dc"])
+        (x0, y0, dc, dx), dw = acts[name], dws[name]
+        xs, ws = _frozen(conv.round_bf16(x0), x, dx, dx), _frozen(conv.round_bf16(w), w, dw, dw)
+        y = _frozen(y0, conv.forward(xs, ws, None, stride=stride, formulation=formulation)[0], conv.round_bf16(dc), dc)
         return (y if b is None else y + (b - lax.stop_gradient(b))[None, :, None, None]), conv.ConvSaved(x, stride)
     return KIT._replace(conv_forward=conv_forward)
 
 
-def _kit(acts, nodes):
-    return KIT if acts is None else _frozen_kit({k: {**acts[k], **nodes[k]} for k in acts})
-
-
-@partial(jax.jit, static_argnums=(0, 1))
-def _selections(net, cfg, params, inputs, acts, nodes):
-    """σ = argmax of every pool, read off each stage's reference forward at its recorded input."""
-    sel = {}
-    for stage in net.stage_list(cfg):
-        _, saved = stage.forward(params, inputs[stage.name], cfg, Pass(kit=_kit(acts, nodes)))
-        sel.update({k: maxpool.select(r, net.pools[k]) for k, r in stage.pool_inputs(saved).items()})
-    return sel
-
-
-@partial(jax.jit, static_argnums=(0, 1))
-def _vjps(net, cfg, params, inputs, dys, acts, nodes, sel):
-    """Every stage's VJP alone at its input and cotangent, the chain's rounding decisions frozen
-    (`acts`, `nodes`: `_recorded`; None: no bf16 site) and its pools at σ (`sel`)."""
-    how = Pass(kit=_kit(acts, nodes), selections=sel or None)
-    return {stage.name: reference.vjp(lambda p, a, st=stage: st.forward(p, a, cfg, how)[0],
-                                      {k: params[k] for k in stage.params}, inputs[stage.name],
-                                      cotangent=dys[stage.name])
-            for stage in net.stage_list(cfg)}
-
-
 def _recorded(sites) -> tuple[dict, dict]:
-    """The chain's conv sites by layer -> ({layer: the forward's input x and rounded output y, the
-    cotangent dc its backwards read, the input cotangent dx they return}, {layer: the weight node dw})."""
-    rec: dict = {}
-    for s in sites:
-        r = rec.setdefault(s.name, {})
-        if s.op == "forward":
-            r.update(x=s.a, y=s.node)       # with its bias: the frozen kit adds the bias's derivative only
-        elif s.op == "backward":
-            r.update(dc=s.a, dx=s.node)
-        else:
-            r.update(dw=s.node)
-    return ({k: {f: r[f] for f in ("x", "y", "dc", "dx")} for k, r in rec.items()},
-            {k: {"dw": r["dw"]} for k, r in rec.items()})
+    """The chain's conv sites -> ({layer: (x, y: the forward's input and output, bias included; dc, dx:
+    its backward's cotangent and result)}, batched; {layer: its weight node dw})."""
+    by = {(s.name, s.op): s for s in sites}
+    names = {s.name for s in sites}
+    return ({k: (by[k, "forward"].a, by[k, "forward"].node, by[k, "backward"].a, by[k, "backward"].node)
+             for k in names}, {k: by[k, "grad_weight"].node for k in names})
+
+
+@partial(jax.jit, static_argnums=(0, 1))
+def _selections(net, cfg, params, inputs, kit_args):
+    """σ = argmax of every pool, read off each stage's frozen reference forward at its recorded input."""
+    how = Pass(kit=_frozen_kit(*kit_args))
+    return {k: maxpool.select(r, net.pools[k]) for st in net.stage_list(cfg)
+            for k, r in st.pool_inputs(st.forward(params, inputs[st.name], cfg, how)[1]).items()}
+
+
+def float32_point(params, x, targets, cfg):   # the parameters in signature order (a tree map sorts them)
+    return ({k: to_device(v, np.float32) for k, v in params.items()}, to_device(x, np.float32),
+            targets_matrix(targets, cfg.num_classes, jnp.float32))
 
 
 def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
-               key: Optional[jax.Array] = None, factor: float = tol.F32_ENVELOPE_FACTOR, how: str = "quick",
+               key: Optional[jax.Array] = None, factor: float = tol.F32_ENVELOPE_FACTOR,
                ran: Optional[tuple] = None) -> stages.StageReport:
-    """Tie every stage of the bf16 chain (`chain`, default the net's own; cfg.bf16_rounding at every
-    conv site), run in float32, to its stage's float64 VJP at the chain's own stage input, cotangent
-    and rounding decisions, within `factor` × the point's envelope; and the loss cotangent to
-    autodiff of the loss. ran: `sites.run`'s output at this point, when already run."""
+    """Every stage of the bf16 chain (`chain`, default the net's own), run in float32, tied to its
+    float64 VJP at the chain's own stage input, cotangent and rounding decisions within `factor` ×
+    the point's envelope, and the loss cotangent to autodiff of the loss. ran: `conv_sites`' output."""
     need_x64("the bf16 stage ties")
     net = as_net(net)
-    chain = chain or Chain(net)
-    key = jax.random.key(0) if key is None else key
-    cfg = replace(cfg, bf16=True)
-    if cfg.bf16_rounding not in ("identity", *NEAREST):
-        raise ValueError(f"the bf16 stage ties freeze a named rounding ('bf16', 'nearest' or 'identity'), "
-                         f"got {cfg.bf16_rounding!r}")
-    params = {k: to_device(v, np.float32) for k, v in params.items()}
-    x = to_device(x, np.float32)
-    t = targets_matrix(targets, cfg.num_classes, jnp.float32)
-    out, tape, sites = ran or run(chain, params, x, t, cfg, label_smoothing=label_smoothing, how=how)
-    stage_list = net.stage_list(cfg)
-    names = [s.name for s in stage_list]
-    acts, nodes = (None, None) if cfg.bf16_rounding == "identity" else _recorded(sites)
-    values = {"params": params, "inputs": tape.inputs, "dys": tape.cotangents, "acts": acts, "nodes": nodes}
-    wide = {k: tree_to_device(v, np.float64) for k, v in values.items()}
-    values["sel"] = _selections(net, cfg, wide["params"], wide["inputs"], wide["acts"], wide["nodes"])
-    vjps = lambda v: _vjps(net, cfg, v["params"], v["inputs"], v["dys"], v["acts"], v["nodes"], v["sel"])  # noqa: E731
-    ref = vjps({**wide, "sel": values["sel"]})
-    outputs = []
-    for smp in env_.samples(values, dtype="float32", key=key, nudged=("params", "inputs", "dys"),
-                            batched=("inputs", "dys", "acts", "sel")):
-        o = vjps(tree_to_device(smp.values))
-        outputs.append({k: (g, env_.unorder(dx, smp.order)) for k, (g, dx) in o.items()})
-    worst = env_.spread(ref, outputs)
-    cells_ = bn_cells(net, wide["params"], to_device(x, np.float64), cfg)
-    cells = {k: cells_[b] for k in params if (b := bn_of(k, cells_)) is not None}
-    zero, ties = zero_in_reals(params), []
-    for i, stage in enumerate(stage_list):
-        (g_o, dx_o), (g_w, dx_w) = ref[stage.name], worst[stage.name]
-        handed_on = out.dx if i == 0 else tape.cotangents[names[i - 1]]
-        rows = compare({k: out.grads[k] for k in stage.params}, g_o, envelope={**g_w, "input": dx_w}, factor=factor,
-                       floor=tol.FLOORS["float32"], zero_nodes=zero & set(stage.params), dx=(handed_on, dx_o),
-                       cells={k: cells[k] for k in stage.params if k in cells},
-                       shapes={k: tuple(np.shape(params[k])) for k in stage.params} | {"input": tuple(np.shape(dx_o))})
-        ties.append(TieReport(stage.name, "bf16", rows, 0.0, 0.0, meta={
-            "kind": stage.kind, "lean": net.stage_lean.get(stage.kind, ""), "factor": factor,
-            "cotangent_max": float(np.max(np.abs(np.asarray(tape.cotangents[stage.name], np.float64))))}))
-    record = stages.Record(net, chain, params, x, tape.inputs, tape.cotangents, out.grads, out.dx, out.logits,
-                           tape.cotangents[names[-1]], float(out.loss), t, label_smoothing)
-    cot = stages._cotangent_report(net, record, dtype="float32", key=jax.random.fold_in(key, 1), factor=factor)
-    return stages.StageReport(chain.label, "bf16", "stages", ties, cot,
-                              meta={"loss": float(out.loss), "bn_cells": cells_, "factor": factor,
-                                    "rounding": rounding_name(cfg)})
+    chain, cfg, r = chain or Chain(net), replace(cfg, bf16=True), cfg.bf16_rounding
+    if r not in ("identity", "bf16", "nearest", conv.bf16_operand, conv.round_bf16):
+        raise ValueError(f"the bf16 stage ties freeze a named rounding ('bf16', 'nearest' or 'identity'), got {r!r}")
+    params, x, t = float32_point(params, x, targets, cfg)
+    sites, out, tape = ran or conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing)
+    kit_args = (None, None) if r == "identity" else _recorded(sites)
+    p64, i64, k64 = tree_to_device((params, tape.inputs, kit_args), np.float64)
+    bn, cells = stages._cells(net, p64, to_device(x, np.float64), cfg)
+    rec = stages.Record(net, chain, params, x, tape.inputs, tape.cotangents, out.grads, out.dx, out.logits,
+                        tape.cotangents[net.stage_list(cfg)[-1].name], float(out.loss), t, label_smoothing)
+    ties, cot = stages._ties(net, cfg, rec, dtype="float32", key=jax.random.key(0) if key is None else key,
+                             factor=factor, selections=_selections(net, cfg, p64, i64, k64) or None, cells=cells,
+                             kit_at=_frozen_kit, kit_args=kit_args)
+    return stages.StageReport(chain.label, "bf16", "stages", ties, cot, meta={
+        "loss": float(out.loss), "bn_cells": bn, "factor": factor, "rounding": r if isinstance(r, str) else r.__name__})
 
 
-def rounding_name(cfg) -> str:
-    r = cfg.bf16_rounding
-    return r if isinstance(r, str) else getattr(r, "__name__", "custom")
+# ---- what `gradtie check --bf16` reports -------------------------------------------------------
+
+@dataclass
+class Bf16Report:
+    """The bf16 chain at one point: erasure at identity, every conv node against rnd(f32 node at
+    rounded operands) and the bound, and every stage against its VJP within the point's envelope."""
+    net: str
+    erasure: ErasureReport
+    sites: list[SiteRow]
+    stages: stages.StageReport
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.stages.meta
+
+    @property
+    def rows(self) -> list[NodeRow]:
+        """Every stage row, the loss cotangent first, then the stages from the head to the input."""
+        return [r for t in self.stages.backward_order() for r in t.rows]
+
+    @property
+    def failed(self) -> list:
+        """Sites and stage rows over their limit (judgeable or not), and a chain that does not erase."""
+        return ([] if self.erasure.ok else [self.erasure]) + [r for r in self.sites + self.rows if not r.ok]
+
+    @property
+    def ill_conditioned(self) -> list[NodeRow]:
+        return [r for r in self.rows if r.ill_conditioned]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        w, n, rows = max(self.sites, key=lambda r: r.ratio), len(self.sites), self.rows
+        (name, wn), parting = self.stages.worst(), self.stages.first_parting()
+        bad = [r.label for r in self.sites if not r.ok]
+        return (f"{self.erasure.summary()}; {sum(r.equal for r in self.sites)}/{n} conv nodes = rnd(f32 node at "
+                f"rounded operands) ({self.meta['rounding']}), {sum(r.ratio <= 1 for r in self.sites)}/{n} within the "
+                f"bound, worst error/bound {w.ratio:.2f} ({w.label}, n={w.n}); stages vs their VJP: "
+                f"{sum(r.ok for r in rows)}/{len(rows)} rows within {self.meta['factor']:g}× the envelope, worst "
+                f"{wn.ratio:.2g} of its limit ({name}: {wn.name})" + (f"; {parting.summary()}" if parting else "")
+                + (f"; FAILED conv sites: {', '.join(bad[:4])}" if bad else ""))
+
+    def table(self) -> str:
+        head = f"{'conv node':<40} {'n':>7} {'= rnd(f32)':>10} {'max err/M':>10} {'bound':>9} {'ratio':>6}  ok"
+        return "\n".join([head, "-" * len(head)] + [
+            f"{r.label:<40} {r.n:>7} {'yes' if r.equal else 'NO':>10} {r.max_rel:10.2e} {r.bound:9.2e} {r.ratio:6.2f}  "
+            f"{'yes' if r.ok else 'NO'}" for r in self.sites] + ["", self.stages.table()])
+
+    def as_dict(self) -> dict[str, Any]:
+        e = self.erasure
+        differing = [n for n, q in zip(e.names, e.equal) if not q]
+        return {"net": self.net, "ok": self.ok, "summary": self.summary(), **self.meta, "stages": self.stages.as_dict(),
+                "erasure": {"ok": e.ok, "outputs": len(e.equal), "differing": differing},
+                "sites": [dict(r.__dict__, ratio=r.ratio, ok=r.ok) for r in self.sites]}
+
+
+def check(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
+          key: Optional[jax.Array] = None) -> Bf16Report:
+    """The bf16 chain (`chain`, default the net's own; cfg.bf16_rounding at every conv site), run in
+    float32: everything but the conv sites stays float32 (SPEC §7); errors are measured against
+    float64."""
+    net = as_net(net)
+    chain, (params, x, t), cfg = chain or Chain(net), float32_point(params, x, targets, cfg), replace(cfg, bf16=True)
+    ran = conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing)
+    tied = stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing, key=key, ran=ran)
+    return Bf16Report(chain.label, chain_erasure(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing),
+                      site_rows(ran[0], rounding(cfg)), tied)
+
+
+# ---- the catalogue under bf16 ----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Bf16Caught:
+    """One catalogue entry planted in the bf16 chain: its stage ties, and its own effect (`size`) at
+    the row where it stands out most against `threshold`, the smallest relative error the verdict
+    catches there (the row's limit; at least 2⁻⁸ in a stage holding a bf16 conv site)."""
+    bug: str
+    family: str
+    report: stages.StageReport     # the planted bf16 chain's stage ties
+    where: str                     # "stage: row"
+    size: float                    # max |planted − real| / the row's scale
+    threshold: float
+
+    @property
+    def caught(self) -> bool:
+        """A stage row fails a limit that can tell a bug apart."""
+        return self.report.first_parting() is not None
+
+    @property
+    def above(self) -> bool:
+        """The entry's effect is above the point's bf16 sensitivity at some row."""
+        return self.size > self.threshold
+
+
+def _sizes(net, chain: Chain, params, cfg, ran, targets, alpha) -> dict[tuple[str, str], np.ndarray]:
+    """The entry's own effect at every row: its stages alone against the real ones, both in float64
+    at the bf16 chain's recorded inputs and cotangents (the rounding carried in float64), and its
+    loss cotangent against the loss's own; |planted − real| per row (inf where the shapes differ)."""
+    cfg = replace(cfg, bf16_rounding="nearest") if cfg.bf16_rounding in ("bf16", conv.bf16_operand) else cfg
+    _, out, tape = ran
+    p, inputs, dys, z, t = tree_to_device((params, tape.inputs, tape.cotangents, out.logits, targets), np.float64)
+
+    def diff(a, b):
+        return np.full(1, np.inf) if np.shape(a) != np.shape(b) else np.abs(np.asarray(a) - np.asarray(b))
+    sizes = {}
+    for st in (s.name for s in net.stage_list(cfg)):
+        (gp, dxp), (gr, dxr) = (stages._stage_alone(n, st, p, inputs[st], dys[st], cfg, kit)
+                                for n, kit in ((chain.net, chain.kit), (net, KIT)))
+        sizes.update({(st, k): diff(gp[k], gr[k]) for k in gr} | {(st, "input"): diff(dxp, dxr)})
+    return sizes | {(stages.LOSS_COTANGENT, "dlogits"): diff((chain.kit.loss_cotangent or net.loss.cotangent)(
+        z, t, alpha, None), net.loss.cotangent(z, t, alpha, None))}
+
+
+def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Optional[Sequence[str]] = None,
+              key: Optional[jax.Array] = None) -> list[Bf16Caught]:
+    """Every single-device catalogue entry that applies to `net` (or those of `names`) planted in
+    the bf16 chain in turn and tied stage by stage at the same point (each planted chain runs op by
+    op: the entries share their ops, not their programs)."""
+    net = as_net(net)
+    chosen = [b for b in bugs.entries(net, replicas=False, cfg=cfg) if names is None or b.name in names]
+    (params, x, t), cfg = float32_point(params, x, targets, cfg), replace(cfg, bf16=True)
+    # a stage with a bf16 conv site sees a bug from about one unit roundoff on (below: in its rounding)
+    rounded = {s.name for s in net.stage_list(cfg) if any(np.ndim(params[k]) == 4 for k in s.params)}
+    out = []
+    for b in chosen:
+        if b.needs_smoothing and not label_smoothing:
+            raise ValueError(f"{b.name} plants nothing at label_smoothing = 0; use α > 0 (e.g. 0.1)")
+        chain = bugs.plant(b.name, net, cfg)
+        ran = conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing, how="eager")
+        report = stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing, key=key, ran=ran)
+        rows = {(tr.net, r.name): r for tr in report.backward_order() for r in tr.rows}
+        limits = {k: max(r.limit, U_BF16) if k[0] in rounded else r.limit for k, r in rows.items()}
+        sizes = {k: float(np.max(d)) / rows[k].scale
+                 for k, d in _sizes(net, chain, params, cfg, ran, t, float(label_smoothing)).items()}
+        where = max(sizes, key=lambda k: sizes[k] / limits[k])
+        out.append(Bf16Caught(b.name, b.family, report, ": ".join(where), sizes[where], limits[where]))
+    return out
 
 
 # ---- how far the bf16 gradient sits from the f32 one (beyond the suite; no verdict) -------------
 
-@dataclass(frozen=True)
-class F32DistanceRow:
-    name: str
-    shape: tuple[int, ...]
-    err: float          # max |bf16 node − f32 node|
-    envelope: float     # max |f32 node at nudged weights and pixels − f32 node|
-    scale: float        # max |f32 node|
-    zero_in_reals: bool
-
-    @property
-    def rel(self) -> float:
-        return self.err / self.scale if self.scale > 0 else 0.0
-
-    @property
-    def ratio(self) -> float:
-        """err / envelope: about 1 when the bf16 chain moves the node as a bf16 nudge does."""
-        return self.err / max(self.envelope, U_F32 * self.scale, np.finfo(np.float64).tiny)
-
-
 def f32_distance(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, bf16_grads=None,
                  key: Optional[jax.Array] = None, draws: int = tol.BF16_F32_DISTANCE_DRAWS,
-                 nudge: float = tol.BF16_F32_DISTANCE_NUDGE) -> list[F32DistanceRow]:
+                 nudge: float = tol.BF16_F32_DISTANCE_NUDGE) -> list[NodeRow]:
     """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the same point, each
-    with the f32 chain's spread under `draws` random relative nudges of every weight and pixel."""
+    with the f32 chain's spread under `draws` random relative nudges of every weight and pixel as
+    its envelope (`NodeRow.ratio`: about 1 when the bf16 chain moves the node as a bf16 nudge does)."""
     net = as_net(net)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
-    alpha = float(label_smoothing)
-    cfg32 = replace(cfg, bf16=False)
 
-    def host(grads, dx):
+    def nodes(p, x_, c, grads=None, dx=None):
+        if grads is None:
+            out = rendered.quick(net, KIT, p, x_, t, c, alpha=float(label_smoothing))
+            grads, dx = out.grads, out.dx
         return {**{k: np.asarray(grads[k], np.float64) for k in params}, "input": np.asarray(dx, np.float64)}
-
-    def nodes(p, x_, c):
-        out = rendered.quick(net, Chain(net).kit, p, x_, t, c, alpha=alpha)
-        return host(out.grads, out.dx)
+    cfg32 = replace(cfg, bf16=False)
     g32 = nodes(params, x, cfg32)
-    g16 = nodes(params, x, replace(cfg, bf16=True)) if bf16_grads is None else host(*bf16_grads)
-    spread = {name: 0.0 for name in g32}
-    rng = env_.host_rng(jax.random.key(0) if key is None else key)
-    nudged = lambda a: to_device(np.asarray(a) * (1 + nudge * rng.standard_normal(np.shape(a))), a.dtype)  # noqa: E731
-    for _ in range(draws):
-        gn = nodes(jax.tree.map(nudged, params), nudged(x), cfg32)
-        spread = {k: max(v, float(np.max(np.abs(gn[k] - g32[k])))) for k, v in spread.items()}
-    zero = zero_in_reals(params)
-    return [F32DistanceRow(k, g32[k].shape, float(np.max(np.abs(g16[k] - g32[k]))), spread[k],
-                           float(np.max(np.abs(g32[k]))), k in zero) for k in g32]
+    # no batched names: `samples` adds one nudge to the draws - 1 asked for (and the point itself)
+    spread = env_.spread(g32, [nodes(tree_to_device(s.values["params"]), to_device(s.values["x"]), cfg32)
+                               for s in env_.samples({"params": params, "x": x}, dtype=np.dtype(x.dtype).name,
+                                                     key=jax.random.key(0) if key is None else key,
+                                                     nudged=("params", "x"), nudges=draws - 1, unit=nudge)])
+    return compare(nodes(params, x, replace(cfg, bf16=True), *(bf16_grads or (None, None))), g32, envelope=spread,
+                   factor=1.0, floor=U_F32, zero_nodes=zero_in_reals(params))
 
 
 def relu_flips(net, params, x, cfg) -> tuple[int, int]:
-    """ReLU inputs whose sign differs between the bf16 and the f32 forward, of all ReLU inputs: the
-    cells closer to their kink than bf16's rounding moves them."""
+    """ReLU inputs whose sign differs between the bf16 and the f32 forward (nearer their kink than
+    bf16's rounding moves them), and all ReLU inputs."""
     net = as_net(net)
-    z16 = net.preactivations(rendered.forward(net, params, x, replace(cfg, bf16=True))[1])
-    z32 = net.preactivations(rendered.forward(net, params, x, replace(cfg, bf16=False))[1])
+    z16, z32 = (net.preactivations(rendered.forward(net, params, x, replace(cfg, bf16=b))[1]) for b in (True, False))
     return (sum(int(np.sum((np.asarray(z16[k]) > 0) != (np.asarray(z32[k]) > 0))) for k in z32),
             sum(int(z.size) for z in z32.values()))
-

@@ -1,14 +1,15 @@
 """bf16 kinds and their erasure: a kind is its f32 peer plus rounding, and nothing else.
 
-A bf16 kind computes rnd(op(rnd(a), rnd(b))) with float32 accumulation (`gradtie.ops.conv`, bf16
-section). At rnd = identity it must be its f32 peer bit for bit, per kind (`case_erasure` on the six
-`kind_cases`) and along a whole rendered chain (`chain_erasure`). Lean: `Bf16Erasure` (at the
-identity rounding the bf16 kind denotes what its f32 peer does). The planted kinds at the end each
-break one claim: erasure, the rounding identity or the bound. Shown in: bf16 erasure.
+A kind computes rnd(op(rnd(a), rnd(b))) with float32 accumulation (`gradtie.ops.conv`); at
+rnd = identity it is its f32 peer bit for bit, per kind (`case_erasure`) and along a whole chain
+(`chain_erasure`). Lean: `Bf16Erasure`. A `Site`, one conv call, carries the numbers every conv node
+is measured by. Planted kinds each break one claim; beyond the suite, what a compiler keeps of a
+rounding (`hlo_*`). Shown in: bf16 erasure.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Optional
@@ -28,9 +29,9 @@ OPS = ("forward", "backward", "grad_weight")
 OP_LABELS = {"forward": "forward", "backward": "input backward", "grad_weight": "weight grad"}
 
 
-def apply(op: str, a, b, *, stride: int, kernel_size: int, out_shape, rnd=None, bias=None, formulation=None):
-    """The conv op `op` at operands (a, b): forward (x, W), backward (dy, W), grad_weight (x, dy);
-    `rnd` None is the f32 peer, else the bf16 kind."""
+def apply(op: str, a, b, *, stride: int, kernel_size: int, out_shape=None, rnd=None, bias=None, formulation=None):
+    """The conv op `op` at operands (a, b): forward (x, W), backward (dy, W; out_shape: x's shape),
+    grad_weight (x, dy); `rnd` None is the f32 peer, else the bf16 kind."""
     kw = dict(stride=stride, rnd=rnd, formulation=formulation)
     if op == "forward":
         return conv.forward(a, b, bias, **kw)[0]
@@ -41,72 +42,66 @@ def apply(op: str, a, b, *, stride: int, kernel_size: int, out_shape, rnd=None, 
     raise ValueError(f"op {op!r}: expected one of {', '.join(OPS)}")
 
 
-def bits(a):
-    """The bit patterns of a float array: equality of these is bit-for-bit equality (−0 ≠ +0)."""
-    return lax.bitcast_convert_type(a, {2: jnp.uint16, 4: jnp.uint32, 8: jnp.uint64}[a.dtype.itemsize])
-
-
-def rounded_node(op, a, b, *, stride, kernel_size, out_shape, rnd, bias=None, formulation=None):
-    """rnd(f32 node at rounded operands) [+ bias]: the f32 peer run on rnd(a), rnd(b), rounded once
-    (bf16 → float32 widening is exact)."""
-    ra, rb = rnd(a).astype(a.dtype), rnd(b).astype(a.dtype)
-    y = apply(op, ra, rb, stride=stride, kernel_size=kernel_size, out_shape=out_shape, formulation=formulation)
-    y = rnd(y).astype(a.dtype)
-    return y if bias is None else y + bias[None, :, None, None]
-
-
 def same_bits(a, b) -> bool:
     """Bit-for-bit equality (shape, dtype and every bit: −0 ≠ +0)."""
     a, b = np.asarray(a), np.asarray(b)
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
-# ---- the six kinds on random operands --------------------------------------------------------------
-
+@partial(jax.tree_util.register_dataclass, data_fields=["a", "b", "bias", "node"],
+         meta_fields=["name", "op", "stride", "kernel_size", "formulation"])
 @dataclass(frozen=True)
-class KindCase:
-    """Operands of one conv kind: forward (x, W, b), input backward (dy, W), weight grad (x, dy)."""
-    label: str
-    op: str
-    a: jax.Array
-    b: jax.Array
+class Site:
+    """One conv call: its operands, node and statics (a pytree whose statics stay static under jit).
+    A chain's sites are read through a recording kit; a kind case's node is the f32 peer."""
+    name: str            # the layer name the kit call carries ("conv3"), or a case's ("forward s2")
+    op: str              # "forward", "backward", "grad_weight"
+    a: jax.Array         # x (forward, weight grad) or dy (input backward)
+    b: jax.Array         # W (forward, input backward) or dy (weight grad)
     bias: Optional[jax.Array]
+    node: jax.Array
     stride: int
     kernel_size: int
-    out_shape: tuple[int, ...]
+    formulation: Optional[str] = None
 
-    def node(self, rnd=None) -> jax.Array:
+    def _apply(self, a, b, **kw):
+        return apply(self.op, a, b, stride=self.stride, kernel_size=self.kernel_size, formulation=self.formulation,
+                     out_shape=self.node.shape if self.op == "backward" else None, **kw)
+
+    def kind(self, rnd=None) -> jax.Array:
         """The f32 peer (rnd None) or the bf16 kind at these operands."""
-        return apply(self.op, self.a, self.b, stride=self.stride, kernel_size=self.kernel_size,
-                     out_shape=self.out_shape, rnd=rnd, bias=self.bias)
+        return self._apply(self.a, self.b, rnd=rnd, bias=self.bias)
+
+    def numbers(self, rnd) -> dict:
+        """The bias-free kind under `rnd`; S = the f32 peer at rnd(a), rnd(b) (widening bf16 is exact:
+        rnd(S) is the rounding identity's right side); per output the exact value and the magnitude
+        sum M = Σ|a|·|b|, in float64 (float32 products are exact there)."""
+        a, b, a64, b64 = self.a, self.b, self.a.astype(jnp.float64), self.b.astype(jnp.float64)
+        return {"kind": self._apply(a, b, rnd=rnd), "s": self._apply(rnd(a).astype(a.dtype), rnd(b).astype(a.dtype)),
+                "exact": self._apply(a64, b64), "mag": self._apply(jnp.abs(a64), jnp.abs(b64))}
 
 
 def kind_cases(seed: int = 0, *, n: int = 2, c: int = 8, o: int = 8, size: int = 9, k: int = 3,
-               positive: bool = False) -> list[KindCase]:
+               positive: bool = False) -> list[Site]:
     """The six kinds — forward, input backward, weight grad at strides 1 and 2 — on random float32
-    operands (standard normal; |·| of it with `positive`). An odd `size` exercises the strided
-    backward's high padding."""
-    rng = np.random.default_rng(seed)
-
-    def draw(*shape):
-        z = rng.standard_normal(shape)
-        return jnp.asarray(np.abs(z) if positive else z, jnp.float32)
+    operands (standard normal; |·| of it with `positive`), each node its f32 peer. An odd `size`
+    exercises the strided backward's high padding."""
+    rng, sign = np.random.default_rng(seed), (np.abs if positive else np.asarray)
+    draw = lambda *shape: jnp.asarray(sign(rng.standard_normal(shape)), jnp.float32)   # noqa: E731
     cases = []
     for s in (1, 2):
-        h2 = conv.out_size(size, k, s)
-        x, w, b, dy = draw(n, c, size, size), draw(o, c, k, k), draw(o), draw(n, o, h2, h2)
-        cases += [KindCase(f"forward s{s}", "forward", x, w, b, s, k, (n, o, h2, h2)),
-                  KindCase(f"input backward s{s}", "backward", dy, w, None, s, k, (n, c, size, size)),
-                  KindCase(f"weight grad s{s}", "grad_weight", x, dy, None, s, k, (o, c, k, k))]
+        x, w, b, dy = draw(n, c, size, size), draw(o, c, k, k), draw(o), draw(n, o, *(2 * [conv.out_size(size, k, s)]))
+        for label, op, a, b_, bias in (("forward", "forward", x, w, b), ("input backward", "backward", dy, w, None),
+                                       ("weight grad", "grad_weight", x, dy, None)):
+            peer = apply(op, a, b_, stride=s, kernel_size=k, out_shape=x.shape, bias=bias)
+            cases.append(Site(f"{label} s{s}", op, a, b_, bias, peer, s, k))
     return cases
 
 
-def case_erasure(case: KindCase, node=None) -> bool:
+def case_erasure(case: Site, node=None) -> bool:
     """The kind at rnd = identity (or a given node) against the f32 peer, bit for bit."""
-    return same_bits(case.node(conv.identity) if node is None else node, case.node(None))
+    return same_bits(case.kind(conv.identity) if node is None else node, case.node)
 
-
-# ---- whole chains -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class ErasureReport:
@@ -114,69 +109,60 @@ class ErasureReport:
     names: list[str]        # "loss", every parameter node, "input"
     equal: list[bool]
 
-    name = "erasure at identity"    # what a list of failed rows calls it
-
     @property
     def ok(self) -> bool:
         return all(self.equal)
 
     def summary(self) -> str:
-        line = f"{self.net}: erasure at identity {sum(self.equal)}/{len(self.equal)} outputs bit for bit"
         bad = [n for n, e in zip(self.names, self.equal) if not e]
-        return line + (f"; first differing: {bad[0]}" if bad else "")
+        return (f"{self.net}: erasure at identity {sum(self.equal)}/{len(self.equal)} outputs bit for bit"
+                + (f"; first differing: {bad[0]}" if bad else ""))
 
 
 def chain_erasure(net, params, x, targets, cfg, *, chain: Optional[Chain] = None,
                   label_smoothing: float = 0.0) -> ErasureReport:
-    """A rendered chain (default: the net's own) with every conv a bf16 kind at rnd = identity,
-    against the same chain with the f32 ops: loss, every parameter node and the input cotangent,
-    bit for bit."""
+    """A rendered chain (default: the net's own) with every conv a bf16 kind at rnd = identity against
+    the same chain with the f32 ops: loss, every parameter node and the input cotangent, bit for bit."""
     chain = chain or Chain(net)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     run = partial(rendered.quick, chain.net, chain.kit, params, x, t, alpha=float(label_smoothing))
-    f32 = run(cfg=replace(cfg, bf16=False))
-    kind = run(cfg=replace(cfg, bf16=True, bf16_rounding="identity"))
-    names = ["loss", *params, "input"]
+    f32, kind = run(cfg=replace(cfg, bf16=False)), run(cfg=replace(cfg, bf16=True, bf16_rounding="identity"))
     flat = lambda r: [r.loss, *(r.grads[k] for k in params), r.dx]   # noqa: E731
-    return ErasureReport(chain.label, names, [same_bits(u, v) for u, v in zip(flat(f32), flat(kind))])
+    return ErasureReport(chain.label, ["loss", *params, "input"], list(map(same_bits, flat(f32), flat(kind))))
 
 
-# ---- planted kinds, each breaking one claim ---------------------------------------------------------
+# ---- planted kinds, each breaking one claim: a kind case's node computed another way --------------
 
-def drop_bias_forward(x, weight, bias, *, stride: int = 1, rnd=conv.identity):
+def drop_bias_forward(case: Site, rnd=conv.identity):
     """The forward kind that forgets the bias: breaks erasure (conv biases of cifar8)."""
-    return conv.forward(x, weight, None, stride=stride, rnd=rnd)[0]
+    return replace(case, bias=None).kind(rnd)
 
 
-def same_padding_forward(x, weight, bias=None, *, stride: int = 1, rnd=conv.identity):
+def same_padding_forward(case: Site, rnd=conv.identity):
     """The forward kind with XLA 'SAME' padding (asymmetric on strided convs): breaks erasure."""
-    y = lax.conv_general_dilated(rnd(x).astype(x.dtype), rnd(weight).astype(x.dtype), (stride, stride), "SAME",
-                                 dimension_numbers=("NCHW", "OIHW", "NCHW"), precision=lax.Precision.HIGHEST,
-                                 preferred_element_type=x.dtype)
-    y = rnd(y).astype(x.dtype)
-    return y if bias is None else y + bias[None, :, None, None]
+    x, w, s = rnd(case.a).astype(case.a.dtype), rnd(case.b).astype(case.a.dtype), case.stride
+    y = lax.conv_general_dilated(x, w, (s, s), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"),
+                                 precision=lax.Precision.HIGHEST, preferred_element_type=x.dtype)
+    return rnd(y).astype(x.dtype) + case.bias[None, :, None, None]
 
 
-def grad_weight_rounded_per_example(x, dy, *, kernel_size: int, stride: int = 1, rnd=conv.identity):
+def grad_weight_rounded_per_example(case: Site, rnd=conv.identity):
     """The weight-grad kind rounding INSIDE the batch sum, Σ_n rnd(S_n): at identity it reassociates
     the float32 sum (breaks erasure), under bf16 it is not rnd(f32 node at rounded operands)."""
-    parts = [conv.grad_weight(x[i:i + 1], dy[i:i + 1], kernel_size=kernel_size, stride=stride, rnd=rnd)
-             for i in range(x.shape[0])]
+    parts = [replace(case, a=case.a[i:i + 1], b=case.b[i:i + 1]).kind(rnd) for i in range(case.a.shape[0])]
     return sum(parts[1:], parts[0])
 
 
-def forward_result_only(x, weight, bias=None, *, stride: int = 1, rnd=conv.round_bf16):
+def forward_result_only(case: Site, rnd=conv.round_bf16):
     """The forward kind rounding only its result, rnd(conv(x, W)): not rnd(f32 node at rounded operands)."""
-    y = rnd(conv.forward(x, weight, None, stride=stride)[0]).astype(x.dtype)
-    return y if bias is None else y + bias[None, :, None, None]
+    return rnd(replace(case, bias=None).kind()).astype(case.a.dtype) + case.bias[None, :, None, None]
 
 
 @partial(jax.jit, static_argnames=("stride",))
 def forward_bf16_accumulation(x, weight, *, stride: int = 1):
     """The forward kind accumulating in bf16 (every partial sum rounded, one product at a time):
     its error grows like n·u on positive data and breaks the bound."""
-    k = weight.shape[2]
-    p = conv.padding(k)
+    k, p = weight.shape[2], conv.padding(weight.shape[2])
     patches = lax.conv_general_dilated_patches(conv.round_bf16(x), (k, k), (stride, stride), ((p, p), (p, p)),
                                                dimension_numbers=("NCHW", "OIHW", "NCHW"),
                                                precision=lax.Precision.HIGHEST)   # [N, C·k·k, H', W']
@@ -187,7 +173,61 @@ def forward_bf16_accumulation(x, weight, *, stride: int = 1):
     return acc
 
 
-# the planted kinds, by the claim each breaks (what tests/conftest.py and the chapter iterate over)
-CONTROLS = {"drop_bias_forward": "erasure", "same_padding_forward": "erasure",
-            "grad_weight_rounded_per_example": "erasure and the rounding identity",
-            "forward_result_only": "the rounding identity", "forward_bf16_accumulation": "the bound"}
+# ---- what a compiler keeps of a rounding (beyond the suite) ------------------------------------------
+
+_CONVERT = re.compile(r"=\s*(\w+)\[[^\]]*\](?:\{[^}]*\})?\s+convert\(")
+_STABLEHLO_CONV = re.compile(r"stablehlo\.convolution.*:\s*\(tensor<[^>]*x(\w+)>,\s*tensor<[^>]*x(\w+)>\)\s*->\s*tensor<[^>]*x(\w+)>")
+
+
+def convert_ops(hlo_text: str) -> list[str]:
+    """The result dtype of every `convert` instruction in an HLO module's text (fusions included)."""
+    return _CONVERT.findall(hlo_text)
+
+
+@dataclass(frozen=True)
+class HloFacts:
+    what: str
+    converts: list[str]     # result dtypes of the optimized HLO's converts, in text order
+    rounds: bool            # the compiled function's output is x rounded to bf16 (and not x itself)
+    text: str               # the optimized HLO (backend-specific: print it, never compare it)
+    written: tuple = ()     # a convolution's (operand, operand, result) dtypes as written (StableHLO)
+
+    @property
+    def pair_kept(self) -> bool:   # a convert to bf16 and one back to float32 are both still there
+        return "bf16" in self.converts and "f32" in self.converts
+
+    @property
+    def compiled_bf16(self) -> int:   # bf16-typed instructions in the optimized HLO
+        return len(re.findall(r"=\s*bf16\[", self.text))
+
+    def summary(self) -> str:
+        if self.written:
+            return (f"{self.what} as written: convolution({self.written[0]}, {self.written[1]}) -> {self.written[2]}; "
+                    f"bf16 kept in the optimized HLO: {self.compiled_bf16 > 0}")
+        return (f"{self.what}: {len(self.converts)} convert ops in the optimized HLO, convert pair kept: "
+                f"{self.pair_kept}, output rounded to bf16: {self.rounds}")
+
+
+def _facts(what: str, f, x, *more) -> HloFacts:
+    f = jax.jit(f)
+    lowered = f.lower(x, *more)
+    text, written = lowered.compile().as_text(), _STABLEHLO_CONV.search(lowered.as_text())
+    y = np.asarray(f(x, *more))
+    rounds = np.array_equal(y, np.asarray(conv.round_bf16(x))) and not np.array_equal(y, np.asarray(x))
+    return HloFacts(what, convert_ops(text), bool(rounds), text, written.groups() if written else ())
+
+
+def hlo_cast_roundtrip(x) -> HloFacts:
+    """x.astype(bf16).astype(f32) under jit: does the optimized HLO keep the convert pair, and does
+    the compiled function round? (CPU: kept, it rounds; upstream measured XLA GPU deleting it.)"""
+    return _facts("cast round-trip f32→bf16→f32", lambda a: a.astype(jnp.bfloat16).astype(a.dtype), x)
+
+
+def hlo_nearest(x) -> HloFacts:
+    """conv.round_bf16 under jit: integer ops on the bits, no convert for a compiler to fold."""
+    return _facts("round_bf16 (integer ops)", conv.round_bf16, x)
+
+
+def hlo_typed_kind(x, weight) -> HloFacts:
+    """The forward kind with bf16-typed operands: the conv reads bf16 and accumulates in float32."""
+    return _facts("bf16-typed kind", lambda a, w: conv.forward(a, w, rnd=conv.bf16_operand)[0], x, weight)

@@ -1,19 +1,15 @@
 """Replica sums: the all-reduced bf16 weight gradient is (1/R)·Σ_r rnd(S_r), not rnd(Σ_r S_r)/R.
 
-Each of R replicas runs the weight-gradient kind on its own N examples, with its own cotangent (R
-times its share of the single-device one, since it divides by its own N): its node is rnd(S_r), S_r
-the float32 contraction at its rounded operands, and the all-reduce averages those nodes. The
-difference from rnd(Σ_r S_r)/R is exactly (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)], at most 2u·M (each of
-the R + 1 roundings moves a value by at most u of its size), and 0 at the identity rounding. Lean:
-`DataParallel.SyncBf16`. `replica_rows` splits one device's weight-gradient sites into shards by
-hand; `mesh_replica_sum` reads every replica's operands and node from the data-parallel bf16 step
-itself, on a device mesh, through a recording kit (Lean: `ResNet34SyncStepTieB` at the bf16 flag).
-Shown in: bf16 erasure, Data-parallel tie.
+Replica r runs the weight-gradient kind on its own shard (its cotangent R times its share of the
+one-device one): its node is rnd(S_r), S_r the float32 contraction at its rounded operands, and the
+all-reduce averages the nodes. The difference from rnd(Σ_r S_r)/R is exactly (1/R)[Σ_r rnd(S_r) −
+rnd(Σ_r S_r)]: at most 2u·M, and 0 at the identity rounding. Lean: `DataParallel.SyncBf16` (on the
+mesh step: `ResNet34SyncStepTieB` at the bf16 flag). Shown in: bf16 erasure, Data-parallel tie.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Optional
 
@@ -28,8 +24,8 @@ from ...nets.layers import rounding
 from ...nets.protocol import as_net
 from ...ops import conv
 from ..tie import Chain, need_x64, targets_matrix
-from .kinds import U_BF16, U_F32
-from .sites import Site, same_computation
+from .kinds import U_BF16, U_F32, Site
+from .sites import recorded, same_computation
 
 
 @dataclass(frozen=True)
@@ -71,8 +67,7 @@ class ReplicaReport:
         return any(r.control_ratio > 1 for r in self.rows)
 
     def summary(self) -> str:
-        req = [r for r in self.rows if r.equal_required]
-        n = len(self.rows)
+        req, n = [r for r in self.rows if r.equal_required], len(self.rows)
         return (f"{self.net}, R = {self.replicas} × N = {self.per_replica}, bf16 flag, sync BN: "
                 f"{sum(r.ok for r in self.rows)}/{n} weight-gradient nodes are (1/R)·Σ_r rnd(S_r); "
                 f"replica nodes rnd(S_r) bit for bit at {sum(r.nodes_rounded for r in req)}/{len(req)} sites "
@@ -92,33 +87,30 @@ class ReplicaReport:
         return "\n".join(lines)
 
 
-MeshReplicaRow, MeshReplicaReport = ReplicaRow, ReplicaReport   # the Data-parallel chapter's names
+MeshReplicaReport = ReplicaReport   # the Data-parallel chapter's name
 
 
-@partial(jax.jit, static_argnames=("kernel_size", "stride", "rnd", "formulation"), compiler_options=rendered.QUICK)
-def _shard_numbers(xs, dys, *, kernel_size, stride, rnd, formulation=None):
-    """Per replica r (xs [R,n,…], dys [R,n,…]): its kind's node, S_r (the float32 contraction at
-    rounded operands), the identity kind and its f32 peer, and M_r = Σ|x|·|dy| (float64)."""
-    gw = partial(conv.grad_weight, kernel_size=kernel_size, stride=stride, formulation=formulation)
-    out = [(gw(x, dy, rnd=rnd), gw(rnd(x).astype(x.dtype), rnd(dy).astype(x.dtype)), gw(x, dy, rnd=conv.identity),
-            gw(x, dy), gw(jnp.abs(x.astype(jnp.float64)), jnp.abs(dy.astype(jnp.float64))))
-           for x, dy in zip(xs, dys)]
-    return [jnp.stack(a) for a in zip(*out)]
+@partial(jax.jit, static_argnums=1, compiler_options=rendered.QUICK)
+def _shard_numbers(s: Site, rnd):
+    """A weight-gradient site split over replicas (a [R,n,…], b [R,n,…]): per replica, its kind's
+    `Site.numbers` under rnd and at the identity rounding (whose S is the f32 peer), stacked."""
+    out = [(r.numbers(rnd), r.numbers(conv.identity)) for r in (replace(s, a=x, b=dy) for x, dy in zip(s.a, s.b))]
+    return jax.tree.map(lambda *a: jnp.stack(a), *out)
 
 
-def _row(name, stride, k, xs, dys, nodes, g, rnd, formulation=None) -> tuple[ReplicaRow, dict]:
-    """One weight-gradient site over R replicas: nodes [R,…] the replicas' bf16 nodes, g the
-    all-reduced node. Everything is compared in float64, where R bf16 and R float32 values add exactly."""
-    _, s, kind_id, peer, mag = (np.asarray(a, np.float64) for a in _shard_numbers(
-        jnp.asarray(xs), jnp.asarray(dys), kernel_size=k, stride=stride, rnd=rnd, formulation=formulation))
-    replicas = len(xs)
-    nodes, g = np.asarray(nodes, np.float64), np.asarray(g, np.float64)
+def _row(s: Site, rnd, g=None) -> tuple[ReplicaRow, dict]:
+    """A weight-gradient site split over R replicas (a, b, node [R,…]; node None: the replicas' kinds)
+    against g, the all-reduced node (None: the nodes' exact mean), in float64: R values add exactly."""
+    num, ident = jax.tree.map(lambda a: np.asarray(a, np.float64), _shard_numbers(replace(s, node=None), rnd))
+    replicas = len(s.a)
+    nodes = num["kind"] if s.node is None else np.asarray(s.node, np.float64)
+    g = nodes.mean(0) if g is None else np.asarray(g, np.float64)
     rnd64 = conv.identity if rnd is conv.identity else conv.round_bf16            # rnd on float64 values
-    rounded = np.asarray(rnd64(jnp.asarray(s)))                                   # rnd(S_r)
-    rounded_sum = np.asarray(rnd64(jnp.asarray(s.sum(0))))                        # rnd(Σ_r S_r)
+    rounded = np.asarray(rnd64(jnp.asarray(num["s"])))                            # rnd(S_r)
+    rounded_sum = np.asarray(rnd64(jnp.asarray(num["s"].sum(0))))                 # rnd(Σ_r S_r)
     formula = (rounded.sum(0) - rounded_sum) / replicas
     bound = (replicas - 1) * U_F32 * np.abs(nodes).sum(0) / replicas              # the all-reduce's rounding
-    m = mag.sum(0) / replicas                                                     # M of the node G
+    m = num["mag"].sum(0) / replicas                                              # M of the node G
     live = m > 0
 
     def ratio(err):
@@ -126,47 +118,42 @@ def _row(name, stride, k, xs, dys, nodes, g, rnd, formulation=None) -> tuple[Rep
         return float(over.max(initial=0.0))
 
     diff = g - rounded_sum / replicas
-    row = ReplicaRow(name, replicas, stride, k, bool(np.array_equal(nodes, rounded)),
-                     same_computation("grad_weight", xs.shape[1:], dys.shape[1:], nodes.shape[1:], k, rnd, formulation),
+    row = ReplicaRow(s.name, replicas, s.stride, s.kernel_size, bool(np.array_equal(nodes, rounded)),
+                     same_computation(replace(s, a=s.a[0], b=s.b[0]), rnd),
                      ratio(np.abs(g - nodes.mean(0))), ratio(np.abs(diff - formula)),
                      float((np.abs(formula[live]) / m[live]).max(initial=0.0)), float(np.mean(formula != 0)),
-                     bool(np.array_equal(kind_id, peer)), ratio(np.abs(formula)))
+                     bool(np.array_equal(ident["kind"], ident["s"])), ratio(np.abs(formula)))
     return row, {"diff": diff, "formula": formula, "mag": m}
+
+
+def _report(net: str, replicas: int, split: list[Site], rnd, grads=None) -> ReplicaReport:
+    """Rows of the split weight-gradient sites; grads: the all-reduced nodes (None: exact means)."""
+    rows = [_row(s, rnd, None if grads is None else grads[f"{s.name}.weight"]) for s in split]
+    return ReplicaReport(net, replicas, split[0].a.shape[1] if split else 0, [r for r, _ in rows],
+                         {r.name: a for r, a in rows})
 
 
 def replica_rows(sites: list[Site], replicas: int, rnd, net: str = "net") -> ReplicaReport:
     """Every weight-gradient site of a one-device chain split by hand into R equal shards: replica r
     holds x's rows r·n … (r+1)·n − 1 and R times its share of dy; the all-reduce is their exact mean."""
     need_x64("the replica sum")
-    rows, arrays = [], {}
+    if sites and (replicas < 1 or sites[0].a.shape[0] % replicas):
+        raise ValueError(f"replica sum: batch {sites[0].a.shape[0]} does not split into {replicas} equal shards")
     first = {s.name: i for i, s in reversed(list(enumerate(sites)))}      # forward order
-    for s in sorted((s for s in sites if s.op == "grad_weight"), key=lambda s: first[s.name]):
-        if replicas < 1 or s.a.shape[0] % replicas:
-            raise ValueError(f"replica sum: batch {s.a.shape[0]} does not split into {replicas} equal shards")
-        xs = np.asarray(s.a).reshape((replicas, -1) + s.a.shape[1:])
-        dys = replicas * np.asarray(s.b).reshape((replicas, -1) + s.b.shape[1:])
-        nodes = _shard_numbers(jnp.asarray(xs), jnp.asarray(dys), kernel_size=s.kernel_size, stride=s.stride,
-                               rnd=rnd, formulation=s.formulation)[0]
-        nodes = np.asarray(nodes, np.float64)
-        row, arrays[s.name] = _row(s.name, s.stride, s.kernel_size, xs, dys, nodes, nodes.mean(0), rnd, s.formulation)
-        rows.append(row)
-    per = sites[0].a.shape[0] // replicas if sites else 0
-    return ReplicaReport(net, replicas, per, rows, arrays)
+    split = lambda a: np.asarray(a).reshape((replicas, -1) + a.shape[1:])   # noqa: E731
+    return _report(net, replicas, [replace(s, a=split(s.a), b=replicas * split(s.b), node=None) for s in sorted(
+        (s for s in sites if s.op == "grad_weight"), key=lambda s: first[s.name])], rnd)
 
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3, 4), compiler_options=rendered.QUICK)
 def _mesh_sites(net, kit, cfg, mesh, alpha, params, x, t):
     """The data-parallel rendered step on `mesh` (synchronised BN) with every weight-gradient kind's
-    operands and node read per replica through a recording kit."""
-    replicas = parallel.replica_count(mesh)
-
+    operands and node read per replica through a recording kit (concatenated on axis 0)."""
     def body(p, x_, t_):
         log: list = []
         step = parallel.replica_step(net, kit_.recording(kit, log, ("conv_grad_weight",)), cfg, alpha, True,
-                                     replicas, False)
-        _, grads, _, _, _ = step(p, x_, t_)
-        return grads, {(i, c.args[0], c.kwargs.get("stride", 1), c.kwargs["kernel_size"], c.kwargs.get("formulation")):
-                       (c.args[1], c.args[2], c.out[None]) for i, c in enumerate(log)}
+                                     parallel.replica_count(mesh), False)
+        return step(p, x_, t_)[1], recorded(log)
 
     return jax.shard_map(body, mesh=mesh, in_specs=(P(), P(parallel.AXIS), P(parallel.AXIS)),
                          out_specs=(P(), P(parallel.AXIS)))(params, x, t)
@@ -175,27 +162,18 @@ def _mesh_sites(net, kit, cfg, mesh, alpha, params, x, t):
 def mesh_replica_sum(net, params, x, targets, cfg, *, mesh, chain: Optional[Chain] = None,
                      label_smoothing: float = 0.0) -> ReplicaReport:
     """SyncBf16 on a mesh: every conv weight node of the data-parallel bf16 step (cfg.bf16; the
-    chain's kit, default the real one) against (1/R)·Σ_r rnd(S_r), S_r the float32 contraction of
-    replica r's own rounded operands, and its distance from rnd(Σ_r S_r)/R, which is exactly
-    (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)]. The all-reduce sums R float32 values: the identities hold up
-    to its rounding, at most (R − 1)·2⁻²⁴·(1/R)Σ_r|node_r| per entry (in practice 0)."""
+    chain's kit, default the real one), each replica's operands and node read through a recording
+    kit. The all-reduce sums R float32 values: the identities hold up to its rounding, at most
+    (R − 1)·2⁻²⁴·(1/R)Σ_r|node_r| per entry (in practice 0)."""
     need_x64("the replica sum")
     net = as_net(net)
     if not cfg.bf16:
         raise ValueError("mesh_replica_sum: cfg.bf16 must be True (the SyncBf16 statement is about the bf16 kinds)")
-    chain = chain or Chain(net)
-    rnd = rounding(cfg)
-    replicas = parallel.replica_count(mesh)
+    chain, replicas = chain or Chain(net), parallel.replica_count(mesh)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
-    grads, recorded = _mesh_sites(chain.net, chain.kit, cfg, mesh, float(label_smoothing), dict(params), x, t)
-
-    def shards(a):
-        a = np.asarray(a)
-        return a.reshape((replicas, a.shape[0] // replicas) + a.shape[1:])
-    rows, arrays = [], {}
-    for (_, name, stride, k, form), (xs, dys, nodes) in sorted(recorded.items(), key=lambda kv: kv[0][0]):
-        row, arrays[name] = _row(name, stride, k, shards(xs), shards(dys), nodes, grads[f"{name}.weight"], rnd, form)
-        rows.append(row)
-    order = {k: i for i, k in enumerate(params)}
-    rows.sort(key=lambda r: order[f"{r.name}.weight"])
-    return ReplicaReport(chain.label, replicas, int(x.shape[0]) // replicas, rows, arrays)
+    grads, sites = _mesh_sites(chain.net, chain.kit, cfg, mesh, float(label_smoothing), dict(params), x, t)
+    split = lambda a: np.asarray(a).reshape((replicas, -1) + a.shape[1:])   # noqa: E731
+    order = list(params)
+    return _report(chain.label, replicas,
+                   sorted((replace(s, a=split(s.a), b=split(s.b), node=split(s.node)) for s in sites),
+                          key=lambda s: order.index(f"{s.name}.weight")), rounding(cfg), grads)

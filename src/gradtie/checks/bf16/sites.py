@@ -1,18 +1,15 @@
 """Every conv site of a chain: node = rnd(f32 node at rounded operands), under SPEC §7's bound.
 
-With bf16 rounding a kind is not its f32 peer, but it is the f32 peer run on rounded operands and
-rounded once (`site_row`, bit for bit where the backend runs the same sums: `same_computation`).
-Its error against the exact (float64) value, relative to the magnitude sum Σ|a|·|b| of its n
-products, stays under `node_bound(n)` (derivation below). The sites are the conv calls a chain
-makes through a recording kit (`gradtie.kit.recording`), each named by the layer name every kit
-conv call carries (`conv1`, `layer2.0.downsample.0`). The bound and the forward and input-backward
-sites go beyond the suite, whose bf16 switch is on the conv weight-gradient nodes only
-(`ConvWTiedBAt bf16`, `convWeightGradBBf16`). Shown in: bf16 erasure.
+Bit for bit where the backend runs the kind's and the reference's sums alike (`same_computation`);
+the error against the exact value, relative to the magnitude sum M = Σ|a|·|b| of its n products,
+stays under `node_bound(n)`. The sites are a chain's conv calls read through a recording kit. The
+bound, and the forward and input-backward sites, go beyond the suite (`ConvWTiedBAt bf16`). Shown
+in: bf16 erasure.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Optional
 
@@ -24,22 +21,17 @@ from ... import kit as kit_
 from ... import rendered
 from ...ops import conv
 from ..tie import need_x64
-from .kinds import OP_LABELS, OPS, U_BF16, U_F32, KindCase, apply, bits, rounded_node
+from .kinds import OP_LABELS, OPS, U_BF16, U_F32, Site, same_bits
 
 # ---- the bound ------------------------------------------------------------------------------------
 #
-# One output s = Σ_{i≤n} a_i·b_i of float32 operands. Rounding the operands gives â = a(1+α),
-# b̂ = b(1+β), |α|, |β| ≤ u = 2⁻⁸, so |Σ âb̂ − Σ ab| ≤ (2u + u²)·M with M = Σ|a|·|b|. The products
-# âb̂ of two bf16 values (8 significant bits each) are exact in float32; summing n of them in float32,
-# in any order, errs by at most ((1+v)^(n−1) − 1)·Σ|âb̂| ≤ ((1+v)^(n−1) − 1)(1+u)²·M, v = 2⁻²⁴ (we
-# keep SPEC's (n+1), which also covers rounded products: the f32 peer at rnd = identity). Together:
-#     |ŝ − s| ≤ B(n)·M,   B(n) = ((1+v)^(n+1) − 1)(1+u)² + 2u + u².
-# The result's single rounding adds u·|ŝ| ≤ u(|s| + B·M) ≤ u(1 + B)·M, so the node obeys
-#     |rnd(ŝ) − s| ≤ (B(n) + u(1 + B(n)))·M.
-# n is the contraction length, zero terms included (adding an exact 0 is exact):
-#     forward      y[n,o,i,j]   n = C·k·k
-#     input bwd    dx[n,c,h,w]  n = O·k·k   (the stride-1 correlation of the zero-upsampled dy)
-#     weight grad  dW[o,c,p,q]  n = N·H'·W' (the batch sum is inside the one contraction)
+# One output s = Σ_{i≤n} a_i·b_i. Rounded operands â = a(1+α), b̂ = b(1+β), |α|, |β| ≤ u = 2⁻⁸, give
+# |Σ âb̂ − Σ ab| ≤ (2u + u²)·M. The products âb̂ of two bf16 values are exact in float32; a float32
+# sum of n of them, in any order, errs by at most ((1+v)^(n−1) − 1)(1+u)²·M, v = 2⁻²⁴ (SPEC keeps
+# (n+1), which also covers rounded products). So |ŝ − s| ≤ B(n)·M, B(n) = ((1+v)^(n+1) − 1)(1+u)²
+# + 2u + u², and the result's single rounding adds u(1 + B)·M. n counts zero terms too (adding an
+# exact 0 is exact): C·k·k (forward), O·k·k (input backward: the stride-1 correlation of the
+# zero-upsampled dy), N·H'·W' (weight grad: the batch sum is inside the one contraction).
 
 
 def accumulation_bound(n) -> np.ndarray:
@@ -55,55 +47,24 @@ def node_bound(n) -> np.ndarray:
 
 
 def contraction_length(op: str, a_shape, b_shape, kernel_size: int) -> int:
-    """Products per output: C·k² (forward), O·k² (input backward), N·H'·W' (weight grad)."""
-    if op == "forward":          # a = x [N,C,H,W], b = W [O,C,k,k]
-        return a_shape[1] * kernel_size ** 2
-    if op == "backward":         # a = dy [N,O,H',W'], b = W [O,C,k,k]
-        return b_shape[0] * kernel_size ** 2
-    if op == "grad_weight":      # a = x [N,C,H,W], b = dy [N,O,H',W']
-        return b_shape[0] * b_shape[2] * b_shape[3]
-    raise ValueError(f"op {op!r}: expected one of {', '.join(OPS)}")
+    """Products per output: C·k² (forward: a = x, b = W), O·k² (input backward: a = dy, b = W),
+    N·H'·W' (weight grad: a = x, b = dy)."""
+    return {"forward": a_shape[1] * kernel_size ** 2, "backward": b_shape[0] * kernel_size ** 2,
+            "grad_weight": b_shape[0] * b_shape[2] * b_shape[3]}[op]
 
 
-# ---- one conv node against its rounding identity and the bound ---------------------------------
-
-@dataclass(frozen=True)
-class Site:
-    """One conv call of a rendered chain: its operands, statics and node."""
-    name: str            # the layer name the kit call carries: "conv3", "layer2.0.downsample.0"
-    op: str              # "forward", "backward", "grad_weight"
-    a: jax.Array         # x (forward, weight grad) or dy (input backward)
-    b: jax.Array         # W (forward, input backward) or dy (weight grad)
-    bias: Optional[jax.Array]
-    node: jax.Array
-    stride: int
-    kernel_size: int
-    formulation: Optional[str] = None
-
-    @property
-    def statics(self) -> tuple:
-        return self.op, self.stride, self.kernel_size, tuple(self.node.shape), self.formulation
-
-
-def _numbers(a, b, bias, node, statics, rnd):
-    """(node == rnd(f32 node at rounded operands) [+ bias] bit for bit, per output: |error| against
-    the exact value and the magnitude sum M). With a bias, the error is the kind's contraction's:
-    the bias is a float32 add after the kind, outside SPEC §7's bound."""
-    op, stride, k, out_shape, formulation = statics
-    kw = dict(stride=stride, kernel_size=k, out_shape=out_shape, formulation=formulation)
-    want = rounded_node(op, a, b, rnd=rnd, bias=bias, **kw)
-    equal = jnp.array_equal(bits(node), bits(want))
-    core = node if bias is None else apply(op, a, b, rnd=rnd, **kw)
-    a64, b64 = a.astype(jnp.float64), b.astype(jnp.float64)
-    exact = apply(op, a64, b64, **kw)                     # f32 products are exact in float64
-    mag = apply(op, jnp.abs(a64), jnp.abs(b64), **kw)     # Σ|a|·|b| per output
-    return equal, jnp.abs(core.astype(jnp.float64) - exact), mag
-
-
-@partial(jax.jit, static_argnums=(1, 2), compiler_options=rendered.QUICK)
-def _all_numbers(arrays, statics, rnd):
-    """Every site's numbers in one program: one compile for a whole net."""
-    return [_numbers(*arr, st, rnd) for arr, st in zip(arrays, statics)]
+@partial(jax.jit, static_argnums=1, compiler_options=rendered.QUICK)
+def _numbers(sites: list[Site], rnd) -> list[tuple]:
+    """Per site, in one program for a whole net: (rnd(S) [+ bias]; per output |error| against the
+    exact value, and M). With a bias the error is the kind's contraction's: the bias is a float32 add
+    after the kind, outside the bound."""
+    out = []
+    for s in sites:
+        nb = s.numbers(rnd)
+        want = rnd(nb["s"]).astype(s.a.dtype)
+        out.append((want if s.bias is None else want + s.bias[None, :, None, None],
+                    jnp.abs((s.node if s.bias is None else nb["kind"]).astype(jnp.float64) - nb["exact"]), nb["mag"]))
+    return out
 
 
 @dataclass(frozen=True)
@@ -131,101 +92,70 @@ class SiteRow:
         return f"{self.name} {OP_LABELS[self.op]}"
 
 
-def runs_as_product(op: str, a_shape, b_shape, node_shape, kernel_size: int, formulation=None) -> bool:
-    """Whether the op kit runs this conv site as patches · weights (`conv.use_patches`) rather than
-    XLA's convolution: by its output grid and its terms per output (the weight grad: the forward's)."""
-    grid = b_shape if op == "grad_weight" else node_shape
-    terms = b_shape[0] if op == "backward" else a_shape[1]
-    return bool(conv.use_patches(grid[2] * grid[3], terms * kernel_size ** 2, kernel_size, formulation))
-
-
-def same_computation(op: Optional[str] = None, a_shape=None, b_shape=None, node_shape=None, kernel_size: int = 3,
-                     rnd=None, formulation=None) -> bool:
-    """Whether a bf16 kind and its reference run the same sums in the same order, so that node =
-    rnd(f32 node at rounded operands) holds bit for bit. On CPU XLA widens rounded bf16 operands and
-    runs the very f32 convolution the reference runs; a matrix product of bf16-typed operands (a site
-    the kit runs as patches · weights) sums in its own order, as a GPU's bf16 kernels do, and there
-    the identity holds to the bound only. Without a site: whether the backend is the CPU's."""
+def same_computation(site: Optional[Site] = None, rnd=None) -> bool:
+    """Whether a kind and its reference run the same sums in the same order (node = rnd(S) bit for
+    bit): on CPU XLA widens rounded bf16 operands and runs the reference's f32 convolution, but a
+    product of bf16-typed operands (a site the kit runs as patches · weights: `conv.use_patches`, by
+    its output grid and terms per output) sums in its own order, as a GPU's bf16 kernels do. Without
+    a site: whether the backend is the CPU."""
     if jax.default_backend() != "cpu":
         return False
-    if op is None or rnd is not conv.bf16_operand:
+    if site is None or rnd is not conv.bf16_operand:
         return True
-    return not runs_as_product(op, a_shape, b_shape, node_shape, kernel_size, formulation)
+    grid = (site.b if site.op == "grad_weight" else site.node).shape
+    terms = site.b.shape[0] if site.op == "backward" else site.a.shape[1]
+    return not conv.use_patches(grid[2] * grid[3], terms * site.kernel_size ** 2, site.kernel_size, site.formulation)
 
 
 def site_rows(sites: list[Site], rnd) -> list[SiteRow]:
     """Every site against the rounding identity (bit for bit) and the bound, against float64."""
     need_x64("the bf16 bound")
-    numbers = _all_numbers([(s.a, s.b, s.bias, s.node) for s in sites], tuple(s.statics for s in sites), rnd)
     rows = []
-    for s, (equal, err, mag) in zip(sites, numbers):
+    for s, (want, err, mag) in zip(sites, _numbers(sites, rnd)):
         err, mag = np.asarray(err), np.asarray(mag)
         live = mag > 0
-        rel = err[live] / mag[live]
         n = contraction_length(s.op, s.a.shape, s.b.shape, s.kernel_size)
-        rows.append(SiteRow(s.name, s.op, s.stride, n, bool(equal), float(rel.max(initial=0.0)), float(node_bound(n)),
-                            int(np.sum(err[~live] > 0)),
-                            same_computation(s.op, s.a.shape, s.b.shape, s.node.shape, s.kernel_size, rnd,
-                                             s.formulation)))
+        rows.append(SiteRow(s.name, s.op, s.stride, n, same_bits(s.node, want),
+                            float((err[live] / mag[live]).max(initial=0.0)), float(node_bound(n)),
+                            int(np.sum(err[~live] > 0)), same_computation(s, rnd)))
     return rows
 
 
-def site_row(name: str, op: str, a, b, node, *, stride: int, kernel_size: int, rnd, bias=None) -> SiteRow:
-    """One conv node (a planted kind's, say) against the rounding identity and the bound."""
-    return site_rows([Site(name, op, a, b, bias, node, stride, kernel_size)], rnd)[0]
-
-
-def case_row(case: KindCase, rnd, node=None) -> SiteRow:
+def case_row(case: Site, rnd, node=None) -> SiteRow:
     """The kind under `rnd` (or a given node) against rnd(f32 node at rounded operands) and the bound."""
-    node = case.node(rnd) if node is None else node
-    return site_row(case.label, case.op, case.a, case.b, node, stride=case.stride, kernel_size=case.kernel_size,
-                    rnd=rnd, bias=case.bias)
+    return site_rows([replace(case, node=case.kind(rnd) if node is None else node)], rnd)[0]
 
 
 # ---- the sites of a chain: its conv calls through a recording kit ------------------------------------
 
-CONV_OPS = ("conv_forward", "conv_backward", "conv_grad_weight")
+CONV_OPS = tuple(f"conv_{op}" for op in OPS)
 
 
-def sites_of(log: list) -> dict:
-    """The conv calls of a recording -> {(i, op, name, stride, k, formulation): (a, b, bias, node)}: the
-    statics as dict keys, so a jitted function hands them back with the arrays (a tree's keys are
-    static). forward(name, x, W, b) -> (y, saved); backward(name, W, dy); grad_weight(name, x, dy)."""
-    out = {}
-    for i, c in enumerate(c for c in log if c.op in CONV_OPS):
+def recorded(log: list) -> list[Site]:
+    """The conv calls of a recording, in call order (under a trace: a pytree a jitted function hands
+    back). forward(name, x, W, b) -> (y, saved); backward(name, W, dy); grad_weight(name, x, dy)."""
+    out = []
+    for c in (c for c in log if c.op in CONV_OPS):
         name, p, q, *bias = c.args
         op, kw = c.op[len("conv_"):], c.kwargs
         a, b = (q, p) if op == "backward" else (p, q)
         k = kw["kernel_size"] if op == "grad_weight" else b.shape[2]
         bias, node = ((bias[0] if bias else kw.get("bias")), c.out[0]) if op == "forward" else (None, c.out)
-        out[(i, op, name, kw.get("stride", 1), k, kw.get("formulation"))] = (a, b, bias, node)
+        out.append(Site(name, op, a, b, bias, node, kw.get("stride", 1), k, kw.get("formulation")))
     return out
-
-
-def as_sites(recorded: dict) -> list[Site]:
-    return [Site(name, op, a, b, bias, node, stride, k, form)
-            for (_, op, name, stride, k, form), (a, b, bias, node) in sorted(recorded.items(), key=lambda kv: kv[0][0])]
 
 
 def _run(net, kit, params, x, t, cfg, alpha):
     log, tape = [], rendered.new_tape()
     out = rendered.step(net, kit_.recording(kit, log, CONV_OPS), params, x, t, cfg, alpha=alpha, tape=tape)
-    return out, tape, sites_of(log)
+    return recorded(log), out, tape
 
 
 _run_quick = jax.jit(_run, static_argnums=(0, 1, 5, 6), compiler_options=rendered.QUICK)
 
 
-def run(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0, how: str = "quick"):
-    """A rendered chain (a `tie.Chain`) run once with a tape and a recording kit -> (Rendered, Tape,
-    sites). how: "quick" (one program, LLVM's optimisation off) or "eager" (op by op: planted chains
-    at one point share their ops, not their programs)."""
-    fn = {"quick": _run_quick, "eager": _run}[how]
-    out, tape, recorded = fn(chain.net, chain.kit, params, x, targets, cfg, float(label_smoothing))
-    return out, tape, as_sites(recorded)
-
-
-def conv_sites(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0):
-    """Every conv site of a rendered chain (a `tie.Chain`) at one point -> (sites, Rendered)."""
-    out, _, sites = run(chain, params, x, targets, cfg, label_smoothing=label_smoothing)
-    return sites, out
+def conv_sites(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0, how: str = "quick"):
+    """A chain (`tie.Chain`) run once with a tape and a recording kit -> (its conv sites, Rendered, Tape).
+    how: "quick" (one program) or "eager" (op by op: planted chains share their ops, not programs)."""
+    return {"quick": _run_quick, "eager": _run}[how](chain.net, chain.kit, params, x, targets, cfg,
+                                                     float(label_smoothing))
