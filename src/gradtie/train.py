@@ -48,6 +48,7 @@ from . import data as data_
 from . import reference, rendered
 from . import tolerances as tol
 from .kit import KIT, Kit
+from .nets.layers import zero_in_reals
 from .nets.protocol import Net, as_net
 from .ops import head, maxpool
 from .progress import bar
@@ -428,6 +429,37 @@ def save_checkpoint(out, state: TrainState, meta: Mapping) -> Path:
         os.fsync(f.fileno())
     os.replace(tmp, file)
     return file
+
+
+def checkpoint_params(path, net) -> tuple[dict, dict]:
+    """(params, Config overrides) from a training checkpoint (`gradtie train`'s checkpoint.npz, or a
+    folder holding one, or an .npz of state_dict names). One-line errors name the file and what is wrong."""
+    net = as_net(net)
+    file = Path(path)
+    if file.is_dir():
+        file = file / "checkpoint.npz"
+    if not file.is_file():
+        raise FileNotFoundError(f"weights {str(path)!r}: no such checkpoint (expected a .npz file or a "
+                                f"folder holding checkpoint.npz)")
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            flat = {k: z[k] for k in z.files}
+    except Exception:  # a truncated or foreign file, or one holding Python objects
+        raise ValueError(f"weights {str(file)!r}: not a readable .npz checkpoint of arrays") from None
+    params = {k[len("params/"):]: v for k, v in flat.items() if k.startswith("params/")} or flat
+    overrides = {}
+    if net.suite is not None:   # the book's nets: their Config read off the tensors
+        overrides["conv_bias"] = "conv1.bias" in params
+        if net.name == "cifar8" and "fc1.weight" in params and "fc3.weight" in params:
+            overrides.update(head_width=int(params["fc1.weight"].shape[0]), num_classes=int(params["fc3.weight"].shape[0]))
+        elif "fc.weight" in params:
+            overrides.update(num_classes=int(params["fc.weight"].shape[0]))
+    names = [spec.name for spec in net.param_specs(net.config(**overrides))]
+    missing = [n for n in names if n not in params]
+    if missing:
+        raise ValueError(f"weights {str(file)!r}: lacks {missing[0]} ({len(missing)} of {net.name}'s tensors "
+                         f"missing): a checkpoint of another net?")
+    return {n: params[n] for n in names}, overrides
 
 
 def load_checkpoint(out, template: TrainState) -> tuple[TrainState, dict]:

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import data as data_
-from .. import parallel, prng, rendered
+from .. import parallel, prng, rendered, train
 from .. import tolerances as tol
 from ..host import to_device
 from .. import nets
@@ -143,37 +143,6 @@ def make_batch(data: str, batch: int, image_size: int, seed: int, channels: int 
     if data == "flat":
         return to_device(data_.flat_images(batch, image_size, seed=seed), np.float64)
     raise ValueError(f"data {data!r}: expected one of randn, photos, flat")
-
-
-def checkpoint_params(path, net) -> tuple[dict, dict]:
-    """(params, Config overrides) from a training checkpoint (`gradtie train`'s checkpoint.npz, or a
-    folder holding one, or an .npz of state_dict names). One-line errors name the file and what is wrong."""
-    net = as_net(net)
-    file = Path(path)
-    if file.is_dir():
-        file = file / "checkpoint.npz"
-    if not file.is_file():
-        raise FileNotFoundError(f"weights {str(path)!r}: no such checkpoint (expected a .npz file or a "
-                                f"folder holding checkpoint.npz)")
-    try:
-        with np.load(file) as z:
-            flat = {k: z[k] for k in z.files}
-    except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"weights {str(file)!r}: not a readable .npz checkpoint ({type(e).__name__}: {e})") from None
-    params = {k[len("params/"):]: v for k, v in flat.items() if k.startswith("params/")} or flat
-    overrides = {}
-    if net.suite in nets.NETS:   # the book's nets: their Config read off the tensors
-        overrides["conv_bias"] = "conv1.bias" in params
-        if net.name == "cifar8" and "fc1.weight" in params and "fc3.weight" in params:
-            overrides.update(head_width=int(params["fc1.weight"].shape[0]), num_classes=int(params["fc3.weight"].shape[0]))
-        elif "fc.weight" in params:
-            overrides.update(num_classes=int(params["fc.weight"].shape[0]))
-    names = [spec.name for spec in net.param_specs(net.config(**overrides))]
-    missing = [n for n in names if n not in params]
-    if missing:
-        raise ValueError(f"weights {str(file)!r}: lacks {missing[0]} ({len(missing)} of {net.name}'s tensors "
-                         f"missing): a checkpoint of another net?")
-    return {n: params[n] for n in names}, overrides
 
 
 @contextmanager
@@ -336,7 +305,7 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
         cfg = net.config(bf16=bf16, **({"num_classes": 10} if net.name == "resnet34" else {}))
         params = net.init(key, cfg, weights=weights)
     else:
-        loaded, overrides = checkpoint_params(weights, net)
+        loaded, overrides = train.checkpoint_params(weights, net)
         cfg = net.config(bf16=bf16, **overrides)
         params = {k: to_device(v) for k, v in loaded.items()}
     if plant_bug is not None and label_smoothing is None and bugs.catalogue(net).get(plant_bug) is not None \
