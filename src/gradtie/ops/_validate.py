@@ -24,11 +24,6 @@ def same_shape(op: str, names: Sequence[str], *arrays) -> None:
         raise ValueError(f"{op}: {' and '.join(names)} must have the same shape, got {shape_str(*arrays)}")
 
 
-def dim(op: str, what: str, got: int, expected: int) -> None:
-    if got != expected:
-        raise ValueError(f"{op}: {what} must be {expected}, got {got}")
-
-
 def finite(op: str, name: str, a) -> None:
     """Reject NaN/Inf when the value is concrete (under jit the check cannot see values)."""
     if isinstance(a, jax.core.Tracer):
