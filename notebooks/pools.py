@@ -62,7 +62,7 @@ from jax import lax
 
 from gradtie import book, cli, plots, prng
 from gradtie import tolerances
-from gradtie.checks import census, check
+from gradtie.checks import census, check, fd
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import head, maxpool
 
@@ -301,8 +301,7 @@ plt.show()
 # expect a quarter to a third of the windows dead, several times the independent figure.
 
 # %% tags=["nbval-check-output"]
-shares = {"cifar8": census.dead_shares(cifar8, params8, x8, cfg8, photo8),
-          "ResNet-34": census.dead_shares(resnet34, params34, x34, cfg34, photo34)}
+shares = {"cifar8": photo8.pools, "ResNet-34": photo34.pools}    # each pool's census holds its shares
 dead_share = {}
 for name, rows in shares.items():
     r = {"cifar8": photo8, "ResNet-34": photo34}[name]
@@ -382,12 +381,12 @@ plt.show()
 # The loss itself shows the kink. Along a random unit direction v in the conv1 and conv2 weights
 # (every tap), we take one-sided second-order differences at a step h, a fraction
 # `tolerances.RADIUS_FRACTION` of the first-order distance to the nearest kink that is NOT at the
-# point (`census.kink_radius`), so each side sees one smooth piece. At the twin-tie point both
+# point (`fd.radii`), so each side sees one smooth piece. At the twin-tie point both
 # sides agree with each other and with the rendered ⟨∇L, v⟩, within `tolerances.SLOPE_REL` of the
 # slope. At the planted point they differ: no gradient exists.
 
 # %% tags=["nbval-check-output"]
-v = census.direction(params8, ["conv1.weight", "conv2.weight"], jax.random.fold_in(key, 2))
+v = fd.direction(params8, ["conv1.weight", "conv2.weight"], jax.random.fold_in(key, 2))
 slopes_twin = census.one_sided_slopes(cifar8, params8, flat8, targets, cfg8, v)
 slopes_planted = census.one_sided_slopes(cifar8, planted8, flat8, targets, cfg8, v)
 print(f"h = {tolerances.RADIUS_FRACTION} × the radius; sides judged to {tolerances.SLOPE_REL:.0e} of the slope")

@@ -26,7 +26,7 @@ import numpy as np
 import pytest
 
 from gradtie import data, prng, rendered
-from gradtie.checks import census, check
+from gradtie.checks import census, check, fd
 from gradtie.checks.tie import targets_matrix
 from gradtie.kit import KIT
 from gradtie.nets import cifar8, resnet34
@@ -167,14 +167,13 @@ def test_photos_are_mostly_dead_and_strict(photo_report):
     assert all(0 < p.margin < np.inf and p.dead_margin > 0 for p in report.pools)
 
 
-def test_photo_windows_die_more_often_than_independent_cells_would(params, photos, photo_report):
+def test_photo_windows_die_more_often_than_independent_cells_would(photo_report):
     """Neighbouring cells of a photo are correlated: more dead windows than q⁴ per channel predicts."""
-    shares = census.dead_shares(cifar8, params, photos, CFG, photo_report)
-    assert [s.pool for s in shares] == ["pool1", "pool2", "pool3", "pool4"]
-    for s, p in zip(shares, photo_report.pools):
-        assert s.dead == p.counts["dead"] / p.windows
-        assert 0.3 < s.negative < 0.7 and 0 < s.independent < s.dead and s.lift > 1
-    flat_cells = census.DeadShare("pool1", 0.5, 0.5 ** 4, 0.5 ** 4)   # independent cells: no lift
+    for p in photo_report.pools:
+        assert p.dead == p.counts["dead"] / p.windows
+        assert 0.3 < p.negative < 0.7 and 0 < p.independent < p.dead and p.lift > 1
+    one_in_16 = np.array([[[[DEAD] + [STRICT] * 15]]])
+    flat_cells = census.PoolCensus("pool1", "bn2", one_in_16, 1.0, 1.0, 0.5, 0.5 ** 4)   # independent cells: no lift
     assert flat_cells.lift == 1.0
 
 
@@ -384,7 +383,7 @@ def test_resnet34_zeros_split_between_h_stem_and_the_blocks(params34):
 def test_rendered_chain_is_the_gather_model_at_argmax(params, flat, labels, flat_report):
     sigma, _ = census.rerouted(cifar8, params, flat, CFG, flat_report, "twin tie")
     targets = targets_matrix(labels, 10, jnp.float64)
-    loss, g, dx = census.gradients_at(cifar8.NET, params, flat, targets, CFG, sigma)
+    loss, g, dx, _, _ = rendered.compiled(cifar8.NET, KIT, params, flat, targets, CFG, selections=sigma)
     loss_r, g_r, dx_r, _, _ = rendered.run(cifar8.NET, KIT, params, flat, targets, CFG)
     assert float(loss) == pytest.approx(float(loss_r), rel=1e-14)   # two compilations: ulps
     gmax = max(float(jnp.max(jnp.abs(a))) for a in g_r.values())
@@ -427,7 +426,7 @@ def test_rerouted_rejects_an_unknown_class(params, flat, flat_report):
 
 @pytest.fixture(scope="module")
 def v(params):
-    return census.direction(params, ["conv1.weight", "conv2.weight"], jax.random.key(1))
+    return fd.direction(params, ["conv1.weight", "conv2.weight"], jax.random.key(1))
 
 
 def test_direction_is_a_unit_vector_in_the_named_parameters(v):
@@ -483,7 +482,8 @@ def test_a_net_the_suite_does_not_name_gets_the_generic_hypothesis_only(bottlene
 
 def test_a_non_twin_tie_is_planted_before_the_first_pool_of_any_net(bottleneck, flat):
     net, params = bottleneck
-    assert census.first_pool_convs(net) == ("conv1.weight",)
-    r = census.smoothness(net, census.planted_tie(net, params), flat, net.config())
+    planted = census.planted_tie(net, params)
+    assert [k for k in params if not np.array_equal(planted[k], params[k])] == ["conv1.weight"]
+    r = census.smoothness(net, planted, flat, net.config())
     assert not r.ok and r.non_twin_ties > 0 and r.violations[0].layer == "stem.pool"
     assert census.smoothness(net, params, flat, net.config()).ok        # the same images at the real weights

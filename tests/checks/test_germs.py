@@ -17,7 +17,7 @@ import pytest
 
 from gradtie import data
 from gradtie import tolerances
-from gradtie.checks import bugs, census, germs
+from gradtie.checks import bugs, census, fd, germs
 from gradtie.nets import cifar8, resnet34
 from gradtie.nets.protocol import abstract_inputs
 from gradtie.ops import head
@@ -102,10 +102,10 @@ def test_first_crossing_is_the_smallest_root_of_each_gap():
         vals = g0[i] + g1[i] * t + g2[i] * t ** 2
         crossing = np.nonzero(np.diff(np.sign(vals)))[0]
         want = np.min(np.abs(t[crossing])) if crossing.size else np.inf
-        got = germs.first_crossing(g0[i:i + 1], g1[i:i + 1], g2[i:i + 1])
+        got = fd.first_crossing(g0[i:i + 1], g1[i:i + 1], g2[i:i + 1])
         assert (np.isinf(want) and got > 5) or abs(got - want) < 1e-5
-    assert germs.first_crossing([1.0], [0.0], [0.0]) == np.inf          # a gap that never moves
-    assert germs.first_crossing([1.0], [-2.0], [0.0]) == pytest.approx(0.5)
+    assert fd.first_crossing([1.0], [0.0], [0.0]) == np.inf          # a gap that never moves
+    assert fd.first_crossing([1.0], [-2.0], [0.0]) == pytest.approx(0.5)
 
 
 # ---- the kit on cifar8 --------------------------------------------------------------------------
@@ -159,10 +159,10 @@ def test_bit_identical_below_delta_and_parts_beyond(walks, kind):
 def test_split_losses_bracket_delta(point, walks):
     params, x, targets, _ = point
     r = walks["curved"]
-    sigma = germs.selections(NET, params, x, CFG)
-    path = germs.make_path(params, r.params, jax.random.key(4))
-    straight_delta, _ = germs.predicted_radius(NET, params, x, CFG, path, sigma, kinks_everywhere=False)
-    path = germs.make_path(params, r.params, jax.random.key(4), curved=True, curvature=1 / straight_delta)
+    sigma = census.selections(NET, params, x, CFG)
+    path = fd.make_path(params, r.params, jax.random.key(4))
+    straight_delta, _ = fd.radii(NET, params, x, CFG, path, sigma, everywhere=False)
+    path = fd.make_path(params, r.params, jax.random.key(4), curved=True, curvature=1 / straight_delta)
     lo, hi = r.delta_bracket
     real, gath = germs.split_losses(NET, params, x, targets, CFG, path, [lo, -lo, hi, -hi], sigma, stage="stage4")
     assert np.array_equal(real[:2], gath[:2])
@@ -247,8 +247,8 @@ def test_germ_refuses_bad_input(point):
     params, x, targets, _ = point
     with pytest.raises(ValueError, match="unknown walk"):
         germs.walk_parameters(NET, "bn9", params, CFG)
-    with pytest.raises(ValueError, match="unknown stage"):
-        germs.stage_parameters(NET, "stage9", params, CFG)
+    with pytest.raises(ValueError, match="unknown walk"):
+        germs.walk_parameters(NET, "stage9", params, CFG)
     with pytest.raises(ValueError, match="float32"):
         germs.germ(NET, params, x.astype(jnp.float32), targets, CFG, None, "bn8", key=jax.random.key(0))
     with pytest.raises(ValueError, match="BatchNorm layer"):
@@ -262,6 +262,6 @@ def _saved(net, cfg):
 
 def test_plan_runs_op_by_op_through_the_last_pool(point):
     params, x, _, _ = point
-    assert germs.pool_stages(NET, CFG, _saved(NET, CFG)) == [0, 1, 2, 3]
-    assert [germs._plan(NET, params, x, CFG, f"stage{k}").stop for k in (1, 4)] == [4, 4]
-    assert germs.pool_stages(resnet34, CFG34, _saved(resnet34.NET, CFG34)) == [0]   # the stem holds the only pool
+    assert census.pool_stages(NET, CFG, _saved(NET, CFG)) == [0, 1, 2, 3]
+    assert [germs._plan(NET, params, x, CFG, f"stage{k}")[1] for k in (1, 4)] == [4, 4]
+    assert census.pool_stages(resnet34, CFG34, _saved(resnet34.NET, CFG34)) == [0]   # the stem holds the only pool

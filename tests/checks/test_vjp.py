@@ -56,7 +56,7 @@ W = jnp.asarray(np.random.default_rng(1).uniform(0.5, 1.5, (3, 4)))
 def test_a_right_custom_vjp_passes():
     rep = check_vjp(softplus_with(1.0), X, W)
     assert rep.ok and len(rep.rows) == 2 and all(r.agrees for r in rep.rows)
-    assert rep.fd_rel <= rep.fd_limit
+    assert rep.fd.ok and rep.fd.rel <= rep.fd.limit
     assert "2/2 arguments" in rep.summary() and "agree" in rep.summary()
     assert gradtie.check_vjp is check_vjp
 

@@ -1,45 +1,78 @@
-"""Each node is the derivative of the whole loss: central finite differences of the real loss.
+"""Derivatives along a direction, written once: central differences and their envelope, one-sided
+slopes and the kink they reveal, Taylor coefficients along a path, the radius to the first kink.
+The nodes' finite differences (`derivatives`), the germ walks, the census's one-sided slopes and
+`check_vjp` use them. The loss is the forward's through the net's `Loss.value`, never a backward.
 
-For node θ_k and a random unit direction v in its space, D(h) = (L(θ + h·v) − L(θ − h·v)) / 2h
-→ ⟨∇_k L, v⟩ at O(h²) where L is smooth. The loss is the forward's logits through the net's loss
-(`Loss.value`), never a backward. float64.
-
-Every node's differences run the net's own stage forwards from the node's stage onward (the stages
-before it do not move: their saved records and the stage input are the point's, computed once), one
-compiled probe per entry stage (`entries`): the loss at ±h and ±h/2, and whether each end still
-lies in the point's smooth piece (every ReLU input with the same sign, every pool window with the
-same choice). Real batches hold windows within 1e-6 of a tie, and a difference taken across a kink
-measures nothing: a step whose ends leave the piece is halved until they don't, and one whose ends
-never come back inside by FD_MIN_STEP is "no evidence (kink)", never a verdict.
-
-The verdict, like the tie's, is held to the point's own round-off: the envelope of D(h) is the
-truncation seen between h and h/2 (Richardson) plus the round-off ε_L/h, ε_L the loss's spread over
-the tie's envelope evaluations; the limit is FD_FACTOR of it, floored at FD_REL. Its scale is read
-off the oracle's gradient, never the rendered one (an inflated node must not widen every other
-row's floor). A row whose limit reaches ILL_CONDITIONED_REL is "no evidence", never a pass.
-Shown in: Whole-net tie.
+D(h) = (L(θ + h·v) − L(θ − h·v)) / 2h → ⟨∇L, v⟩ at O(h²) where L is smooth; its envelope is the
+truncation seen between h and h/2 (Richardson: 4/3·|D(h) − D(h/2)|) plus the round-off ε_L/h. Real
+batches hold windows within 1e-6 of a tie, and a difference across a kink measures nothing: a node's
+step whose ends never come back into the point's smooth piece (every ReLU input's sign, every pool
+window's choice) by FD_MIN_STEP is "no evidence (kink)". The limit is FD_FACTOR of the envelope,
+floored at FD_REL, its scale read off the oracle's gradient, never the rendered one (an inflated
+node must not widen every other row's floor); a limit reaching ILL_CONDITIONED_REL is "no
+evidence", never a pass. Shown in: Whole-net tie.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import partial
-from typing import Iterable
+from functools import partial, reduce
+from typing import Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import rendered
+from .. import prng, reference, rendered
 from .. import tolerances as tol
 from ..host import to_device
 from ..nets.protocol import Net, Pass, as_net, fold_forward
 from ..ops import maxpool
 from .envelope import host_rng
-from .tie import piece_of
+from .tie import piece_of, targets_matrix
 
-VERDICTS = ("ok", "no evidence", "FAILED")
 
+# ---- central differences and one-sided slopes of a function of one step ---------------------------
+
+def best_step(end: Callable, h: float, *, roundoff: float, min_step: float = tol.FD_MIN_STEP):
+    """(h, D(h), envelope, inside) for `end(t)` -> (L(t), whether t lies in the point's smooth piece):
+    the step halved from `h` until both ends of h and h/2 lie inside, then further while the envelope
+    4/3·|D(h) − D(h/2)| + roundoff/h keeps shrinking (where L curves hard, as a BatchNorm over few
+    cells, the best step is far below the first one inside). A halving costs two evaluations."""
+    ends: dict[float, tuple] = {}
+
+    def judged(h):
+        (lp, a), (lm, b), (lp2, c), (lm2, d) = (ends[s] if s in ends else ends.setdefault(s, end(s))
+                                                for s in (h, -h, h / 2, -h / 2))
+        d_h = (lp - lm) / (2 * h)
+        return d_h, 4 / 3 * abs(d_h - (lp2 - lm2) / h) + roundoff / h, a and b and c and d
+
+    d_h, env, inside = judged(h)
+    while not inside and h / 2 >= min_step:
+        h /= 2
+        d_h, env, inside = judged(h)
+    while inside and h / 2 >= min_step:
+        d2, env2, inside2 = judged(h / 2)
+        if not inside2 or env2 >= env:
+            break
+        h, d_h, env = h / 2, d2, env2
+    return h, d_h, env, inside
+
+
+def one_sided(f: Callable, h: float) -> tuple[float, float]:
+    """(left, right), f's second-order one-sided slopes at 0: right = (−3f(0) + 4f(h) − f(2h))/2h, left
+    its mirror. Both are f'(0) where f is smooth on [−2h, 2h]; at a kink they part."""
+    f0, fp, fp2, fm, fm2 = (f(t) for t in (0.0, h, 2 * h, -h, -2 * h))
+    return (3 * f0 - 4 * fm + fm2) / (2 * h), (-3 * f0 + 4 * fp - fp2) / (2 * h)
+
+
+def kinked(jumps) -> bool:
+    """A kink at 0: the jump |right − left| the same (to GERM_KINK_FLATNESS) at steps decades apart."""
+    j = np.asarray(jumps)
+    return bool(j.size and j.min() > 0 and j.max() <= tol.GERM_KINK_FLATNESS * j.min())
+
+
+# ---- every node, from its own stage onward --------------------------------------------------------
 
 @dataclass(frozen=True)
 class FDRow:
@@ -62,44 +95,17 @@ class FDRow:
 
     @property
     def verdict(self) -> str:
-        if self.kinked:
-            return "no evidence"
         if not self.ok:
             return "FAILED"
-        return "no evidence" if self.ill_conditioned else "ok"
+        return "no evidence" if self.kinked or self.ill_conditioned else "ok"
 
 
-def central_difference(loss, params: dict, name: str, direction: jax.Array, h: float) -> float:
-    plus = dict(params, **{name: params[name] + h * direction})
-    minus = dict(params, **{name: params[name] - h * direction})
-    return float((loss(plus) - loss(minus)) / (2 * h))
-
-
-def convergence(loss, params: dict, name: str, direction: jax.Array, exact: float,
-                steps: Iterable[float]) -> np.ndarray:
-    """|central difference − exact| for each step h: O(h²) where the loss is smooth."""
-    return np.array([abs(central_difference(loss, params, name, direction, h) - exact) for h in steps])
-
-
-def loss_fn(net, x, targets, cfg, label_smoothing: float = 0.0):
-    net = as_net(net)
-
-    def loss(params):
-        logits, _ = net.forward(params, x, cfg)
-        return net.loss.value(logits, targets, label_smoothing)
-    return loss
-
-
-# ---- every node, from its own stage onward --------------------------------------------------------
-
-def _piece_of_stages(net: Net, stages, saved) -> tuple[dict, dict]:
-    """The smooth piece's entries that `stages` compute: their ReLU signs and pool choices."""
-    signs, choices = {}, {}
-    for stage in stages:
-        s = saved[stage.name]
-        signs.update({k: z > 0 for k, z in stage.relu_inputs(s).items()})
-        choices.update({k: maxpool.select(r, net.pools[k]) for k, r in stage.pool_inputs(s).items()})
-    return signs, choices
+def row(name: str, d_h: float, dot: float, ref: float, h: float, env: float, *, floor: float,
+        factor: float = tol.FD_FACTOR, kinked: bool = False) -> FDRow:
+    """D(h) against a node's ⟨·, v⟩ `dot`, in units of max(|D(h)|, |ref|, floor) (ref: the oracle's
+    ⟨·, v⟩), held to max(factor × envelope, FD_REL)."""
+    scale = max(abs(d_h), abs(ref), floor)
+    return FDRow(name, d_h, dot, abs(d_h - dot) / scale, max(factor * env / scale, tol.FD_REL), h, env / scale, kinked)
 
 
 @partial(jax.jit, static_argnums=(0, 1, 4))
@@ -108,49 +114,33 @@ def _suffix_probe(net: Net, start: int, params, h, cfg, targets, alpha, here):
     input h; only the piece's entries those stages compute are compared (the earlier ones cannot move)."""
     suffix = net.stage_list(cfg)[start:]
     logits, saved = fold_forward(suffix, params, h, cfg, Pass())
-    signs, choices = _piece_of_stages(net, suffix, saved)
     same = jnp.bool_(True)
-    for k, v in signs.items():
-        same = same & jnp.all(v == here[0][k])
-    for k, v in choices.items():
-        same = same & jnp.all(v == here[1][k])
+    for stage in suffix:
+        s = saved[stage.name]
+        for k, z in stage.relu_inputs(s).items():
+            same = same & jnp.all((z > 0) == here[0][k])
+        for k, r in stage.pool_inputs(s).items():
+            same = same & jnp.all(maxpool.select(r, net.pools[k]) == here[1][k])
     return net.loss.value(logits, targets, alpha), same
-
-
-def entries(stage_list) -> list[int]:
-    """The stages a probe may start at: the first, and every stage that is not an identity block
-    (ResNet-34: stem, the three downsample blocks, head; cifar8: every stage). One compiled probe
-    each: starting at every stage would save a third of the forwards and cost three times the
-    compilation."""
-    return [i for i, stage in enumerate(stage_list) if i == 0 or stage.kind != "identity"]
 
 
 def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: dict, key, names=None,
                 label_smoothing: float = 0.0, loss_roundoff: float = 0.0, dx=None, reference_dx=None,
                 factor: float = tol.FD_FACTOR) -> list[FDRow]:
-    """One `FDRow` per node in `names` (default: all, then "input" when `dx` is given): D(h) along a
-    random unit direction against ⟨rendered node, v⟩, held to FD_FACTOR × (truncation + round-off),
-    floored at FD_REL.
-
-    grads (and dx, the input cotangent): the rendered nodes judged; reference_grads (reference_dx):
-    the oracle's, which set each row's scale (the floor for a direction nearly orthogonal to its
-    node). The step starts at FD_STEP (or twice the last node's), is halved until both ends lie in
-    the point's smooth piece (every ReLU sign, every pool choice), then halved further while the
-    envelope (truncation + round-off) keeps shrinking: where the loss curves hard (a BatchNorm over
-    few cells) the best step is far below the first one inside the piece. Every evaluation runs one
-    compiled probe from the node's stage onward (the input's from the first stage), so no saved
-    activation comes back to the host. loss_roundoff: ε_L, the loss's round-off spread at the point
-    (`Envelope.loss` of the tie); the round-off of D(h) is ε_L/h. targets: rows [N,K]. Directions
-    are drawn on the host.
-    """
+    """One `row` per node in `names` (default: all, then "input" when `dx` is given): D(h) along a
+    random unit direction (drawn on the host) against ⟨rendered node, v⟩ (grads, dx), scaled by the
+    oracle's (reference_grads, reference_dx), at the `best_step` from FD_STEP (or twice the last
+    node's: a point's nodes keep to similar radii), each end one probe from the node's stage on.
+    loss_roundoff: ε_L, the loss's round-off spread at the point (`Envelope.loss`). targets: [N,K]."""
     net = as_net(net)
     names = list(params) + (["input"] if dx is not None else []) if names is None else list(names)
     params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
-    x = jnp.asarray(x, jnp.float64)
-    t = jnp.asarray(targets, jnp.float64)
-    alpha = jnp.float64(label_smoothing)
+    x, t, alpha = jnp.asarray(x, jnp.float64), jnp.asarray(targets, jnp.float64), jnp.float64(label_smoothing)
     stage_list = net.stage_list(cfg)
-    starts = entries(stage_list)
+    # a probe starts at the first stage or one that is not an identity block (ResNet-34: stem, the
+    # downsample blocks, head): one compiled probe each; every stage would save a third of the
+    # forwards and cost three times the compilation
+    starts = [i for i, stage in enumerate(stage_list) if i == 0 or stage.kind != "identity"]
     entry_of = {p: max(e for e in starts if e <= i) for i, stage in enumerate(stage_list) for p in stage.params}
     entry_of["input"] = 0
     missing = [n for n in names if n not in entry_of]
@@ -160,55 +150,150 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: d
         raise ValueError("fd.derivatives: the input row needs dx and reference_dx")
     _, saved, inputs = rendered.forward(net, params, x, cfg)   # the tie's and the census's program
     here = piece_of(net, saved)
-    rendered_of = dict(grads, input=dx)
-    reference_of = dict(reference_grads, input=reference_dx)
-
-    def evaluate(name, base, step, v):
-        # θ + step·v on the host: no compiled program per node shape
-        start = entry_of[name]
-        moved = to_device(base + step * v)
-        p, h = (params, moved) if name == "input" else (dict(params, **{name: moved}), inputs[stage_list[start].name])
-        loss, same = jax.device_get(_suffix_probe(net, start, p, h, cfg, t, alpha, here))
-        return float(loss), bool(same)
+    rendered_of, reference_of = dict(grads, input=dx), dict(reference_grads, input=reference_dx)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in reference_grads.values())
-    rng = host_rng(key)
-    rows = []
-    h_last = tol.FD_STEP
+    rows, h, rng = [], tol.FD_STEP, host_rng(key)
     for name in names:
-        base = np.asarray(x if name == "input" else params[name])
+        start, base = entry_of[name], np.asarray(x if name == "input" else params[name])
         v = rng.standard_normal(base.shape)
         v = v / np.linalg.norm(v)
-        ends_at: dict[float, tuple[float, bool]] = {}
 
-        def end(step):
-            if step not in ends_at:
-                ends_at[step] = evaluate(name, base, step, v)
-            return ends_at[step]
+        def end(step):   # θ + step·v on the host: no compiled program per node shape
+            moved = to_device(base + step * v)
+            p, y = ((params, moved) if name == "input" else
+                    (dict(params, **{name: moved}), inputs[stage_list[start].name]))
+            loss, same = jax.device_get(_suffix_probe(net, start, p, y, cfg, t, alpha, here))
+            return float(loss), bool(same)
 
-        def judged(h):
-            """(D(h), its envelope, both ends of h and h/2 inside the piece)"""
-            ends = [end(step) for step in (h, -h, h / 2, -h / 2)]
-            lp, lm, lp2, lm2 = (loss for loss, _ in ends)
-            d_h, d_h2 = (lp - lm) / (2 * h), (lp2 - lm2) / h
-            return d_h, 4 / 3 * abs(d_h - d_h2) + loss_roundoff / h, all(same for _, same in ends)
-
-        # the nodes of one point keep to similar radii: start one halving above the last node's step
-        # rather than at FD_STEP; each halving reuses the ±h/2 ends, so it costs two forwards
-        h = min(tol.FD_STEP, 2 * h_last)
-        d_h, env, inside = judged(h)
-        while not inside and h / 2 >= tol.FD_MIN_STEP:
-            h /= 2
-            d_h, env, inside = judged(h)
-        while inside and h / 2 >= tol.FD_MIN_STEP:   # a smaller step while the envelope shrinks
-            d2, env2, inside2 = judged(h / 2)
-            if not inside2 or env2 >= env:
-                break
-            h, d_h, env = h / 2, d2, env2
-        h_last = h
-        dot = float(np.vdot(np.asarray(rendered_of[name], np.float64), v))
-        ref = float(np.vdot(np.asarray(reference_of[name], np.float64), v))
-        scale = max(abs(d_h), abs(ref), tol.ZERO_NODE_FLOOR * gnorm)
-        envelope = env / scale
-        limit = max(factor * envelope, tol.FD_REL)
-        rows.append(FDRow(name, d_h, dot, abs(d_h - dot) / scale, limit, h, envelope, kinked=not inside))
+        h, d_h, env, inside = best_step(end, min(tol.FD_STEP, 2 * h), roundoff=loss_roundoff)
+        dot, ref = (float(np.vdot(np.asarray(g[name], np.float64), v)) for g in (rendered_of, reference_of))
+        rows.append(row(name, d_h, dot, ref, h, env, floor=tol.ZERO_NODE_FLOOR * gnorm, factor=factor,
+                        kinked=not inside))
     return rows
+
+
+# ---- paths through the parameters; the loss and Taylor coefficients along them -------------------
+
+def direction(params: dict, names: Sequence[str], key) -> dict:
+    """A random direction in the named parameters (zero elsewhere), unit Euclidean norm overall."""
+    v = {name: prng.normal(jax.random.fold_in(key, i), params[name].shape, params[name].dtype)
+         for i, name in enumerate(names)}
+    norm = jnp.sqrt(sum(jnp.sum(a * a) for a in v.values()))
+    return {name: (v[name] / norm if name in v else jnp.zeros_like(p)) for name, p in params.items()}
+
+
+class Path(NamedTuple):
+    """θ(t) = θ + t·v + t²·w; v and w hold every parameter (zero outside the moving ones; w = 0 on
+    a straight walk, so one compiled program walks both kinds)."""
+    v: dict
+    w: dict
+    names: tuple[str, ...]
+    kind: str = "straight"    # or "curved"
+
+    def at(self, params: dict, t, names: Optional[Sequence[str]] = None) -> dict:
+        """θ(t) for the named parameters (all moving ones by default), the others as they are."""
+        names = self.names if names is None else names
+        return dict(params, **_moved({n: params[n] for n in names}, self.v, self.w, t))
+
+
+def make_path(params, names: Sequence[str], key, *, curved: bool = False, curvature: float = 1.0) -> Path:
+    """v = `direction(params, names, key)`; curved: w = curvature · an independent one."""
+    if not names or any(n not in params for n in names):
+        raise ValueError(f"make_path: names must be parameters, got {list(names)}")
+    v = direction(params, names, key)
+    w = direction(params, names, jax.random.fold_in(key, 10_000)) if curved else v
+    w = jax.tree.map(lambda a: curvature * a if curved else jnp.zeros_like(a), w)
+    return Path(v, w, tuple(names), "curved" if curved else "straight")
+
+
+def _moved(params, v, w, t) -> dict:
+    return {k: params[k] + t * v[k] + (t * t) * w[k] for k in params}
+
+
+def path_losses(net, params, x, targets, cfg, path: Path, ts, *, label_smoothing: float = 0.0) -> np.ndarray:
+    """S(t), the net's own loss (`loss.value` of its forward), at θ(t) for each t: one compiled
+    program (`taylor` to order 0), shared by every path and every t. targets: labels [N] or rows [N,K]."""
+    net = as_net(net)
+    targets = targets_matrix(targets, net.cfg(cfg).num_classes, x.dtype)
+    alpha = jnp.asarray(label_smoothing, x.dtype)
+    return np.array([float(taylor(net, params, x, cfg, path.v, path.w, 0, "loss", targets, alpha,
+                                  jnp.asarray(t, x.dtype))[0]) for t in ts])
+
+
+# S(t) runs ~130 times per walk, the nested forward-mode programs once: compiled with full optimisation
+@partial(jax.jit, static_argnums=(0, 3, 6, 7))
+def taylor(net: Net, params, x, cfg, v, w, order: int, read: str, targets=None, alpha=None, t0=0.0) -> list:
+    """[f(t0), f'(t0), …] to the `order`-th derivative along θ(t), f the loss from the forward
+    (read="loss"), every ReLU input ("relu") or those feeding pools ("pool relu"): `order` nested
+    forward-mode passes through the forward (never a backward), in one program."""
+    def f(t):
+        p = _moved(params, v, w, t0 + t)
+        if read == "loss":
+            return reference.loss_at(net, p, x, targets, cfg, alpha)
+        pre = net.preactivations(net.forward(p, x, cfg)[1])
+        # only the layers feeding pools: the compiler drops the rest of the net
+        return pre if read == "relu" else {k: pre[k] for k in sorted(set(net.pool_preactivations.values()))}
+
+    g = f
+    for _ in range(order):
+        g = partial(lambda g_, t: reference.jvp(g_, (t,), (jnp.ones((), x.dtype),)), g)
+    out = g(jnp.zeros((), x.dtype))
+    # the k-th derivative sits k tangent sides deep: (primal, tangent) index 1 at the first k levels
+    return [reduce(lambda node, level: node[int(level < k)], range(order), out) for k in range(order + 1)]
+
+
+# ---- the radius to the first kink ----------------------------------------------------------------
+
+def _first_positive_root(a, b, c) -> np.ndarray:
+    """Smallest s > 0 with a·s² + b·s + c = 0, elementwise, for c > 0 (inf where none)."""
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        disc = b * b - 4 * a * c
+        sq = np.sqrt(np.maximum(disc, 0.0))
+        q = -0.5 * (b + np.copysign(sq, b))                 # the stable pair: q/a and c/q
+        r1 = np.where(a != 0, q / a, np.inf)
+        r2 = np.where(q != 0, c / q, np.inf)
+        roots = np.stack([r1, r2])
+        roots = np.where((disc >= 0) & np.isfinite(roots) & (roots > 0), roots, np.inf)
+    return roots.min(axis=0)
+
+
+def first_crossing(g0, g1, g2) -> float:
+    """The smallest |t| at which some gap g0 + g1·t + g2·t² (g0 > 0) reaches 0, either sign of t."""
+    g0, g1, g2 = (np.asarray(a, np.float64) for a in (g0, g1, g2))
+    keep = g0 > 0
+    if not keep.any():
+        return np.inf
+    g0, g1, g2 = g0[keep], g1[keep], g2[keep]
+    return float(min(np.min(_first_positive_root(g2, g1, g0)), np.min(_first_positive_root(g2, -g1, g0))))
+
+
+def radii(net, params, x, cfg, path: Path, sigma: dict, *, everywhere: bool = True,
+          order: int = 2) -> tuple[float, float]:
+    """(δ, kinks) along θ(t), each margin followed to `order` in t. Each pool reads relu(z), z the
+    pre-activations `net.pool_preactivations` names; a live window (z[σ] > 0, σ its selected cell)
+    keeps σ until a competitor's z meets z[σ] (twins, and cells tied with σ now, never do), a dead
+    one (z < 0 everywhere) its 0 until a cell other than σ and its twins crosses 0. δ is the smallest
+    |t| at which one of these gaps closes; `kinks` the smallest at which a ReLU input crosses 0
+    (everywhere=False: those feeding pools only); min(δ, kinks) is the smooth piece's radius."""
+    net = as_net(net)
+    z = [jax.tree.map(np.asarray, a) for a in
+         taylor(net, params, x, net.cfg(cfg), path.v, path.w, order, "relu" if everywhere else "pool relu")]
+    z0, z1, z2 = z[0], z[1], jax.tree.map(lambda a: a / 2 if order > 1 else np.zeros_like(a), z[-1])
+    kinks = min((first_crossing(np.abs(z0[k]), np.sign(z0[k]) * z1[k], np.sign(z0[k]) * z2[k]) for k in z0),
+                default=np.inf)
+    radius = np.inf
+    for name, spec in net.pools.items():
+        layer = net.pool_preactivations[name]
+        zw, z1w, z2w = (maxpool.windows(np.asarray(a[layer]), spec) for a in (z0, z1, z2))
+        finite = np.isfinite(zw)                       # the stem pool's −∞ padding is never a competitor
+        z1w, z2w = np.where(finite, z1w, 0.0), np.where(finite, z2w, 0.0)
+        idx = np.asarray(sigma[name])[..., None]
+        other = np.arange(zw.shape[-1]) != idx
+        top, t1, t2 = (np.take_along_axis(a, idx, -1) for a in (zw, z1w, z2w))
+        live = top > 0
+        twin = (zw == top) & (z1w == t1) & (z2w == t2)
+        on_live = live & finite & other
+        radius = min(radius, first_crossing((top - zw)[on_live], (t1 - z1w)[on_live], (t2 - z2w)[on_live]))
+        on_dead = ~live & finite & other & ~twin
+        radius = min(radius, first_crossing(-zw[on_dead], -z1w[on_dead], -z2w[on_dead]))
+    return radius, kinks
