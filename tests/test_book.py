@@ -2,6 +2,7 @@
 pass having collected fewer notebooks than the book has chapters; parameters validate; the intro's
 claim map is the rendered one, and every figure it pastes is glued by its chapter."""
 
+import json
 import re
 
 import pytest
@@ -11,7 +12,10 @@ from gradtie import book, claims
 
 def _tree(tmp_path, names, toc_names, ipynbs):
     (tmp_path / "notebooks").mkdir()
-    (tmp_path / "_toc.yml").write_text("".join(f"      - file: book/{n}\n" for n in toc_names))
+    # the table of contents book.toc() writes, with only `toc_names` of the chapters in it
+    (tmp_path / "_toc.yml").write_text("".join(line + "\n" for line in book.toc().splitlines()
+                                               if "file: book/" not in line or line.split("book/")[1] in toc_names
+                                               or line.split("book/")[1] in book.PAGES))
     for n in names:
         (tmp_path / "notebooks" / f"{n}.py").write_text("")
     for n in ipynbs:
@@ -31,8 +35,15 @@ def test_agreeing_book_lists_every_chapter_notebook(two_chapters):
     assert [p.name for p in book.chapter_notebooks()] == ["a.ipynb", "b.ipynb"]
 
 
+def test_the_committed_toc_and_the_nbval_order_come_from_the_chapter_list():
+    assert (book.ROOT / "_toc.yml").read_text() == book.toc()
+    assert sorted(p.stem for p in book.nbval_order()) == sorted(c.name for c in book.CHAPTERS)
+    costs = {c.name: c.nbval_cost for c in book.CHAPTERS}
+    assert [costs[p.stem] for p in book.nbval_order()] == sorted(costs.values(), reverse=True)
+
+
 @pytest.mark.parametrize("toc, ipynbs, message", [
-    (["a"], ["a", "b"], "b is not in _toc.yml"),
+    (["a"], ["a", "b"], "_toc.yml is not book.toc"),
     (["a", "b"], ["a"], "notebooks/b.ipynb is missing"),
     (["a", "b"], ["a", "b", "c"], "notebooks/c.ipynb is not a chapter"),
 ])
@@ -254,3 +265,40 @@ def test_a_missing_or_corrupt_notebook_is_never_reused(tmp_path):
     assert not book._executed_with(tmp_path / "absent.ipynb", "k")
     (tmp_path / "bad.ipynb").write_text("{not json")
     assert not book._executed_with(tmp_path / "bad.ipynb", "k")
+
+
+# ---- the executed chapters carry no stderr and no path of the machine that ran them -------------
+
+_MACHINE_PATH = re.compile(r"(/home/|/root/|/tmp/|/work/|/Users/|\.venv/|site-packages/|[A-Z]:\\\\)")
+
+
+def _outputs(path):
+    for cell in json.loads(path.read_text())["cells"]:
+        for out in cell.get("outputs", []):
+            text = out.get("text", "") if out.get("output_type") == "stream" else out.get("data", {}).get("text/plain", "")
+            yield out, "".join(text) if isinstance(text, list) else str(text)
+
+
+def _problems(path) -> list[str]:
+    found = []
+    for out, text in _outputs(path):
+        if out.get("output_type") == "stream" and out.get("name") == "stderr":
+            found.append(f"stderr: {text[:60]!r}")
+        if _MACHINE_PATH.search(text):
+            found.append(f"a machine path: {text[:60]!r}")
+    return found
+
+
+@pytest.mark.parametrize("chapter", [c.name for c in book.CHAPTERS])
+def test_an_executed_chapter_has_no_stderr_and_no_machine_path(chapter):
+    assert _problems(book.NOTEBOOKS / f"{chapter}.ipynb") == []
+
+
+def test_stderr_and_a_machine_path_are_found(tmp_path):
+    nb = {"cells": [{"cell_type": "code", "outputs": [
+        {"output_type": "stream", "name": "stderr", "text": ["TqdmWarning: IProgress not found\n"]},
+        {"output_type": "stream", "name": "stdout", "text": ["read /home/user/.venv/lib/python3.11/x.py\n"]},
+        {"output_type": "execute_result", "data": {"text/plain": "tied 38/38"}}]}]}
+    (tmp_path / "x.ipynb").write_text(json.dumps(nb))
+    found = _problems(tmp_path / "x.ipynb")
+    assert len(found) == 2 and found[0].startswith("stderr") and found[1].startswith("a machine path")
