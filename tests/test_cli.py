@@ -40,8 +40,51 @@ def test_unknown_net_is_an_argument_error(capsys):
     assert err.startswith("gradtie check: error: net 'vgg': expected cifar8, resnet34, path/to/file.py:NAME")
     with pytest.raises(SystemExit) as e:
         cli.main(["train", "--net", "vgg", "--out", "nowhere"])
-    assert e.value.code == 2
-    assert "invalid choice" in capsys.readouterr().err
+    assert e.value.code == cli.EXIT_BAD_INPUT      # a usage error is invalid input, never check's 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'vgg'" in err and len(err.strip().splitlines()) == 1
+
+
+BAD_INPUTS = [
+    (["check", "--image-size", "0"], "--image-size"),
+    (["check", "--image-size", "48"], "image-size 48"),
+    (["check", "--label-smoothing", "2"], "label-smoothing 2.0"),
+    (["check", "--label-smoothing", "-0.5"], "label-smoothing -0.5"),
+    (["check", "--seed", "-1"], "--seed"),
+    (["check", "--batch", "0"], "--batch"),
+    (["check", "--batch", "100000"], "GiB available"),
+    (["check", "--dtype", "float16"], "--dtype"),
+    (["check", "--net", "nofile.py:NET"], "no such file"),
+    (["check", "--bf16", "--replicas", "2"], "bf16 and replicas"),
+    (["check", "--plant-bug", "nope"], "plant-bug 'nope'"),
+    (["check", "--weights", "/nonexistent/ckpt"], "no such checkpoint"),
+    (["bench", "--batch", "0"], "--batch"),
+    (["bench", "--repeats", "0"], "--repeats"),
+    (["bench", "--net", "vgg"], "--net"),
+    (["train", "--seed", "-1", "--out", "x"], "--seed"),
+    (["train", "--optimizer", "lbfgs", "--out", "x"], "--optimizer"),
+    (["book", "--profile", "tpu"], "--profile"),
+    (["nosuch"], "invalid choice"),
+]
+
+
+@pytest.mark.parametrize("argv, says", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_every_bad_input_is_one_line_and_exit_3(argv, says):
+    """Each subcommand refuses bad input with one line naming what is wrong and exit 3, never a
+    traceback; nothing is computed or allocated first (the batch of 100,000 is refused by its
+    memory estimate before any image exists)."""
+    out = run(*argv)
+    err = out.stderr.strip()
+    assert out.returncode == cli.EXIT_BAD_INPUT, (out.returncode, err)
+    assert says in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+
+
+def test_version_is_the_package_s(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    from gradtie import __version__
+    assert capsys.readouterr().out.strip() == f"gradtie {__version__}"
 
 
 TINY_TRAIN = ("--net", "cifar8", "--data", "digits", "--optimizer", "sgd", "--batch", "16", "--head-width", "16",

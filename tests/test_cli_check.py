@@ -307,3 +307,20 @@ def test_plant_bug_list_shows_exactly_the_entries_that_apply_to_a_net_of_your_ow
     # cifar8's own: its ReLU masks read off its saved records, its square dense layer
     assert {"relu_mask_from_conv_output", "dense_weight_grad_transposed", "pool3x3_scatter_overwrite",
             "pool2x2_backward_on_3x3"}.isdisjoint(listed)
+
+
+def test_a_batch_too_large_is_refused_before_anything_is_allocated(monkeypatch):
+    """The memory estimate (abstract shapes only) refuses the point before an image exists or a
+    program compiles: with the machine's memory said to be 1 GiB and the image batch a trap, a
+    batch of 4,096 is refused by its estimate and the trap never springs."""
+    from gradtie.checks import check as check_mod
+
+    def trap(*args, **kwargs):
+        raise AssertionError("the batch was built")
+    monkeypatch.setattr(check_mod, "available_memory", lambda: 2 ** 30)
+    monkeypatch.setattr(check_mod, "make_batch", trap)
+    need = check_mod.memory_estimate(check_mod.load_net("cifar8"), 4096, 32)
+    assert need > 2 ** 30
+    with pytest.raises(ValueError, match=r"needs about .* GiB, this machine has 1\.0 GiB available"):
+        check_mod.run_check("cifar8", batch=4096)
+    assert check_mod.memory_estimate(check_mod.load_net("cifar8"), 4, 32) < 2 ** 30   # a small batch fits

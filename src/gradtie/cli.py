@@ -163,12 +163,36 @@ def _book(args: argparse.Namespace) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is invalid input: one line naming the option, exit 3 (exit 2 is
+    `check`'s "the point cannot be judged")."""
+
+    def error(self, message: str):
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _nonnegative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    from . import __version__
+    p = _Parser(
         prog="gradtie",
         description="Tie a hand-written backward chain to the gradient of the loss.",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="command", required=True)
+    p.add_argument("--version", action="version", version=f"gradtie {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     c = sub.add_parser(
         "check", help="tie every node of a net's rendered chain to autodiff and finite differences",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -191,8 +215,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--net", default="cifar8", metavar="{cifar8,resnet34,FILE.py:NAME,MODULE:NAME}",
                    help="the book's nets, or a net of your own: a gradtie.nets.protocol.Net value named "
                         "NAME in a Python file or an importable module (default cifar8)")
-    c.add_argument("--batch", type=int, default=4, help="examples in the batch, R·N with --replicas (default 4)")
-    c.add_argument("--image-size", type=int, default=None,
+    c.add_argument("--batch", type=_positive, default=4, help="examples in the batch, R·N with --replicas (default 4)")
+    c.add_argument("--image-size", type=_positive, default=None,
                    help="image side in pixels: 32 for cifar8, a multiple of 32 for resnet34 (default 32)")
     c.add_argument("--data", choices=("randn", "photos", "flat"), default=None,
                    help="standard normal pixels, crops of shipped photos (the default), or flat images "
@@ -218,7 +242,7 @@ def parser() -> argparse.ArgumentParser:
                         "within that dtype's envelope at the point")
     c.add_argument("--bf16", action="store_true", help="bf16 conv sites (operands rounded, f32 accumulation)")
     c.add_argument("--label-smoothing", type=float, default=None, help="α of the smoothed target (default 0)")
-    c.add_argument("--seed", type=int, default=0)
+    c.add_argument("--seed", type=_nonnegative, default=0)
     c.add_argument("--no-fd", action="store_true", help="skip the finite differences (autodiff tie only)")
     c.add_argument("--timings", action="store_true", help="print where the time goes")
     c.add_argument("--sensitivity", action="store_true",
@@ -240,12 +264,12 @@ def parser() -> argparse.ArgumentParser:
                "  JAX_COMPILATION_CACHE_DIR=~/.cache/jax gradtie bench --suite gpu --warm-cache --out gpu.json\n"
                "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB")
     be.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
-    be.add_argument("--batch", type=int, nargs="+", default=[32], help="per-replica batch size(s)")
+    be.add_argument("--batch", type=_positive, nargs="+", default=[32], help="per-replica batch size(s)")
     be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32")
     be.add_argument("--num-classes", type=int, default=10, help="classes K (1000 for ImageNet)")
     be.add_argument("--bf16", action="store_true", help="bf16 conv sites")
     be.add_argument("--replicas", type=int, default=1, help="data-parallel replicas (devices)")
-    be.add_argument("--repeats", type=int, default=None, help="timed steps per side (median; default 10)")
+    be.add_argument("--repeats", type=_positive, default=None, help="timed steps per side (median; default 10)")
     be.add_argument("--suite", choices=sorted(("cpu", "quick", "gpu")), default=None,
                     help="a fixed set of configurations instead of --net/--batch: cpu (the committed CPU "
                          "results), quick, gpu (ResNet-34 at 224 px, batch 64/256, f32/bf16)")
@@ -312,7 +336,7 @@ def parser() -> argparse.ArgumentParser:
                     help="training batches the BN statistics are recomputed over before each evaluation "
                          "(default 16)")
     tr.add_argument("--grads", choices=("rendered", "autodiff"), default=None, help="default rendered")
-    tr.add_argument("--seed", type=int, default=None, help="default 0")
+    tr.add_argument("--seed", type=_nonnegative, default=None, help="default 0")
     tr.add_argument("--out", required=True, help="the run folder: run.json, metrics.jsonl, checkpoint.npz")
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     tr.add_argument("--extend-epochs", type=int, default=None,
@@ -338,7 +362,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = parser().parse_args(argv)
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as e:  # bad input: say what was expected, no traceback
+    except (ValueError, OSError) as e:  # bad input (a value, a missing or unwritable path): one line, no traceback
         print(f"gradtie {args.command}: error: {e}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -29,6 +29,7 @@ from .. import parallel, prng, rendered, train
 from .. import tolerances as tol
 from ..host import to_device
 from .. import nets
+from ..nets import protocol
 from ..nets.protocol import Net, as_net
 from . import bugs, census, fd, stages
 from .bf16 import check as bf16_check
@@ -256,6 +257,35 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     return CheckReport(result, fd_rows, smooth, settings, timings, parting)
 
 
+# What one example costs the check, in multiples of its saved activations: the rendered chain and
+# the oracle each hold the forward's saved record and about as much again in the backward, and the
+# float64 reference and the envelope's evaluations run beside a chain in the checked dtype.
+CHECK_MEMORY_FACTOR = 6
+
+
+def memory_estimate(net: Net, batch: int, image_size: int, dtype: str = "float64") -> int:
+    """Bytes a check at this batch and size needs, from the forward's saved record at abstract
+    shapes (nothing is allocated or compiled): CHECK_MEMORY_FACTOR × batch × the saved floats of
+    one example × 8 bytes (the reference is float64 whatever the chain's dtype), plus the weights."""
+    params, x = protocol.abstract_inputs(net, net.config(), (1, net.channels, image_size, image_size))
+    _, saved = jax.eval_shape(lambda p, a: net.forward(p, a, net.config()), params, x)
+    per_example = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(saved))
+    weights = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
+    return 8 * (CHECK_MEMORY_FACTOR * batch * per_example + 4 * weights)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available now (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
 def _positive(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name} {value!r}: expected a positive integer")
@@ -297,9 +327,15 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     if replicas > 1 and batch % replicas and replica_counts is None:
         raise ValueError(f"batch {batch} (= R·N) must be divisible by replicas {replicas}")
     data = data or ("flat" if plant_tie else "randn")
-    image_size = image_size or (32 if net.suite else net.default_size)
-    if not net.size_ok(image_size):
-        raise ValueError(f"image-size {image_size}: {net.name} takes {net.size_rule}")
+    image_size = (32 if net.suite else net.default_size) if image_size is None else image_size
+    if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or not net.size_ok(image_size):
+        raise ValueError(f"image-size {image_size!r}: {net.name} takes {net.size_rule}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed {seed!r}: expected a non-negative integer")
+    need, have = memory_estimate(net, batch, image_size, dtype), available_memory()
+    if have is not None and need > have:
+        raise ValueError(f"batch {batch} at {image_size} px: the check needs about {need / 2**30:.1f} GiB, this "
+                         f"machine has {have / 2**30:.1f} GiB available; use a smaller --batch or --image-size")
     key = jax.random.key(seed)
     if weights in WEIGHTS:
         cfg = net.config(bf16=bf16, **({"num_classes": 10} if net.name == "resnet34" else {}))
