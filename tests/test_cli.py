@@ -79,6 +79,18 @@ def test_every_bad_input_is_one_line_and_exit_3(argv, says):
     assert says in err and "Traceback" not in err and len(err.splitlines()) == 1, err
 
 
+def test_a_non_empty_folder_without_a_run_is_refused_unless_forced(tmp_path, capsys):
+    keep = tmp_path / "run" / "checkpoint.npz"
+    keep.parent.mkdir()
+    keep.write_bytes(b"someone's file")
+    code, _, err = train_main(capsys, *TINY_TRAIN, "--epochs", "1", "--out", str(keep.parent))
+    assert code == cli.EXIT_BAD_INPUT and "not empty and holds no run" in err
+    assert keep.read_bytes() == b"someone's file"
+    (tmp_path / "file").write_text("x")
+    code, _, err = train_main(capsys, *TINY_TRAIN, "--epochs", "1", "--out", str(tmp_path / "file" / "run"))
+    assert code == cli.EXIT_BAD_INPUT and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
 def test_version_is_the_package_s(capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["--version"])

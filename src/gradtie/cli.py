@@ -144,7 +144,7 @@ def _train(args: argparse.Namespace) -> int:
                                  label_smoothing=o.label_smoothing, precise_batches=o.precise_batches)
         result = train.fit(net, cfg, dataset, config, out=args.out, resume=args.resume,
                            extend_epochs=args.extend_epochs or 0, stop_after=args.stop_after,
-                           log=lambda line: print(line, flush=True))
+                           log=lambda line: print(line, flush=True), force=args.force)
     except train.NonFiniteLoss as e:
         print(f"gradtie train: error: {e}", file=sys.stderr)
         return EXIT_NOT_FINITE
@@ -339,6 +339,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--seed", type=_nonnegative, default=None, help="default 0")
     tr.add_argument("--out", required=True, help="the run folder: run.json, metrics.jsonl, checkpoint.npz")
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    tr.add_argument("--force", action="store_true",
+                    help="train in a non-empty --out that holds no run (refused otherwise: nothing of it is lost)")
     tr.add_argument("--extend-epochs", type=int, default=None,
                     help="with --resume: add this many epochs as a new cosine cycle")
     tr.add_argument("--stop-after", type=int, default=None,

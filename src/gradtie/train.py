@@ -691,7 +691,7 @@ def _zero_sums() -> dict:
 
 def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], config: FitConfig = FitConfig(), *,
         out=None, resume: bool = False, extend_epochs: int = 0, stop_after: Optional[int] = None,
-        progress: bool = True, log: Optional[Callable[[str], None]] = None) -> FitResult:
+        progress: bool = True, log: Optional[Callable[[str], None]] = None, force: bool = False) -> FitResult:
     """Train `net` on a dataset's train split as `config` says; after each epoch evaluate on its
     test split twice: with BN statistics recomputed over `config.precise_batches` training batches
     (`test_accuracy`) and with the running statistics the tied step keeps (`test_accuracy_running`).
@@ -711,6 +711,7 @@ def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], config: FitConfig 
     any other configuration is a ValueError naming the field; a different `config.epochs` too,
     unless `extend_epochs` > 0 adds that many epochs as a new cosine cycle after the recorded total.
     stop_after=E stops once E epochs of the run are done (the schedule still spans the run).
+    A non-empty `out` that holds no run is refused (nothing of it is overwritten) unless `force`.
     A NaN or Inf loss or gradient raises NonFiniteLoss naming the step; the last checkpoint stays.
     progress: a bar per epoch on a terminal's stderr. log: called with one line per epoch (the CLI
     prints them).
@@ -729,8 +730,11 @@ def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], config: FitConfig 
     c = plan.config
     fresh = init_state(net, cfg, plan.init_params(net, cfg), plan.opt)
     out = None if out is None else Path(out)
-    run, live = _open_run(op, out, _run_record(net, cfg, plan), fresh, resume, c.epochs, extend_epochs)
+    run, live = _open_run(op, out, _run_record(net, cfg, plan), fresh, resume, c.epochs, extend_epochs, force)
     total = run["epochs"]
+    if resume and len(live.history) >= total and log is not None:
+        log(f"the run in {str(out)!r} is finished ({total} epochs); its results are in {out / METRICS} "
+            f"(add epochs with --extend-epochs N)")
     sched = _segments_schedule(c.schedule, run["segments"])
     step_fn = make_step(net, cfg, plan.opt, grads=c.grads, label_smoothing=c.label_smoothing)
     precise = None
@@ -816,7 +820,7 @@ def epoch_line(entry: Mapping, total: int) -> str:
 # ---- resume ----------------------------------------------------------------------------------------
 
 def _open_run(op: str, out: Optional[Path], run: dict, fresh: TrainState, resume: bool,
-              epochs: Optional[int], extend_epochs: int) -> tuple[dict, _Progress]:
+              epochs: Optional[int], extend_epochs: int, force: bool = False) -> tuple[dict, _Progress]:
     """The run record to train under and where training stands: a new run (its folder prepared),
     or the run in `out` resumed from its checkpoint (its record checked against `run`, extended if
     asked, its metrics log reconciled with the checkpoint)."""
@@ -833,6 +837,11 @@ def _open_run(op: str, out: Optional[Path], run: dict, fresh: TrainState, resume
     elif resume:
         read_run(out)                        # raises the clear "no run to resume" error
     elif out is not None:
+        if out.exists() and not out.is_dir():
+            raise ValueError(f"{op}: {str(out)!r} is a file, not a run folder")
+        if out.is_dir() and any(out.iterdir()) and not force:
+            raise ValueError(f"{op}: {str(out)!r} is not empty and holds no run ({RUN}); choose another "
+                             f"folder, or pass force=True (--force) to train there anyway")
         out.mkdir(parents=True, exist_ok=True)
         (out / METRICS).unlink(missing_ok=True)
     if out is not None:
