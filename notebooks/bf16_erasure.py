@@ -70,11 +70,11 @@ from gradtie.nets.layers import rounding
 from gradtie.ops import conv
 
 # %% tags=["parameters"]
-batch = 4            # examples per batch (both nets)
-image_size = 32      # ResNet-34's input side (cifar8 always reads 32×32)
-data = "photos"      # photos, flat or randn
-seed = 0
-replicas = 2         # shards of the batch for the replica sum (must divide batch)
+batch: int = 4       # examples per batch (both nets)
+image_size: int = 32  # ResNet-34's input side (cifar8 always reads 32×32)
+data: str = "photos"  # photos, flat or randn
+seed: int = 0
+replicas: int = 2    # shards of the batch for the replica sum (must divide batch)
 
 # %%
 p = book.validated(batch=batch, image_size=image_size, data=data, seed=seed, replicas=replicas)

@@ -45,9 +45,9 @@ from gradtie.checks.tie import targets_matrix
 from gradtie.nets import protocol
 
 # %% tags=["parameters"]
-batch = 4         # photo crops
-image_size = 32   # the net takes any multiple of 4; 32 keeps the ci profile quick
-seed = 0
+batch: int = 4    # photo crops
+image_size: int = 32  # the net takes any multiple of 4; 32 keeps the ci profile quick
+seed: int = 0
 
 # %%
 p = book.validated(batch=batch, image_size=image_size, seed=seed)

@@ -67,8 +67,8 @@ from gradtie import tolerances
 from gradtie.ops import head
 
 # %% tags=["parameters"]
-num_classes = 10     # K for the fold cases (the smoothed minimum below is the claim at K 10)
-seed = 0
+num_classes: int = 10  # K for the fold cases (the smoothed minimum below is the claim at K 10)
+seed: int = 0
 
 # %%
 p = book.validated(num_classes=num_classes, seed=seed)

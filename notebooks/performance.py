@@ -41,9 +41,9 @@ from gradtie import bench, book, plots
 from gradtie import tolerances
 
 # %% tags=["parameters"]
-net = "resnet34"     # the step compiled live from shapes at the end (no data, nothing timed)
-batch = 2            # its batch
-image_size = 32      # its image side
+net: str = "resnet34"  # the step compiled live from shapes at the end (no data, nothing timed)
+batch: int = 2       # its batch
+image_size: int = 32  # its image side
 
 # %%
 p = book.validated(net=net, batch=batch, image_size=image_size)

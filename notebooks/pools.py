@@ -67,9 +67,9 @@ from gradtie.nets import cifar8, resnet34
 from gradtie.ops import head, maxpool
 
 # %% tags=["parameters"]
-batch = 4            # examples per census batch (both nets)
-image_size = 64      # ResNet-34's input side (cifar8 always reads 32×32)
-seed = 0
+batch: int = 4       # examples per census batch (both nets)
+image_size: int = 64  # ResNet-34's input side (cifar8 always reads 32×32)
+seed: int = 0
 
 # %%
 p = book.validated(batch=batch, image_size=image_size, seed=seed)

@@ -64,10 +64,10 @@ from gradtie.nets import cifar8
 from gradtie.ops import head
 
 # %% tags=["parameters"]
-batch = 2            # cifar8 examples (each one adds thousands of ReLU inputs near some kink)
-data = "photos"      # the batch: photos, flat or randn
-directions = 2       # paths per germ: straight, curved, straight, then again (cpu profile: 6)
-seed = 0
+batch: int = 2       # cifar8 examples (each one adds thousands of ReLU inputs near some kink)
+data: str = "photos"  # the batch: photos, flat or randn
+directions: int = 2  # paths per germ: straight, curved, straight, then again (cpu profile: 6)
+seed: int = 0
 
 # %%
 p = book.validated(batch=batch, data=data, directions=directions, seed=seed)

@@ -52,16 +52,16 @@ from gradtie import tolerances as tol
 from gradtie.nets import cifar8, resnet34
 
 # %% tags=["parameters"]
-net = "cifar8"        # or "resnet34" (32 px digits)
-batch = 32            # examples per step
-epochs = 2            # the runs' length; it fixes the cosine schedule (cpu and gpu profiles: 8)
-steps = 88            # steps the rendered and autodiff runs are followed side by side (cpu, gpu: 100)
-lr = 0.02             # Nesterov's base rate (the upstream cifar8 recipe)
-seed = 0
-cifar10_path = ""     # the cifar-10-batches-py or cifar-10-batches-bin folder; empty skips CIFAR-10
-tie_batch = 4         # photos per step in the two step ties (the last section)
-image_size = 32       # their side in pixels
-conv_bias = False     # True ties the 146-tensor ResNet-34 step (a bias on every conv)
+net: str = "cifar8"   # or "resnet34" (32 px digits)
+batch: int = 32       # examples per step
+epochs: int = 2       # the runs' length; it fixes the cosine schedule (cpu and gpu profiles: 8)
+steps: int = 88       # steps the rendered and autodiff runs are followed side by side (cpu, gpu: 100)
+lr: float = 0.02      # Nesterov's base rate (the upstream cifar8 recipe)
+seed: int = 0
+cifar10_path: str = ""  # the cifar-10-batches-py or cifar-10-batches-bin folder; empty skips CIFAR-10
+tie_batch: int = 4    # photos per step in the two step ties (the last section)
+image_size: int = 32  # their side in pixels
+conv_bias: bool = False  # True ties the 146-tensor ResNet-34 step (a bias on every conv)
 
 # %%
 p = book.validated(net=net, batch=batch, epochs=epochs, steps=steps, lr=lr, seed=seed,

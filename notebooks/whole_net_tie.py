@@ -62,15 +62,15 @@ from gradtie.kit import KIT
 from gradtie.nets import cifar8, protocol, resnet34
 
 # %% tags=["parameters"]
-batch = 4              # cifar8 examples (photos, 32 px)
-image_size = 32        # ResNet-34's input side (any multiple of 32)
-resnet_batch = 4       # ResNet-34 examples
-num_classes = 10       # ResNet-34 classes K (1000 for ImageNet)
-label_smoothing = 0.1  # alpha, for both nets (smoothed targets, SPEC §1)
-fd_nodes = 4           # ResNet-34 nodes checked by finite differences (0: all 110)
-weights = "drawn"      # the only choice: at the initial weights (γ = 1, β = 0) some backward bugs hide
-every_n = False        # the N sweep: every N of 1…8 (False: 1, 2, 4, 8)
-seed = 0
+batch: int = 4         # cifar8 examples (photos, 32 px)
+image_size: int = 32   # ResNet-34's input side (any multiple of 32)
+resnet_batch: int = 4  # ResNet-34 examples
+num_classes: int = 10  # ResNet-34 classes K (1000 for ImageNet)
+label_smoothing: float = 0.1  # alpha, for both nets (smoothed targets, SPEC §1)
+fd_nodes: int = 4      # ResNet-34 nodes checked by finite differences (0: all 110)
+weights: str = "drawn"  # the only choice: at the initial weights (γ = 1, β = 0) some backward bugs hide
+every_n: bool = False  # the N sweep: every N of 1…8 (False: 1, 2, 4, 8)
+seed: int = 0
 
 # %%
 p = book.validated(batch=batch, image_size=image_size, resnet_batch=resnet_batch, num_classes=num_classes,

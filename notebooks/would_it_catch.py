@@ -56,11 +56,11 @@ from gradtie.checks.tie import reference_at, targets_matrix, tie
 from gradtie.nets import cifar8, resnet34
 
 # %% tags=["parameters"]
-batch = 4            # cifar8 photo crops
-resnet_batch = 2     # ResNet-34 flat images: at 32 px, layer4's BN then averages over M = 2 cells
-image_size = 32      # ResNet-34's image side
-replicas = 2         # the synchronised-BN entries: R replicas on host devices
-seed = 0
+batch: int = 4       # cifar8 photo crops
+resnet_batch: int = 2  # ResNet-34 flat images: at 32 px, layer4's BN then averages over M = 2 cells
+image_size: int = 32  # ResNet-34's image side
+replicas: int = 2    # the synchronised-BN entries: R replicas on host devices
+seed: int = 0
 
 # %%
 p = book.validated(batch=batch, resnet_batch=resnet_batch, image_size=image_size, replicas=replicas, seed=seed)

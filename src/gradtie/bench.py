@@ -568,27 +568,6 @@ def benchmark_workloads(configs: Sequence[BenchConfig]) -> list[Workload]:
                                     "float32", bf16=c.bf16, replicas=max(c.replicas, 1))]
 
 
-def _parameters_cell(name: str) -> dict[str, Any]:
-    """The defaults in a chapter's cell tagged `parameters` (its jupytext source)."""
-    import ast
-    from . import book
-    text = (book.NOTEBOOKS / f"{name}.py").read_text()
-    lines, inside = [], False
-    for line in text.splitlines():
-        if line.startswith("# %%"):
-            if inside:
-                break
-            inside = "parameters" in line
-            continue
-        if inside:
-            lines.append(line)
-    out = {}
-    for node in ast.parse("\n".join(lines)).body:
-        if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            out[node.targets[0].id] = ast.literal_eval(node.value)
-    return out
-
-
 def profile_workloads(profile: str, chapters: Optional[Sequence[str]] = None) -> list[Workload]:
     """Every chapter's computations at `profile`, then the benchmark's (gpu: its GPU suite)."""
     from . import book
@@ -596,7 +575,7 @@ def profile_workloads(profile: str, chapters: Optional[Sequence[str]] = None) ->
     for chapter in book.CHAPTERS:
         if chapters is not None and chapter.name not in chapters:
             continue
-        p = {**_parameters_cell(chapter.name), **book.chapter_parameters(chapter, profile)}
+        p = {**{k: v[1] for k, v in book.parameters_cell(chapter.name).items()}, **book.chapter_parameters(chapter, profile)}
         out += chapter_workloads(chapter.name, p)
     if chapters is None or "benchmark" in chapters:
         out += benchmark_workloads(GPU_SUITE if profile == "gpu" else CPU_SUITE)

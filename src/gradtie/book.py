@@ -97,24 +97,35 @@ def nbval_order() -> list[Path]:
 
 # ---- parameter validation: a clear error naming the parameter, the value and what is allowed ----
 
+class _Rule:
+    """A parameter's check, with the range it allows in words (the README's table reads it)."""
+
+    def __init__(self, allows: str, check: Callable[[str, Any], Any]):
+        self.allows, self.check = allows, check
+
+    def __call__(self, name: str, value: Any) -> Any:
+        return self.check(name, value)
+
+
 def _choice(*allowed):
     def check(name, v):
         if v not in allowed:
             raise ValueError(f"parameter {name}={v!r}: expected one of {', '.join(map(repr, allowed))}")
         return v
-    return check
+    return _Rule(" / ".join(map(repr, allowed)), check)
 
 
 def _int(lo: int, hi: Optional[int] = None, multiple_of: int = 1):
+    rng = f"≥ {lo}" if hi is None else f"{lo}…{hi}"
+    extra = f", a multiple of {multiple_of}" if multiple_of > 1 else ""
+
     def check(name, v):
         if isinstance(v, bool) or not isinstance(v, int):
             raise ValueError(f"parameter {name}={v!r}: expected an integer")
         if v < lo or (hi is not None and v > hi) or v % multiple_of:
-            rng = f"≥ {lo}" if hi is None else f"in {lo}…{hi}"
-            extra = f" and a multiple of {multiple_of}" if multiple_of > 1 else ""
-            raise ValueError(f"parameter {name}={v!r}: expected an integer {rng}{extra}")
+            raise ValueError(f"parameter {name}={v!r}: expected an integer {rng if hi is None else 'in ' + rng}{extra}")
         return v
-    return check
+    return _Rule(rng + extra, check)
 
 
 def _float(lo: float, hi: float):
@@ -122,7 +133,7 @@ def _float(lo: float, hi: float):
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
             raise ValueError(f"parameter {name}={v!r}: expected a number in [{lo}, {hi}]")
         return float(v)
-    return check
+    return _Rule(f"[{lo:g}, {hi:g}]", check)
 
 
 def _folder_or_empty(name, v):
@@ -152,19 +163,75 @@ PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
     "steps": _int(1, 10_000_000),
     "epochs": _int(1, 10_000),
     "lr": _float(0.0, 100.0),
-    "bf16": _bool,
-    "conv_bias": _bool,
+    "bf16": _Rule("True / False", _bool),
+    "conv_bias": _Rule("True / False", _bool),
     "resnet_batch": _int(1, 4096),     # ResNet-34 examples where a chapter runs both nets
     "tie_batch": _int(1, 4096),        # examples per step in a step tie (Training)
     "fd_nodes": _int(0, 100_000),      # nodes checked by finite differences (0: every node)
-    "cifar10_path": _folder_or_empty,  # CIFAR-10 files (python or binary version); '' skips them
+    "cifar10_path": _Rule("'' or a folder", _folder_or_empty),  # CIFAR-10 files; '' skips them
     "weights": _choice("drawn"),       # chapters tie at drawn γ, β, biases: at init (γ = 1, β = 0) some bugs hide
-    "every_n": _bool,                  # a sweep over N: every N of 1…8 (False: 1, 2, 4)
+    "every_n": _Rule("True / False", _bool),   # a sweep over N: every N of 1…8 (False: 1, 2, 4)
 }
 
 
+def parameters_cell(name: str) -> dict[str, tuple[str, Any, str]]:
+    """A chapter's parameters cell (its jupytext source): {name: (type, ci default, comment)}."""
+    import ast
+    text = (NOTEBOOKS / f"{name}.py").read_text()
+    lines, inside = [], False
+    for line in text.splitlines():
+        if line.startswith("# %%"):
+            if inside:
+                break
+            inside = "parameters" in line
+            continue
+        if inside:
+            lines.append(line)
+    out = {}
+    for node, line in zip(ast.parse("\n".join(lines)).body, [ln for ln in lines if ln.strip()]):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            comment = line.split("#", 1)[1].strip() if "#" in line else ""
+            out[node.target.id] = (ast.unparse(node.annotation), ast.literal_eval(node.value), comment)
+    return out
+
+
+def _injected() -> list[str]:
+    """The names papermill injected into this kernel (its "# Parameters" cell), or [] outside one."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return []
+    shell = get_ipython()
+    if shell is None:
+        return []
+    import ast
+    names = []
+    for source in shell.user_ns.get("In", []):
+        if source.lstrip().startswith(("# Parameters", "# Injected parameters")):
+            names += [t.id for node in ast.parse(source).body if isinstance(node, ast.Assign)
+                      for t in node.targets if isinstance(t, ast.Name)]
+    return names
+
+
+def parameters_table() -> str:
+    """The README's table of every chapter's parameters: name, type, range, ci, cpu and gpu values."""
+    lines = ["| chapter | parameter | type | allowed | ci | cpu | gpu |", "|---|---|---|---|---|---|---|"]
+    for c in CHAPTERS:
+        for name, (kind, default, _) in parameters_cell(c.name).items():
+            rule = PARAMETERS.get(name)
+            cpu, gpu = (c.profiles.get(prof, {}).get(name, default) for prof in ("cpu", "gpu"))
+            lines.append(f"| {c.name} | `{name}` | {kind} | {getattr(rule, 'allows', '')} | {default!r} | {cpu!r} | "
+                         f"{gpu!r} |")
+    return "\n".join(lines)
+
+
 def validated(**params) -> SimpleNamespace:
-    """Check each chapter parameter by name; raise ValueError naming the first bad one."""
+    """Check each chapter parameter by name; raise ValueError naming the first bad one, and naming
+    any parameter papermill was handed that the chapter does not have (papermill itself only warns)."""
+    unknown = [name for name in _injected() if name not in params]
+    if unknown:
+        raise ValueError(f"unknown parameter(s) {', '.join(map(repr, unknown))} for this chapter; its parameters "
+                         f"are {', '.join(params)}")
     out = {}
     for name, value in params.items():
         if name not in PARAMETERS:
