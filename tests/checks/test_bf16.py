@@ -314,6 +314,30 @@ def test_replica_sum_needs_equal_shards(c8_sites):
         bf16.replica_rows([s], 3, conv.round_bf16)
 
 
+def test_replica_formula_is_judged_on_the_replica_nodes_where_the_kind_sums_its_own_way():
+    """A weight-grad site run as patches · weights with bf16-typed operands sums in its own order: a
+    replica node may sit a bf16 ulp from rnd(S_r) recomputed in the reference's order. The formula
+    takes the nodes the replicas computed, so only the all-reduce's rounding separates the sides."""
+    case = next(s for s in bf16.kind_cases(1, n=8, c=16, o=16, size=16) if s.name == "weight grad s2")
+    case = dataclasses.replace(case, formulation="patches")
+    report = bf16.replica_rows([case], 2, conv.bf16_operand)
+    (row,) = report.rows
+    d = report.arrays[case.name]
+    assert not row.equal_required and not row.nodes_rounded, row   # the case: a node an ulp off rnd(S_r)
+    assert row.ok and row.formula_ratio == 0 and row.node_ratio <= 1, row
+    assert np.array_equal(d["diff"], d["formula"]) and row.differing > 0.5
+    assert report.control_red
+
+
+def _in_child(script: str, devices: int = 2) -> dict:
+    """Run `script` in a child process with `devices` host devices (XLA reads the count once, when
+    JAX starts); its last stdout line is JSON."""
+    env = dict(os.environ, XLA_FLAGS=fake_devices.with_host_devices(os.environ.get("XLA_FLAGS", ""), devices))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 MESH = """
 import json, jax, jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
@@ -333,12 +357,82 @@ def test_sync_bf16_on_a_mesh_reads_every_replica_through_a_recording_kit():
     """SyncBf16 from the data-parallel step itself, on two host devices (a child process: XLA reads
     the device count once): every weight-gradient node is (1/R)·Σ_r rnd(S_r); the control, an
     all-reduce returning rnd(Σ_r S_r)/R, would fail."""
-    env = dict(os.environ, XLA_FLAGS=fake_devices.with_host_devices(os.environ.get("XLA_FLAGS", ""), 2))
-    out = subprocess.run([sys.executable, "-c", MESH], env=env, capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, out.stderr[-2000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = _in_child(MESH)
     assert got["names"] == [f"conv{j}" for j in range(1, 9)]
     assert got["ok"] and got["bitwise"] and got["differing"] > 0.5 and got["control_red"]
+
+
+MESH_PATCHES = """
+import json, jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+from gradtie import data, kit, parallel
+from gradtie.checks import bf16
+from gradtie.checks.tie import Chain
+from gradtie.nets import cifar8
+cfg = cifar8.Config(head_width=64, bf16=True, conv_formulation="patches")
+params = cifar8.NET.init(jax.random.key(0), cfg, weights="drawn")
+x, t = jnp.asarray(data.photos(4, 32, seed=0), jnp.float32), jnp.arange(4) % 10
+scaled = lambda name, a, dy, **kw: kit.KIT.conv_grad_weight(name, a, dy, **kw) * 1.0625
+bad = Chain(cifar8.NET, kit.KIT._replace(conv_grad_weight=scaled), "weight grad x (1 + 2^-4)")
+row = lambda r: {"name": r.name, "ok": r.ok, "required": r.equal_required, "bitwise": r.nodes_rounded,
+                 "formula": r.formula_ratio, "node": r.node_ratio, "diff": r.max_diff_rel}
+out = {}
+for label, chain in (("real", None), ("scaled", bad)):
+    rep = bf16.mesh_replica_sum(cifar8.NET, params, x, t, cfg, mesh=parallel.data_mesh(2), chain=chain)
+    out[label] = {"ok": rep.ok, "control_red": rep.control_red, "rows": [row(r) for r in rep.rows]}
+print(json.dumps(out))
+"""
+
+
+def test_sync_bf16_on_a_mesh_judges_patches_sites_on_their_replica_nodes():
+    """Every conv as patches · weights with bf16-typed operands: the sites sum in their own order,
+    and some replica nodes are not rnd(S_r) recomputed in the reference's order. The formula takes
+    the nodes the step computed (the regression: it recomputed them and went over its bound by
+    10³–10⁵). The check can still fail: a weight-gradient kind scaled by 1 + 2⁻⁴ breaks each node's
+    bound and |formula| ≤ 2u·M; and the all-reduce as a rounded sum goes red."""
+    got = _in_child(MESH_PATCHES)
+    real, scaled = got["real"], got["scaled"]
+    assert real["ok"] and real["control_red"], real
+    assert any(not r["required"] and not r["bitwise"] for r in real["rows"]), real   # the case is exercised
+    assert all(r["formula"] <= 1 and r["node"] <= 1 for r in real["rows"]), real
+    assert not scaled["ok"] and not any(r["ok"] for r in scaled["rows"]), scaled
+    assert all(r["node"] > 1 for r in scaled["rows"]), scaled
+    assert any(r["diff"] > 2 * bf16.U_BF16 for r in scaled["rows"]), scaled
+
+
+MESH_R34 = """
+import json, dataclasses, jax, jax.numpy as jnp
+jax.config.update("jax_enable_x64", True)
+from gradtie import parallel
+from gradtie.checks import data_parallel as dp
+from gradtie.checks.bf16 import replicas
+from gradtie.nets import resnet34
+cfg = resnet34.Config(num_classes=10)
+params = {k: jnp.asarray(v, jnp.float32) for k, v in resnet34.NET.init(jax.random.key(0), cfg, weights="drawn").items()}
+x, t = dp.photo_batch(4, 32, cfg.num_classes, seed=0)
+rep = replicas.mesh_replica_sum(resnet34.NET, params, x.astype(jnp.float32), t.astype(jnp.float32),
+                                dataclasses.replace(cfg, bf16=True), mesh=parallel.data_mesh(2), label_smoothing=0.1)
+print(json.dumps({"ok": rep.ok, "control_red": rep.control_red, "replicas": rep.replicas,
+                  "rows": [{"name": r.name, "ok": r.ok, "required": r.equal_required, "bitwise": r.nodes_rounded,
+                            "formula": r.formula_ratio, "reduce": r.reduce_ratio, "differing": r.differing}
+                           for r in rep.rows]}))
+"""
+
+
+@pytest.mark.slow
+def test_sync_bf16_resnet34_on_two_replicas_as_the_data_parallel_chapter():
+    """The Data-parallel chapter's SyncBf16 cell: ResNet-34 (K = 10), 32 px, R = 2 × N = 2 photo crops
+    at drawn weights, float32 parameters, the bf16 flag, α = 0.1. Its layer2/layer3 sites run as
+    patches · weights and some replica nodes are an ulp from rnd(S_r) recomputed; the formula, taken
+    on the nodes, stays within the all-reduce's rounding (it read 14 … 31,895 when recomputed)."""
+    got = _in_child(MESH_R34)
+    rows = got["rows"]
+    assert got["replicas"] == 2 and len(rows) == 36
+    assert any(not r["required"] and not r["bitwise"] for r in rows)    # the regression's sites
+    bad = [r for r in rows if not r["ok"] or r["formula"] > 1]
+    assert got["ok"] and not bad, bad
+    assert all(r["differing"] > 0 for r in rows)
+    assert got["control_red"]
 
 
 # ---- what the CPU compiler keeps -------------------------------------------------------------------
