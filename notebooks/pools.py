@@ -63,6 +63,7 @@ from jax import lax
 from gradtie import book, cli, plots, prng
 from gradtie import tolerances
 from gradtie.checks import census, check, fd
+from gradtie.data import images
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import head, maxpool
 
@@ -77,12 +78,12 @@ key = jax.random.key(p.seed)
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=10)
 params8 = {k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights="drawn").items()}
 params34 = {k: v.astype(jnp.float64) for k, v in resnet34.init(key, cfg34, weights="drawn").items()}
-x8 = check.make_batch("photos", p.batch, 32, p.seed)            # float64 images in [0,1]
-x34 = check.make_batch("photos", p.batch, p.image_size, p.seed)
-flat8 = check.make_batch("flat", p.batch, 32, p.seed)
-flat34 = check.make_batch("flat", p.batch, p.image_size, p.seed)
-randn8 = check.make_batch("randn", p.batch, 32, p.seed)         # N(0, 1) pixels: no two receptive fields alike
-randn34 = check.make_batch("randn", p.batch, p.image_size, p.seed)
+x8 = images("photos", p.batch, 32, seed=p.seed)            # float64 images in [0,1]
+x34 = images("photos", p.batch, p.image_size, seed=p.seed)
+flat8 = images("flat", p.batch, 32, seed=p.seed)
+flat34 = images("flat", p.batch, p.image_size, seed=p.seed)
+randn8 = images("randn", p.batch, 32, seed=p.seed)         # N(0, 1) pixels: no two receptive fields alike
+randn34 = images("randn", p.batch, p.image_size, seed=p.seed)
 labels = prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10)
 targets = head.one_hot(labels, 10, jnp.float64)
 bn_scales = [(net, k) for net, ps in (("cifar8", params8), ("ResNet-34", params34))

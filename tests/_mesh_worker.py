@@ -32,7 +32,7 @@ jax.config.update("jax_enable_x64", True)
 from gradtie import data, parallel, train  # noqa: E402
 from gradtie.checks import bugs  # noqa: E402
 from gradtie.checks.check import run_check  # noqa: E402
-from gradtie.checks.tie import reference_at, targets_matrix, tie_replicas  # noqa: E402
+from gradtie.checks.tie import reference_at, tie_replicas  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402
 
 REPLICAS = (2, 4, 8)
@@ -47,15 +47,9 @@ def init64(net, cfg, weights="drawn"):
     return {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
 
 
-def photo_batch(cfg, n, seed=0):
-    """Photo crops and one-hot rows of the photo each came from."""
-    x, labels = data.photo_labels(n, 32, seed=seed)
-    return jnp.asarray(x, jnp.float64), targets_matrix(jnp.asarray(labels), cfg.num_classes, jnp.float64)
-
-
 def setup(name, n=GLOBAL_BATCH):
     net, cfg = NETS[name]
-    x, t = photo_batch(cfg, n)
+    x, t = data.photo_batch(n, 32, cfg.num_classes)
     # label smoothing where SPEC §1 has it (ResNet-34), none for cifar8
     return net, cfg, init64(net, cfg), x, t, 0.1 if name == "resnet34" else 0.0
 
@@ -147,7 +141,7 @@ def step():
     cfg = cifar8.Config(head_width=64, conv_bias=False)   # no zero-in-ℝ nodes for Adam to amplify
     net = cifar8.NET
     params = init64(net, cfg)
-    x, t = photo_batch(cfg, 8)
+    x, t = data.photo_batch(8, 32, cfg.num_classes)
     labels = jnp.argmax(t, axis=1)
     mesh = parallel.data_mesh(4)
     out = {}
@@ -197,7 +191,7 @@ def errors():
     out = {}
     net, cfg = NETS["cifar8"]
     params = {}         # every check below fires before the net is called
-    x, t = photo_batch(cfg, 6)
+    x, t = data.photo_batch(6, 32, cfg.num_classes)
     labels = jnp.argmax(t, axis=1)
     mesh2, mesh4 = parallel.data_mesh(2), parallel.data_mesh(4)
     for what, call in [

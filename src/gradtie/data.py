@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import prng
+from .host import to_device
 from .ops import head
 
 PHOTO_NAMES = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "china", "flower")
@@ -247,6 +249,34 @@ def flat_images(n: int, size: int, *, seed: int = 0, dtype=np.float32) -> np.nda
             grey = _nearest(img[top:top + side, left:left + side], size)
         x[i] = grey[None]
     return x.astype(dt)
+
+
+# ---- the batches a check runs on ---------------------------------------------------------------
+
+def images(kind: str, n: int, size: int, *, seed: int = 0, channels: int = 3) -> jax.Array:
+    """A batch x [n,channels,size,size] in float64: `photos` or `flat_images` (their float32 pixels
+    widened exactly) for kind "photos" or "flat", or standard-normal pixels for "randn"."""
+    if kind == "randn":
+        return prng.normal(jax.random.key(seed), (n, channels, size, size), jnp.float64)
+    if kind not in ("photos", "flat"):
+        raise ValueError(f"data {kind!r}: expected one of randn, photos, flat")
+    if channels != 3:
+        raise ValueError(f"data {kind!r} holds RGB images; this net takes {channels} channels (use randn)")
+    return to_device((photos if kind == "photos" else flat_images)(n, size, seed=seed), np.float64)
+
+
+def photo_batch(n: int, size: int, num_classes: int, *, seed: int = 0) -> tuple[jax.Array, jax.Array]:
+    """n photo crops in float64 and one-hot rows [n,K] of the photo each was cut from (7 photos ≤ K)."""
+    x, labels = photo_labels(n, size, seed=seed)
+    return jnp.asarray(x, jnp.float64), one_hot(jnp.asarray(labels), num_classes, jnp.float64)
+
+
+def photo_batches(steps: int, n: int, size: int, *, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`steps` batches of n photo crops (float64) with their labels, the photo each was cut from
+    (`photo_labels`, K = 7), the photos mixed across the batches."""
+    x, labels = photo_labels(steps * n, size, seed=seed, dtype=np.float64)
+    order = np.random.default_rng(seed).permutation(steps * n)
+    return [(x[part], labels[part]) for part in np.split(order, steps)]
 
 
 def digits(*, size: int = 32, test_fraction: float = 0.2, seed: int = 0, dtype=np.float32) -> Split:

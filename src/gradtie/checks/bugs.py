@@ -57,9 +57,25 @@ class Bug:
         net = nets.load(net)
         return self.uses(net, calls(net, net.cfg(cfg)))
 
+    def refusal(self, label_smoothing: float, batch: int, replicas: int = 1, *, uneven: bool = False) -> str:
+        """Why this entry would plant nothing in a check of `batch` examples on `replicas` replicas
+        (`uneven`: holding different counts) at that label smoothing ("" when it plants something)."""
+        if self.replicas and replicas < 2:
+            return f"{self.name} lives in the data-parallel step: use --replicas R ≥ 2"
+        if self.needs_uneven and not uneven:
+            return (f"{self.name} plants nothing where every replica holds the same count: use --replica-counts "
+                    f"(e.g. 3,1)")
+        if self.needs_smoothing and not label_smoothing:
+            return f"{self.name} plants nothing at label_smoothing = 0: give α > 0 (e.g. 0.1)"
+        if self.name == "head_no_batch_divisor" and batch == 1:
+            return f"{self.name} plants nothing at batch 1 (÷1 is the identity)"
+        return ""
+
 
 @lru_cache(maxsize=None)
-def _calls(net: Net, cfg) -> tuple[Call, ...]:
+def calls(net: Net, cfg) -> tuple[Call, ...]:
+    """Every kit call the rendered chain of `net` makes, in order, at abstract shapes: which ops a
+    net's backward uses, and with what statics (strides, pool windows, square dense layers)."""
     log: list = []
     rec = kit_.recording(KIT, log)
     params, x = protocol.abstract_inputs(net, cfg)
@@ -71,12 +87,6 @@ def _calls(net: Net, cfg) -> tuple[Call, ...]:
 
     jax.eval_shape(chain, params, x)
     return tuple(log)
-
-
-def calls(net: Net, cfg) -> list[Call]:
-    """Every kit call the rendered chain of `net` makes, in order, at abstract shapes: which ops a
-    net's backward uses, and with what statics (strides, pool windows, square dense layers)."""
-    return list(_calls(net, cfg))
 
 
 def _kit_bug(**ops) -> Callable[[Net], Chain]:
@@ -111,7 +121,8 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
             if count_weighted:
                 means = batchnorm.combine_means(local, count, saved.axis_name if global_means else None)
             else:   # a plain mean of replica means: right only where every replica holds the same count
-                means = kit_pmean(local / jnp.maximum(count, 1), saved.axis_name)
+                means = local / jnp.maximum(count, 1)
+                means = means if saved.axis_name is None else lax.pmean(means, saved.axis_name)
         else:
             means = jnp.stack([jnp.mean(t, axis=axes), jnp.mean(xhat * t, axis=axes)])
             if saved.axis_name is not None and not saved.per_example and global_means:
@@ -119,10 +130,6 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
         mean_t, mean_xt = bc(means[0]), bc(means[1])
         return w * (bc(s) * (t - (mean_t if mean_term else 0.0) - (xhat * mean_xt if xhat_term else 0.0)))
     return backward
-
-
-def kit_pmean(v, axis_name):
-    return v if axis_name is None else lax.pmean(v, axis_name)
 
 
 def _bn_swapped(name, saved, weight, bias, dy):
@@ -183,16 +190,6 @@ def _pool_as_2x2(name, saved: maxpool.PoolSaved, dy, sigma=None):
     return KIT.pool_backward(name, maxpool.PoolSaved(saved.x, maxpool.POOL2), dy, sigma)
 
 
-def _overlapping(c: Call) -> bool:
-    spec = c.args[1].spec
-    return spec.size > spec.stride
-
-
-def _not_2x2(c: Call) -> bool:
-    spec = c.args[1].spec
-    return spec != maxpool.POOL2 and maxpool.out_size(c.args[1].x.shape[2], maxpool.POOL2) == c.args[2].shape[2]
-
-
 # ---- conv and dense ----------------------------------------------------------------------------
 
 def same_pads(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
@@ -246,17 +243,9 @@ def _same_grad_weight(name, x, dy, *, kernel_size, stride=1, rnd=None, formulati
     return rnd_(dw[:, :, :kernel_size, :kernel_size]).astype(x.dtype)
 
 
-def _strided_spatial(c: Call) -> bool:
-    return c.kwargs.get("stride", 1) == 2 and c.args[1].shape[2] > 1
-
-
 def _dense_grad_weight_transposed(name, x, dy):
     dw = jnp.matmul(dy.T, x, precision=lax.Precision.HIGHEST)
     return dw.T if dw.shape[0] == dw.shape[1] else dw   # planted where the shape lets it pass
-
-
-def _square(c: Call) -> bool:
-    return c.args[1].shape[1] == c.args[2].shape[1]
 
 
 def _dense_bias_keepdims(name, dy):
@@ -280,19 +269,15 @@ def _mask_from_conv_output(stage) -> Callable:
 
 # ---- the head's six ops, one wrong -------------------------------------------------------------
 
-def _cotangent_without_divisor(logits, targets, alpha: float = 0.0, divisor=None):
-    n, k = logits.shape
-    p = head.softmax_row(logits)
-    d1 = head.add(head.sub(p, targets), head.scale(alpha, targets))
-    return head.shift(d1, alpha / k)            # planted: divConstB (÷N) left out
-
-
-def _cotangent_wrong_k(logits, targets, alpha: float = 0.0, divisor=None):
-    n, k = logits.shape
-    p = head.softmax_row(logits)
-    d1 = head.add(head.sub(p, targets), head.scale(alpha, targets))
-    d2 = head.shift(d1, alpha / (k - 1))        # planted: α spread over the K−1 other classes
-    return head.div_const(d2, n if divisor is None else divisor)
+def _head_cotangent(*, over_others: bool = False, divided: bool = True):
+    """The head's six kit ops (SPEC §2.1) with one wrong: α spread over the K−1 other classes
+    (`over_others`), or divConstB (÷N) left out (not `divided`)."""
+    def cotangent(logits, targets, alpha: float = 0.0, divisor=None):
+        n, k = logits.shape
+        d1 = head.add(head.sub(head.softmax_row(logits), targets), head.scale(alpha, targets))
+        d2 = head.shift(d1, alpha / (k - 1 if over_others else k))
+        return head.div_const(d2, n if divisor is None else divisor) if divided else d2
+    return cotangent
 
 
 def _smoothed_ce(net: Net, cs) -> bool:
@@ -322,22 +307,6 @@ def _projection_reads_inner(real: Callable = KIT.bn_backward) -> Callable:
     return backward
 
 
-def _projection_bug(net: Net) -> Chain:
-    return Chain(net, KIT._replace(bn_backward=_projection_reads_inner()))
-
-
-def _has_projection(net: Net, cs) -> bool:
-    return any(c.op == "bn_backward" and c.args[0].endswith(".downsample.1") for c in cs)
-
-
-def _suites(*names: str):
-    return lambda net, cs: net.suite in names
-
-
-def _named(net: Net, planted: Callable, name: str) -> Chain:
-    return Chain(protocol.with_backwards(net, planted, net.name), KIT, name)
-
-
 # ---- one node off by a relative δ: the check's sensitivity, planted ----------------------------------
 
 def scaled_node(net, name: str, delta: float) -> Chain:
@@ -347,10 +316,10 @@ def scaled_node(net, name: str, delta: float) -> Chain:
     layer, _, which = name.rpartition(".")
     f = 1.0 + float(delta)
 
-    def node(op: str, make: Callable, node_name: Callable) -> Callable:
-        def planted(*args, **kwargs):
-            out = make(*args, **kwargs)
-            return out * f if node_name(args) == name else out
+    def node(op: str) -> Callable:   # a conv or dense weight or bias node, named `<layer>.weight` / `.bias`
+        def planted(layer_name, *args, **kwargs):
+            out = getattr(KIT, op)(layer_name, *args, **kwargs)
+            return out * f if f"{layer_name}.{op.rsplit('_', 1)[1]}" == name else out
         return planted
 
     def bn_nodes(layer_name, saved, weight, bias, dy):
@@ -359,12 +328,8 @@ def scaled_node(net, name: str, delta: float) -> Chain:
             dgamma, dbeta = (dgamma * f, dbeta) if which == "weight" else (dgamma, dbeta * f)
         return dgamma, dbeta
 
-    kit = KIT._replace(
-        conv_grad_weight=node("conv_grad_weight", KIT.conv_grad_weight, lambda a: f"{a[0]}.weight"),
-        conv_grad_bias=node("conv_grad_bias", KIT.conv_grad_bias, lambda a: f"{a[0]}.bias"),
-        dense_grad_weight=node("dense_grad_weight", KIT.dense_grad_weight, lambda a: f"{a[0]}.weight"),
-        dense_grad_bias=node("dense_grad_bias", KIT.dense_grad_bias, lambda a: f"{a[0]}.bias"),
-        bn_nodes=bn_nodes)
+    ops = ("conv_grad_weight", "conv_grad_bias", "dense_grad_weight", "dense_grad_bias")
+    kit = KIT._replace(bn_nodes=bn_nodes, **{op: node(op) for op in ops})
     return Chain(net, kit, f"{name} × (1 + {delta:.1e})")
 
 
@@ -407,16 +372,17 @@ _ENTRIES = [
         BN_BACKWARD, replicas=True, needs_uneven=True),
     Bug("pool3x3_scatter_overwrite", "max pool", "the overlapping 3×3/s2 scatter overwriting instead of adding",
         "scatter with .set where overlapping windows need .add", _kit_bug(pool_backward=_pool_overwrite),
-        _calls_op("pool_backward", where=_overlapping)),
+        _calls_op("pool_backward", where=lambda c: c.args[1].spec.size > c.args[1].spec.stride)),
     Bug("pool_window_offset", "max pool", "a window offset by one", "an off-by-one in the window origin",
         _kit_bug(pool_backward=_pool_offset), _calls_op("pool_backward")),
     Bug("pool2x2_backward_on_3x3", "max pool", "the 3×3/s2 stem pool routed by the 2×2 backward",
         "a pool backward written for one pool reused for another", _kit_bug(pool_backward=_pool_as_2x2),
-        _calls_op("pool_backward", where=_not_2x2)),
+        _calls_op("pool_backward", where=lambda c: c.args[1].spec != maxpool.POOL2 and maxpool.out_size(
+            c.args[1].x.shape[2], maxpool.POOL2) == c.args[2].shape[2])),
     Bug("relu_mask_from_conv_output", "conv and dense", "ReLU mask read from the conv output instead of the BN output",
         "the mask taken from the wrong saved tensor after fusing conv and BN",
-        lambda net: _named(net, _mask_from_conv_output, "relu_mask_from_conv_output"),
-        _suites("cifar8", "resnet34")),
+        lambda net: Chain(protocol.with_backwards(net, _mask_from_conv_output, net.name)),
+        lambda net, cs: net.suite in ("cifar8", "resnet34")),
     Bug("conv_kernel_not_flipped", "conv and dense", "conv input gradient with the kernel not flipped",
         "correlation and convolution confused in the transpose", _kit_bug(conv_backward=_conv_input(flip=False)),
         _calls_op("conv_backward")),
@@ -426,22 +392,25 @@ _ENTRIES = [
     Bug("same_padding_strided", "conv and dense", "'SAME' padding in the backward of strided convs",
         "XLA 'SAME' (asymmetric) against PyTorch's symmetric padding on stride 2",
         _kit_bug(conv_backward=_conv_input(same=True), conv_grad_weight=_same_grad_weight),
-        _calls_op("conv_backward", where=_strided_spatial)),
+        _calls_op("conv_backward", where=lambda c: c.kwargs.get("stride", 1) == 2 and c.args[1].shape[2] > 1)),
     Bug("dense_weight_grad_transposed", "conv and dense", "dense weight gradient transposed where the shape allows",
         "x ᵀ·dy for dyᵀ·x: only a square layer lets it through without a shape error",
-        _kit_bug(dense_grad_weight=_dense_grad_weight_transposed), _calls_op("dense_grad_weight", where=_square)),
+        _kit_bug(dense_grad_weight=_dense_grad_weight_transposed),
+        _calls_op("dense_grad_weight", where=lambda c: c.args[1].shape[1] == c.args[2].shape[1])),
     Bug("dense_bias_grad_keepdims", "conv and dense", "dense bias gradient returned as [1, out] for an [out] bias",
         "a reduction with keepdims=True: an optimizer then broadcasts the bias to [1, out]",
         _kit_bug(dense_grad_bias=_dense_bias_keepdims), _calls_op("dense_grad_bias")),
     Bug("head_no_batch_divisor", "head", "head cotangent without 1/N", "sum-reduced loss paired with a mean",
-        _kit_bug(loss_cotangent=_cotangent_without_divisor), _smoothed_ce),
+        _kit_bug(loss_cotangent=_head_cotangent(divided=False)), _smoothed_ce),
     Bug("head_smoothing_wrong_k", "head", "head cotangent smoothing with α/(K−1)",
-        "label smoothing spread over the K−1 other classes", _kit_bug(loss_cotangent=_cotangent_wrong_k),
-        _smoothed_ce, needs_smoothing=True),
+        "label smoothing spread over the K−1 other classes",
+        _kit_bug(loss_cotangent=_head_cotangent(over_others=True)), _smoothed_ce, needs_smoothing=True),
     Bug("residual_skip_dropped", "blocks", "the residual skip dropped", "a fan-in whose second cotangent is lost",
         _kit_bug(residual_backward=_skip_dropped), _calls_op("residual_backward")),
     Bug("projection_bn_reads_dn2", "blocks", "the projection BN reading dn2 instead of da",
-        "the skip branch wired to the main branch's cotangent one node too deep", _projection_bug, _has_projection),
+        "the skip branch wired to the main branch's cotangent one node too deep",
+        lambda net: Chain(net, KIT._replace(bn_backward=_projection_reads_inner())),
+        _calls_op("bn_backward", where=lambda c: c.args[0].endswith(".downsample.1"))),
 ]
 CATALOGUE: dict[str, Bug] = {b.name: b for b in _ENTRIES}
 # SPEC §6's must-fail controls of the Whole-net tie, by their catalogue names
@@ -459,10 +428,22 @@ def catalogue(net=None) -> dict[str, Bug]:
 def entries(net=None, *, replicas: Optional[bool] = None, cfg=None) -> list[Bug]:
     """The entries that apply to `net` (all, without one), optionally only those of (or not of) the
     data-parallel step."""
-    out = []
-    for b in catalogue(net).values():
-        if (net is None or b.applies(net, cfg)) and (replicas is None or b.replicas == replicas):
-            out.append(b)
+    return [b for b in catalogue(net).values()
+            if (net is None or b.applies(net, cfg)) and (replicas is None or b.replicas == replicas)]
+
+
+def chosen(net, names: Optional[Sequence[str]] = None, *, label_smoothing: float, batch: int, replicas: int = 1,
+           cfg=None) -> list[Bug]:
+    """The entries of `names` (default: every one that applies to `net`) of the check's kind (replicas
+    > 1: the data-parallel step, each entry at the split it needs), each planting something at this
+    label smoothing and batch: an entry that would plant nothing is an error, never a silent green."""
+    out = [b for b in entries(net, replicas=replicas > 1, cfg=cfg) if names is None or b.name in names]
+    missing = [n for n in names or () if n not in {b.name for b in out}]
+    if missing:
+        raise ValueError(f"{missing} plant nothing in {as_net(net).name} here (see `entries`)")
+    for b in out:
+        if why := b.refusal(label_smoothing, batch, replicas, uneven=True):
+            raise ValueError(why)
     return out
 
 
@@ -477,8 +458,7 @@ def plant(name: str, net, cfg=None) -> Chain:
     if not bug.applies(net, cfg):
         raise ValueError(f"plant-bug {name}: plants nothing in {net.name} (its rendered chain makes no call "
                          f"this entry replaces); `--plant-bug list` shows the entries that apply")
-    chain = bug.plant_into(net)
-    return chain._replace(planted=name)
+    return bug.plant_into(net)._replace(planted=name)
 
 
 def listing(net=None) -> str:
@@ -576,16 +556,7 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Op
     label_smoothing > 0 so that every head entry plants something; an entry that would plant
     nothing here is an error, never a silent green."""
     net = as_net(net)
-    chosen = [b for b in entries(net, replicas=replicas > 1, cfg=cfg) if names is None or b.name in names]
-    if names is not None:
-        missing = [n for n in names if n not in {b.name for b in chosen}]
-        if missing:
-            raise ValueError(f"bugs.run: {missing} plant nothing in {net.name} here (see `entries`)")
-    for b in chosen:
-        if b.needs_smoothing and not label_smoothing:
-            raise ValueError(f"{b.name} plants nothing at label_smoothing = 0; use α > 0 (e.g. 0.1)")
-        if b.name == "head_no_batch_divisor" and x.shape[0] == 1:
-            raise ValueError("head_no_batch_divisor plants nothing at batch 1 (÷1 is the identity)")
+    planted = chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], replicas=replicas, cfg=cfg)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     point = point or reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing)
 
@@ -598,7 +569,7 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Op
                    how="compiled" if not chain.planted else how)
 
     real = verdict(Chain(net))
-    caught = [Caught(b.name, b.family, net.name, verdict(plant(b.name, net, cfg), b.needs_uneven)) for b in chosen]
+    caught = [Caught(b.name, b.family, net.name, verdict(plant(b.name, net, cfg), b.needs_uneven)) for b in planted]
     return CatalogueReport(net.name if replicas == 1 else f"{net.name} on {replicas} replicas", real, caught)
 
 

@@ -14,10 +14,7 @@ By default the point is drawn weights (γ ≠ 1, β and biases ≠ 0), where a b
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -25,14 +22,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import data as data_
-from .. import parallel, prng, rendered, train
+from .. import nets, parallel, prng, rendered, train
 from .. import tolerances as tol
 from ..host import to_device
-from .. import nets
-from ..nets.protocol import Net, as_net
+from ..nets.protocol import as_net
+from ..progress import compile_clock, phase
 from . import bugs, census, fd, stages
 from .bf16 import check as bf16_check
-from .tie import Chain, reference_at, targets_matrix, tie, tie_replicas
+from .tie import Chain, need_x64, reference_at, targets_matrix, tie, tie_replicas
 
 EXIT_TIED, EXIT_FAILED, EXIT_NOT_SMOOTH = 0, 1, 2
 WEIGHTS = ("drawn", "init")
@@ -69,11 +66,11 @@ class CheckReport:
         rows = self.ill_conditioned
         if not rows:
             return ""
-        cells = (self.tie.meta.get("bn_cells") or {}) if self.tie is not None else {}
+        cells = self.tie.meta.get("bn_cells") or {}
         small = min(cells.items(), key=lambda kv: kv[1]) if cells else None
         line = (f"too ill-conditioned to judge: {len(rows)} rows where round-off alone moves the node by "
                 f"≥ {tol.ILL_CONDITIONED_REL:.0%} of itself (first: {rows[0].name}, limit {rows[0].limit:.1e}")
-        line += f", its BatchNorm M = {rows[0].cells})" if getattr(rows[0], "cells", None) else ")"
+        line += f", its BatchNorm M = {rows[0].cells})" if rows[0].cells else ")"
         if small:
             line += f"; the net's smallest BatchNorm reduction is M = {small[1]} at layer {small[0]}"
         return line
@@ -119,59 +116,9 @@ class CheckReport:
     def as_dict(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "settings": self.settings, "timings": self.timings,
                 "tie": None if self.tie is None else self.tie.as_dict(),
-                "first_parting": None if self.parting is None else {
-                    "stage": self.parting.stage, "kind": self.parting.kind, "node": self.parting.row.name},
+                "first_parting": self.parting and self.parting.as_dict(),
                 "finite_differences": [dict(r.__dict__, verdict=r.verdict) for r in self.fd_rows],
                 "smooth": None if self.smooth is None else self.smooth.as_dict()}
-
-
-# ---- which net ---------------------------------------------------------------------------------
-
-def load_net(spec) -> Net:
-    """`gradtie.nets.load`: a net by name or `FILE.py:NAME` / `MODULE:NAME`."""
-    return nets.load(spec)
-
-
-def make_batch(data: str, batch: int, image_size: int, seed: int, channels: int = 3):
-    """Images in [0,1] (photos, flat) or standard normal (randn), float64."""
-    if data == "randn":
-        return prng.normal(jax.random.key(seed), (batch, channels, image_size, image_size), jnp.float64)
-    if data in ("photos", "flat") and channels != 3:
-        raise ValueError(f"data {data!r} holds RGB images; this net takes {channels} channels (use randn)")
-    if data == "photos":
-        return to_device(data_.photos(batch, image_size, seed=seed), np.float64)
-    if data == "flat":
-        return to_device(data_.flat_images(batch, image_size, seed=seed), np.float64)
-    raise ValueError(f"data {data!r}: expected one of randn, photos, flat")
-
-
-@contextmanager
-def _phase(timings: dict, name: str):
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
-
-
-@contextmanager
-def _compile_clock(timings: dict):
-    """Adds up the backend's compile time (jax.monitoring events) while the check runs."""
-    total = [0.0]
-
-    def listener(event, duration, **_):
-        if "backend_compile" in event:
-            total[0] += duration
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield
-    finally:
-        timings["compilation"] = total[0]
-        try:
-            jax.monitoring.unregister_event_duration_listener(listener)
-        except Exception:  # older JAX: listeners cannot be removed; it only counts
-            pass
 
 
 # ---- the check ---------------------------------------------------------------------------------
@@ -190,21 +137,15 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     `jax_enable_x64`. Returns the report; `report.exit_code` is `gradtie check`'s."""
     net = as_net(net)
     cfg = net.cfg(cfg)
-    if not jax.config.jax_enable_x64:
-        raise ValueError("the check's reference is float64: it needs jax_enable_x64 "
-                         "(jax.config.update('jax_enable_x64', True))")
+    need_x64("check")
     if plant_bug is not None and chain is not None:
         raise ValueError("give plant_bug or chain, not both")
     if plant_bug is not None:
         chain = bugs.plant(plant_bug, net, cfg)
-        entry = bugs.catalogue(net)[plant_bug]
-        if entry.replicas and replicas < 2 and counts is None:
-            raise ValueError(f"plant-bug {plant_bug} lives in the data-parallel step: use --replicas R ≥ 2")
-        if entry.needs_uneven and len(set(counts or ())) < 2:
-            raise ValueError(f"plant-bug {plant_bug} plants nothing where every replica holds the same "
-                             f"count: use --replica-counts (e.g. 3,1)")
-        if entry.needs_smoothing and not label_smoothing:
-            raise ValueError(f"plant-bug {plant_bug} plants nothing at label smoothing 0: give α > 0 (e.g. 0.1)")
+        why = bugs.catalogue(net)[plant_bug].refusal(label_smoothing, x.shape[0], len(counts) if counts else replicas,
+                                                     uneven=len(set(counts or ())) > 1)
+        if why:
+            raise ValueError(f"plant-bug {why}")
     if bf16 and replicas > 1:
         raise ValueError("bf16 and replicas together: the bf16 check runs one device (check the data-parallel "
                          "step in float32 or float64)")
@@ -215,9 +156,9 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     settings = dict(settings or {}, net=net.name, plant_bug=chain.planted or None)
     t = targets_matrix(targets, cfg.num_classes, jnp.result_type(x))
     smooth = None
-    with _compile_clock(timings):
+    with compile_clock(timings):
         if smoothness:
-            with _phase(timings, "census"):
+            with phase(timings, "census"):
                 # the point's smoothness is the real loss's, read in float64: a bf16 chain rounds conv
                 # outputs to 8 bits, which makes exact ties between cells that are not twins
                 p64 = {k: to_device(v, np.float64) for k, v in params.items()}
@@ -225,13 +166,13 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
             if not smooth.ok:
                 return CheckReport(None, [], smooth, settings, timings)
         if bf16:   # a bf16 chain does not tie to float64 autodiff: its stages do, within a bf16 envelope
-            with _phase(timings, "bf16 check"):
+            with phase(timings, "bf16 check"):
                 rep = bf16_check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                   key=jax.random.fold_in(key, 2))
             return CheckReport(rep, [], smooth, settings, timings)
-        with _phase(timings, "reference + envelope"):
+        with phase(timings, "reference + envelope"):
             point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, 3))
-        with _phase(timings, "tie"):
+        with phase(timings, "tie"):
             if replicas > 1 or counts is not None:
                 result = tie_replicas(net, params, x, t, cfg, chain=chain, replicas=None if counts else replicas,
                                       counts=counts, label_smoothing=label_smoothing, point=point)
@@ -239,12 +180,12 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
                 result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain)
         parting = None
         if replicas == 1 and counts is None and result.failed:
-            with _phase(timings, "first parting"):
-                parting = stages.first_parting(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
-                                               key=jax.random.fold_in(key, 4))
+            with phase(timings, "first parting"):
+                parting = stages.stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
+                                            key=jax.random.fold_in(key, 4)).first_parting()
         fd_rows = []
         if finite_differences and dtype == "float64" and replicas == 1 and counts is None:
-            with _phase(timings, "finite differences"):
+            with phase(timings, "finite differences"):
                 out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
                                    how="compiled" if not chain.planted else "quick")
                 # the input row only where the real loss has an input gradient (no tie at a positive max)
@@ -280,7 +221,7 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     pool reduced to their centre tap, on flat images (`census.planted_tie`): a non-twin tie point,
     which the census must refuse (exit code 2).
     """
-    net = load_net(net)
+    net = nets.load(net)
     batch = _positive("batch", batch)
     replicas = _positive("replicas", replicas)
     if dtype not in ("float64", "float32"):
@@ -308,8 +249,8 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
         loaded, overrides = train.checkpoint_params(weights, net)
         cfg = net.config(bf16=bf16, **overrides)
         params = {k: to_device(v) for k, v in loaded.items()}
-    if plant_bug is not None and label_smoothing is None and bugs.catalogue(net).get(plant_bug) is not None \
-            and bugs.catalogue(net)[plant_bug].needs_smoothing:
+    entry = bugs.catalogue(net).get(plant_bug)
+    if label_smoothing is None and entry is not None and entry.needs_smoothing:
         label_smoothing = 0.1   # the entry plants nothing at α = 0
     label_smoothing = 0.0 if label_smoothing is None else float(label_smoothing)
     if not 0.0 <= label_smoothing < 1.0:
@@ -317,7 +258,7 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     if plant_tie:
         params = census.planted_tie(net, params)
     params = {k: to_device(v, dtype) for k, v in params.items()}
-    x = to_device(make_batch(data, batch, image_size, seed, net.channels) if x is None else x, dtype)
+    x = to_device(data_.images(data, batch, image_size, seed=seed, channels=net.channels) if x is None else x, dtype)
     labels = prng.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
     settings = dict(batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16, seed=seed,
                     label_smoothing=label_smoothing, plant_tie=plant_tie,

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import jax.numpy as jnp
-
 from .. import data
 from ..nets.protocol import as_net
 from ..progress import bar
 from . import census as census_
-from .tie import TieReport, reference_at, targets_matrix, tie_replicas
+from .tie import TieReport, reference_at, tie_replicas
 
 
 def splits(largest_replicas: int, largest_per_replica: int) -> list[tuple[int, int]]:
@@ -57,12 +55,6 @@ class SweepReport:
                 f"loss within its limit" + ("" if self.ok else "; FAILED"))
 
 
-def photo_batch(batch: int, image_size: int, num_classes: int, *, seed: int = 0):
-    """Photo crops in float64 and one-hot rows of the photo each was cut from (7 photos ≤ K)."""
-    x, labels = data.photo_labels(batch, image_size, seed=seed)
-    return jnp.asarray(x, jnp.float64), targets_matrix(jnp.asarray(labels), num_classes, jnp.float64)
-
-
 def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, label_smoothing: float = 0.0,
           devices=None, progress: bool = True) -> SweepReport:
     """The mesh step at every (R, N) of `shapes` against the single-device float64 oracle at R·N
@@ -73,7 +65,7 @@ def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, labe
     for r, n in bar(list(shapes), desc="R·N sweep", enabled=progress):
         b = r * n
         if b not in points:
-            x, t = photo_batch(b, image_size, cfg.num_classes, seed=seed)
+            x, t = data.photo_batch(b, image_size, cfg.num_classes, seed=seed)
             smooth_at[b] = census_.smoothness(net, params, x, cfg).hypothesis(census_.PARAMETERS).holds
             points[b] = (x, t, reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing))
         x, t, point = points[b]

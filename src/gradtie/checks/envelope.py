@@ -106,23 +106,20 @@ class Envelope:
     loss: float                   # max |L_sample − L_reference|
     evaluations: tuple[str, ...]  # what each sample was
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "evaluations": list(self.evaluations), "loss": self.loss,
-                "nodes": dict(self.nodes)}
-
 
 def measure(net, params: dict, x, targets, cfg, reference, *, dtype: str, key, alpha: float = 0.0,
             selections: Optional[dict] = None, nudges: int = tol.ENVELOPE_NUDGES,
-            oracle: Callable = reference_.compiled) -> Envelope:
-    """The envelope of every node of `net` at (params, x): the autodiff oracle (`reference.oracle`)
-    at each sample, against `reference`, its float64 (loss, grads, dx) at the point."""
+            oracle: Callable = reference_.compiled, nudged: Sequence[str] = ("params", "x")) -> Envelope:
+    """The envelope of every node of `net` at (params, x): the autodiff oracle (`reference.oracle`,
+    or `oracle` with its signature, e.g. a VJP at a cotangent given as `targets`) at each sample,
+    against `reference`, its float64 (loss, grads, dx) at the point."""
     values = {"params": params, "x": x, "targets": targets}
     batched = ["x", "targets"]
     if selections is not None:
         values["selections"] = selections
         batched.append("selections")
     outputs, labels = [], []
-    for s in samples(values, dtype=dtype, key=key, nudged=("params", "x"), batched=batched, nudges=nudges):
+    for s in samples(values, dtype=dtype, key=key, nudged=nudged, batched=batched, nudges=nudges):
         v = s.values
         sel = None if selections is None else tree_to_device(v["selections"])
         loss, g, dx = oracle(net, tree_to_device(v["params"]), to_device(v["x"]), to_device(v["targets"]), cfg,

@@ -114,13 +114,8 @@ def _suffix_probe(net: Net, start: int, params, h, cfg, targets, alpha, here):
     input h; only the piece's entries those stages compute are compared (the earlier ones cannot move)."""
     suffix = net.stage_list(cfg)[start:]
     logits, saved = fold_forward(suffix, params, h, cfg, Pass())
-    same = jnp.bool_(True)
-    for stage in suffix:
-        s = saved[stage.name]
-        for k, z in stage.relu_inputs(s).items():
-            same = same & jnp.all((z > 0) == here[0][k])
-        for k, r in stage.pool_inputs(s).items():
-            same = same & jnp.all(maxpool.select(r, net.pools[k]) == here[1][k])
+    piece = piece_of(net, saved, suffix)
+    same = jnp.all(jnp.stack([jnp.all(a == here[i][k]) for i in (0, 1) for k, a in piece[i].items()] + [True]))
     return net.loss.value(logits, targets, alpha), same
 
 

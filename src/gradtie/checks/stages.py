@@ -14,8 +14,9 @@ seventeen CertLayers (`Net.layers`). For any net built from the protocol:
   `reference.vjp`), each row within ENVELOPE_FACTOR × the stage's own round-off envelope
   (`checks.envelope`: the batch reversed, unit-roundoff nudges of its input, cotangent and
   parameters), floored at the dtype's floor; the loss cotangent is tied to autodiff of the loss;
-- `first_parting` names the stage where a failing chain first parts from the VJP (backward order):
-  a stage handed a wrong cotangent still ties at it, so only the stage holding the bug parts;
+- `StageReport.first_parting` names the stage where a failing chain first parts from the VJP
+  (backward order): a stage handed a wrong cotangent still ties at it, so only the stage holding
+  the bug parts;
 - `cotangent_tie` ties the whole chain from an arbitrary cotangent at the logits;
 - `tie_at` ties one stage alone at any input and cotangent;
 - `sweep` ties the whole net at every batch size N of a range, with the census's hypotheses.
@@ -41,7 +42,7 @@ from ..kit import KIT
 from ..nets.protocol import Net, Pass, as_net
 from . import envelope as env_
 from . import census
-from .tie import (Chain, NodeRow, TieReport, bn_cells, bn_of, checked_dtype, compare, frozen_selections,
+from .tie import (Chain, NodeRow, TieReport, bn_cells, checked_dtype, compare, frozen_selections, node_cells,
                   reference_at, report, targets_matrix, tie, zero_in_reals)
 
 LEVELS = ("stages", "layers")
@@ -143,8 +144,7 @@ def _tie_stages(net: Net, cfg, names, params, inputs, dys, got: dict, *, dtype: 
         rows = compare({k: g_r[k] for k in stage.params}, {k: g_o[k] for k in stage.params},
                        envelope={**g_w, "input": dx_w}, factor=factor, floor=floor,
                        zero_nodes=zero_nodes & set(stage.params), dx=(dx_r, dx_o),
-                       cells={k: cells[k] for k in stage.params if k in cells},
-                       shapes={k: tuple(np.shape(params[k])) for k in stage.params} | {"input": tuple(np.shape(dx_o))})
+                       cells={k: cells[k] for k in stage.params if k in cells})
         cot = float(np.max(np.abs(np.asarray(dys[name], np.float64))))
         reports.append(TieReport(name, np.dtype(dtype).name, rows, 0.0, 0.0,
                                  meta={"kind": stage.kind, "lean": net.stage_lean.get(stage.kind, ""),
@@ -201,6 +201,9 @@ class Parting:
         return (f"rendered and VJP first part at {self.stage} ({self.kind}): {self.row.name} off by "
                 f"{self.row.ratio:.2g}× its limit")
 
+    def as_dict(self) -> dict[str, str]:
+        return {"stage": self.stage, "kind": self.kind, "node": self.row.name}
+
 
 @dataclass
 class StageReport:
@@ -243,9 +246,6 @@ class StageReport:
         """The input-cotangent rows of every stage of a kind (identity, downsample blocks …)."""
         return [t.row("input") for t in self.kind(kind)]
 
-    def rows(self) -> list[NodeRow]:
-        return [r for t in self.ties for r in t.rows]
-
     def worst(self) -> tuple[str, NodeRow]:
         """(stage, row) with the largest error over its limit."""
         return max(((t.net, r) for t in self.backward_order() for r in t.rows), key=lambda tr: tr[1].ratio)
@@ -283,24 +283,16 @@ class StageReport:
     def as_dict(self) -> dict[str, Any]:
         parting = self.first_parting()
         return {"net": self.net, "dtype": self.dtype, "level": self.level, "ok": self.ok, "summary": self.summary(),
-                "first_parting": None if parting is None else {"stage": parting.stage, "kind": parting.kind,
-                                                               "node": parting.row.name},
+                "first_parting": parting and parting.as_dict(),
                 "cotangent": None if self.cotangent is None else self.cotangent.as_dict(),
                 "stages": [t.as_dict() for t in self.ties]}
 
 
-def _cells(net: Net, params, x, cfg) -> tuple[dict, dict]:
-    """M per BatchNorm layer, and per node (its layer's M)."""
-    bn = bn_cells(net, params, x, cfg)
-    return bn, {name: bn[b] for name in params if (b := bn_of(name, bn)) is not None}
-
-
 def _point(net: Net, params, x, cfg):
     """σ at the float64 point (where a window ties at a positive maximum), and M per node."""
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-    x64 = to_device(x, np.float64)
+    p64, x64 = tree_to_device((params, x), np.float64)
     sel, ties = frozen_selections(net, p64, x64, cfg)
-    return sel, ties, _cells(net, p64, x64, cfg)[1]
+    return sel, ties, node_cells(params, bn_cells(net, p64, x64, cfg))
 
 
 def _level(net: Net, level: str) -> Net:
@@ -363,14 +355,6 @@ def stage_ties(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, dl
                        meta={"input_model": "frozen" if sel is not None else "real", "tied_windows": ties})
 
 
-def first_parting(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
-                  key: Optional[jax.Array] = None) -> Optional[Parting]:
-    """Where a rendered chain of `net` (its own, or one with a planted bug) first parts from the
-    VJP, walking backward: the loss cotangent, then each stage at the cotangent it was handed. None
-    when every stage ties."""
-    return stage_ties(net, params, x, targets, cfg, chain=chain, label_smoothing=label_smoothing, key=key).first_parting()
-
-
 def whole_tie(rec: Record, cfg, *, key: Optional[jax.Array] = None, point=None) -> TieReport:
     """The whole-net tie (`tie.tie`'s verdict) of a recorded chain run from the loss's cotangent."""
     if rec.loss is None:
@@ -380,9 +364,11 @@ def whole_tie(rec: Record, cfg, *, key: Optional[jax.Array] = None, point=None) 
     return report(rec.chain.label, rec.params, (rec.loss, rec.grads, rec.dx), point)
 
 
-@partial(jax.jit, static_argnums=(0, 3))
-def _net_vjp(net: Net, params, x, cfg, dy, selections):
-    return reference.vjp(lambda p, a: net.forward(p, a, cfg, selections=selections)[0], params, x, cotangent=dy)
+@partial(jax.jit, static_argnums=(0, 4))
+def _net_vjp(net: Net, params, x, dy, cfg, alpha, selections):
+    """(0, grads, dx): the VJP of the forward at dy, as an envelope's oracle (`envelope.measure`)."""
+    return (0.0, *reference.vjp(lambda p, a: net.forward(p, a, cfg, selections=selections)[0], params, x,
+                                cotangent=dy))
 
 
 def cotangent_tie(net, params, x, dlogits, cfg, *, chain: Optional[Chain] = None, key: Optional[jax.Array] = None,
@@ -397,23 +383,12 @@ def cotangent_tie(net, params, x, dlogits, cfg, *, chain: Optional[Chain] = None
     key = jax.random.key(0) if key is None else key
     rec = rec or record(net, params, x, cfg, dlogits=dlogits, chain=chain)
     sel, ties, cells = _point(net, params, x, cfg)
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-    x64, d64 = to_device(x, np.float64), to_device(rec.dlogits, np.float64)
-    g_o, dx_o = _net_vjp(net, p64, x64, cfg, d64, sel)
-    values = {"params": p64, "x": x64, "dy": d64}
-    if sel is not None:
-        values["selections"] = sel
-    outputs = []
-    for s in env_.samples(values, dtype=dtype, key=key, nudged=("params", "x", "dy"),
-                          batched=("x", "dy", "selections")):
-        v = s.values
-        g, dx = _net_vjp(net, tree_to_device(v["params"]), to_device(v["x"]), cfg, to_device(v["dy"]),
-                         None if sel is None else tree_to_device(v["selections"]))
-        outputs.append((g, env_.unorder(dx, s.order)))
-    g_w, dx_w = env_.spread((g_o, dx_o), outputs)
-    rows = compare(rec.grads, {k: g_o[k] for k in params}, envelope={**g_w, "input": dx_w}, factor=factor,
-                   floor=tol.FLOORS[dtype], zero_nodes=zero_in_reals(params), dx=(rec.dx, dx_o), cells=cells,
-                   shapes={k: tuple(np.shape(v)) for k, v in params.items()} | {"input": tuple(np.shape(dx_o))})
+    p64, x64, d64 = tree_to_device((params, x, rec.dlogits), np.float64)
+    ref = _net_vjp(net, p64, x64, d64, cfg, 0.0, sel)
+    envelope = env_.measure(net, p64, x64, d64, cfg, ref, dtype=dtype, key=key, selections=sel, oracle=_net_vjp,
+                            nudged=("params", "x", "targets"))
+    rows = compare(rec.grads, {k: ref[1][k] for k in params}, envelope=envelope.nodes, factor=factor,
+                   floor=tol.FLOORS[dtype], zero_nodes=zero_in_reals(params), dx=(rec.dx, ref[2]), cells=cells)
     return TieReport(f"{rec.chain.label} at a given cotangent", dtype, rows, 0.0, 0.0,
                      meta={"input_model": "frozen" if sel is not None else "real", "tied_windows": ties,
                            "factor": factor})

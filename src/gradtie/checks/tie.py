@@ -10,7 +10,7 @@ every row is held to the point's own round-off envelope (`checks.envelope`). Sho
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import partial
 from typing import Any, NamedTuple, Optional
 
@@ -248,12 +248,8 @@ class TieReport:
     def as_dict(self) -> dict[str, Any]:
         return {"net": self.net, "dtype": self.dtype, "ok": self.ok, "summary": self.summary(),
                 "loss": self.loss, "loss_oracle": self.loss_oracle, **self.meta,
-                "nodes": [{"name": r.name, "shape": list(r.shape), "err": r.err, "scale": r.scale,
-                           "rel": r.rel, "limit": r.limit, "envelope": r.envelope, "floor": r.floor,
-                           "limit_by": r.by, "cells": r.cells, "zero_in_reals": r.zero_in_reals,
-                           "bad": r.bad, "ok": r.ok, "ill_conditioned": r.ill_conditioned,
-                           "mismatch": r.mismatch}
-                          for r in self.rows]}
+                "nodes": [dict(asdict(r), shape=list(r.shape), limit_by=r.by, ok=r.ok,
+                               ill_conditioned=r.ill_conditioned) for r in self.rows]}
 
 
 def targets_matrix(targets: jax.Array, num_classes: int, dtype) -> jax.Array:
@@ -263,10 +259,11 @@ def targets_matrix(targets: jax.Array, num_classes: int, dtype) -> jax.Array:
     return targets.astype(dtype)
 
 
-def piece_of(net: Net, saved):
-    """The smooth piece of the loss a point lies in: every ReLU input's sign, every pool's choice."""
-    return ({k: z > 0 for k, z in net.preactivations(saved).items()},
-            {k: maxpool.select(r, net.pools[k]) for k, r in net.pool_inputs(saved).items()})
+def piece_of(net: Net, saved, stages=None):
+    """The smooth piece of the loss a point lies in: every ReLU input's sign, every pool's choice
+    (of `stages` only, when given: a suffix of the net run from its input)."""
+    return ({k: z > 0 for k, z in net.preactivations(saved, stages).items()},
+            {k: maxpool.select(r, net.pools[k]) for k, r in net.pool_inputs(saved, stages).items()})
 
 
 @partial(jax.jit, static_argnums=0)
@@ -307,11 +304,16 @@ def bn_of(name: str, bn_names) -> Optional[str]:
     return None
 
 
+def node_cells(names, cells: dict[str, int]) -> dict[str, int]:
+    """M per node: that of its BatchNorm layer (`bn_of`; cells: M per layer); nodes without one left out."""
+    return {name: cells[b] for name in names if (b := bn_of(name, cells)) is not None}
+
+
 # ---- the verdict -----------------------------------------------------------------------------------
 
-def _mismatch(name: str, got, want_shape, want_dtype) -> str:
+def _mismatch(got, want_shape, want_dtype) -> str:
     shape = tuple(np.shape(got))
-    if want_shape is not None and shape != tuple(want_shape):
+    if shape != tuple(want_shape):
         return f"shape {shape}, its parameter's is {tuple(want_shape)}"
     dtype = np.dtype(jnp.result_type(got)).name
     if want_dtype is not None and dtype != want_dtype:
@@ -322,35 +324,28 @@ def _mismatch(name: str, got, want_shape, want_dtype) -> str:
 def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict] = None,
             factor: float = tol.ENVELOPE_FACTOR, floor: float = tol.REL_F64, zero_nodes: set[str] = frozenset(),
             dx: Optional[tuple] = None, loss: Optional[tuple] = None, loss_envelope: float = 0.0,
-            cells: Optional[dict] = None, shapes: Optional[dict] = None, dtype: Optional[str] = None) -> list[NodeRow]:
+            cells: Optional[dict] = None, dtype: Optional[str] = None) -> list[NodeRow]:
     """One row per node: max error relative to max|oracle|, held to max(factor · envelope, floor).
 
     A node that is 0 in ℝ, or whose oracle is exactly 0, is measured against the net's largest
     gradient (tolerances.ZERO_NODE_SCALE), never against 1.0. `envelope`: node -> max |spread| (the
     point's round-off, `checks.envelope`); without it every limit is the floor. `loss`: (rendered,
-    oracle) losses, judged the same way. `cells`: node -> M of its BatchNorm layer. `shapes`,
-    `dtype`: what each rendered node must be (its parameter's shape, the checked dtype); a node
-    that is not fails, whatever its values (nothing is broadcast).
+    oracle) losses, judged the same way (a row "loss" first). `cells`: node -> M of its BatchNorm
+    layer. A rendered node whose shape is not its oracle's (its parameter's), or whose dtype is not
+    `dtype` (the checked one), fails whatever its values (nothing is broadcast).
     """
-    envelope = envelope or {}
+    envelope = dict(envelope or {}, loss=loss_envelope)
     cells = cells or {}
-    shapes = shapes or {}
     gmax = max((float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values()), default=0.0)
     net_scale = tol.ZERO_NODE_SCALE * gmax if gmax > 0 else 1.0
-    rows = []
-    if loss is not None:
-        lr, lo = float(loss[0]), float(loss[1])
-        scale = abs(lo) if lo != 0 else 1.0
-        env = loss_envelope / scale
-        limit = max(factor * env, floor)
-        rows.append(NodeRow("loss", (), abs(lr - lo), scale, abs(lr - lo) / scale, limit, False,
-                            int(abs(lr - lo) > limit * scale), env, floor))
-    pairs = [(k, rendered_grads[k], oracle_grads[k]) for k in oracle_grads]
+    pairs = [("loss", *loss)] if loss is not None else []
+    pairs += [(k, rendered_grads[k], oracle_grads[k]) for k in oracle_grads]
     if dx is not None:
         pairs.append(("input", dx[0], dx[1]))
+    rows = []
     for name, a, b in pairs:
         b64 = np.asarray(b, np.float64)
-        mismatch = _mismatch(name, a, shapes.get(name, np.shape(b64)), dtype)
+        mismatch = _mismatch(a, np.shape(b64), None if name == "loss" else dtype)
         a64 = np.asarray(a, np.float64)
         diff = np.abs(a64 - b64) if not mismatch else np.full(b64.shape, np.inf)
         err = float(np.max(diff)) if diff.size else 0.0
@@ -421,12 +416,9 @@ def report(label: str, params, rendered_side: tuple, point: Point, *, factor: fl
     if missing:
         raise ValueError(f"tie: the rendered chain returns no node for {missing[:4]}")
     g_r, g_o = ({name: g[name] for name in params} for g in (g_r, g_o))
-    cells = {name: point.bn_cells[b] for name in params if (b := bn_of(name, point.bn_cells)) is not None}
-    shapes = {name: tuple(np.shape(p)) for name, p in params.items()}
-    shapes["input"] = tuple(np.shape(dx_o))
     rows = compare(g_r, g_o, envelope=point.envelope.nodes, factor=factor, floor=tol.FLOORS[point.dtype],
                    zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
-                   loss_envelope=point.envelope.loss, cells=cells, shapes=shapes, dtype=point.dtype)
+                   loss_envelope=point.envelope.loss, cells=node_cells(params, point.bn_cells), dtype=point.dtype)
     meta = {"input_model": point.input_model, "tied_windows": point.tied_windows,
             "bn_cells": point.bn_cells, "envelope_evaluations": list(point.envelope.evaluations),
             "factor": factor, **(meta or {})}

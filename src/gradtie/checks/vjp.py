@@ -113,8 +113,7 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
                for s in env_.samples({"args": list(args), "ct": ct}, dtype="float64",
                                      key=jax.random.fold_in(key, 1), nudged=("args", "ct"))]
     rows = compare(dict(zip(names, got)), dict(zip(names, ref)), factor=factor,
-                   envelope=dict(zip(names, env_.spread(list(ref), outputs))),
-                   shapes={n: tuple(a.shape) for n, a in zip(names, args)}, dtype="float64")
+                   envelope=dict(zip(names, env_.spread(list(ref), outputs))), dtype="float64")
     if any(r.mismatch for r in rows):
         raise VJPMismatch("check_vjp: the hand VJP's cotangents are not its arguments': "
                           + "; ".join(r.describe() for r in rows if r.mismatch))
