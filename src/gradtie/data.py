@@ -457,6 +457,24 @@ def _lambda(op: str, key: jax.Array, alpha: float, lam, dtype) -> jax.Array:
     return jax.random.beta(key, alpha, alpha, dtype=dtype)
 
 
+TARGET_KINDS = ("one-hot", "mixup", "cutmix")
+
+
+def batch_targets(kind: str, n: int, k: int, key) -> jax.Array:
+    """[N,K] float64 targets: one-hot rows of random labels, or their mixup / cutmix over a photo
+    batch; every row sums to 1."""
+    k_lab, k_mix = jax.random.split(key)
+    t = one_hot(prng.randint(k_lab, (n,), 0, k), k, jnp.float64)
+    if kind == "one-hot":
+        return t
+    x = jnp.asarray(photos(n, 32, seed=int(prng.randint(k_mix, (), 0, 2**30))), jnp.float64)
+    if kind == "mixup":
+        return mixup(x, t, k_mix).targets
+    if kind == "cutmix":
+        return cutmix(x, t, k_mix).targets
+    raise ValueError(f"batch_targets: kind must be one of {TARGET_KINDS}, got {kind!r}")
+
+
 def mixup(x, targets, key: Seed, *, alpha: float = 0.2, lam=None) -> Mixed:
     """Mixup: x̃ = λ·x + (1−λ)·x[π], t̃ = λ·t + (1−λ)·t[π], π a random permutation of the batch.
 

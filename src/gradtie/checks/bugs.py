@@ -551,9 +551,8 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Op
     """Every entry that applies to `net` (or those of `names`) planted in turn, each tied at the same
     point against one shared reference and envelope. replicas > 1: the data-parallel entries,
     through the mesh step (`tie.tie_replicas`); else each planted chain runs `how`: "eager", op by
-    op (the default: the entries share their ops, not their programs; ResNet-34's 18 entries at
-    N = 2, 32 px, on an empty cache: 104 s compiled, 57 s op by op), or "quick" (one program each).
-    label_smoothing > 0 so that every head entry plants something; an entry that would plant
+    op (the default: the entries share their ops, not their programs), or "quick" (one program
+    each). label_smoothing > 0 so that every head entry plants something; an entry that would plant
     nothing here is an error, never a silent green."""
     net = as_net(net)
     planted = chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], replicas=replicas, cfg=cfg)

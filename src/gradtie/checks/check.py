@@ -149,7 +149,7 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     if bf16 and replicas > 1:
         raise ValueError("bf16 and replicas together: the bf16 check runs one device (check the data-parallel "
                          "step in float32 or float64)")
-    chain = chain or Chain(net)
+    chain, single = chain or Chain(net), replicas == 1 and counts is None
     dtype = np.dtype(jnp.result_type(x)).name
     key = jax.random.key(0) if key is None else key
     timings = {} if timings is None else timings
@@ -173,18 +173,18 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
         with phase(timings, "reference + envelope"):
             point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, 3))
         with phase(timings, "tie"):
-            if replicas > 1 or counts is not None:
+            if single:
+                result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain)
+            else:
                 result = tie_replicas(net, params, x, t, cfg, chain=chain, replicas=None if counts else replicas,
                                       counts=counts, label_smoothing=label_smoothing, point=point)
-            else:
-                result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain)
         parting = None
-        if replicas == 1 and counts is None and result.failed:
+        if single and result.failed:
             with phase(timings, "first parting"):
                 parting = stages.stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                             key=jax.random.fold_in(key, 4)).first_parting()
         fd_rows = []
-        if finite_differences and dtype == "float64" and replicas == 1 and counts is None:
+        if finite_differences and dtype == "float64" and single:
             with phase(timings, "finite differences"):
                 out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
                                    how="compiled" if not chain.planted else "quick")
@@ -233,8 +233,8 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     if replica_counts is not None:   # uneven replica batches: R from the counts, which hold the batch
         replica_counts = parallel.check_counts("replica-counts", replica_counts, len(tuple(replica_counts)), batch)
         replicas = len(replica_counts)
-    if replicas > 1 and replicas > len(jax.devices()):
-        raise ValueError(f"replicas {replicas}: only {len(jax.devices())} devices ({parallel.FAKE_DEVICES_HINT})")
+    if replicas > 1:
+        parallel.data_mesh(replicas)   # more replicas than devices: refused before any work
     if replicas > 1 and batch % replicas and replica_counts is None:
         raise ValueError(f"batch {batch} (= R·N) must be divisible by replicas {replicas}")
     data = data or ("flat" if plant_tie else "randn")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .. import data
+from .. import data, parallel
 from ..nets.protocol import as_net
 from ..progress import bar
 from . import census as census_
@@ -23,9 +23,8 @@ def splits(largest_replicas: int, largest_per_replica: int) -> list[tuple[int, i
     """(R, N) for R = 2, 4, … ≤ largest_replicas and N = 1, 2, 4, … ≤ largest_per_replica."""
     if largest_replicas < 2 or largest_per_replica < 1:
         raise ValueError(f"splits: need R ≥ 2 and N ≥ 1, got {largest_replicas} and {largest_per_replica}")
-    rs = [r for r in (2 ** k for k in range(1, 11)) if r <= largest_replicas]
     ns = [n for n in (2 ** k for k in range(0, 13)) if n <= largest_per_replica]
-    return [(r, n) for r in rs for n in ns]
+    return [(r, n) for r in parallel.replica_counts(largest_replicas) for n in ns]
 
 
 @dataclass

@@ -113,13 +113,10 @@ def measure(net, params: dict, x, targets, cfg, reference, *, dtype: str, key, a
     """The envelope of every node of `net` at (params, x): the autodiff oracle (`reference.oracle`,
     or `oracle` with its signature, e.g. a VJP at a cotangent given as `targets`) at each sample,
     against `reference`, its float64 (loss, grads, dx) at the point."""
-    values = {"params": params, "x": x, "targets": targets}
-    batched = ["x", "targets"]
-    if selections is not None:
-        values["selections"] = selections
-        batched.append("selections")
+    values = {"params": params, "x": x, "targets": targets} | ({} if selections is None else {"selections": selections})
     outputs, labels = [], []
-    for s in samples(values, dtype=dtype, key=key, nudged=nudged, batched=batched, nudges=nudges):
+    for s in samples(values, dtype=dtype, key=key, nudged=nudged, batched=("x", "targets", "selections"),
+                     nudges=nudges):
         v = s.values
         sel = None if selections is None else tree_to_device(v["selections"])
         loss, g, dx = oracle(net, tree_to_device(v["params"]), to_device(v["x"]), to_device(v["targets"]), cfg,

@@ -6,20 +6,12 @@ peels the eighteen-stage composition's backward into eighteen stage backwards: t
 head are tied concretely, the stem pool's endpoint is `rfl`, and the sixteen blocks stay opaque
 `HasVJPDiffAt` witnesses; the block input cotangents are `r34IdCotIn_eq_vjp` and
 `r34DownCotIn_eq_vjp` (the step-tie module's). cifar8's (`cifar8BbnInputGradB_correct`) is
-seventeen CertLayers (`Net.layers`). For any net built from the protocol:
-
-- `record` runs a rendered chain once with a tape (`rendered.Tape`): every stage's input and the
-  cotangent it is handed;
-- `stage_ties` ties each stage to `jax.vjp` of its forward alone at that cotangent (the oracle,
-  `reference.vjp`), each row within ENVELOPE_FACTOR × the stage's own round-off envelope
-  (`checks.envelope`: the batch reversed, unit-roundoff nudges of its input, cotangent and
-  parameters), floored at the dtype's floor; the loss cotangent is tied to autodiff of the loss;
-- `StageReport.first_parting` names the stage where a failing chain first parts from the VJP
-  (backward order): a stage handed a wrong cotangent still ties at it, so only the stage holding
-  the bug parts;
-- `cotangent_tie` ties the whole chain from an arbitrary cotangent at the logits;
-- `tie_at` ties one stage alone at any input and cotangent;
-- `sweep` ties the whole net at every batch size N of a range, with the census's hypotheses.
+seventeen CertLayers (`Net.layers`). For any net built from the protocol, `stage_ties` ties each
+stage of a recorded chain (`record`) to the VJP of its forward alone (`reference.vjp`) at the
+cotangent the chain handed it, within ENVELOPE_FACTOR × the stage's own round-off envelope; a stage
+handed a wrong cotangent still ties at it, so only the stage holding a bug parts from its VJP
+(`StageReport.first_parting`). `cotangent_tie`, `tie_at` and `sweep` tie the whole chain from any
+cotangent, one stage at any input, and the whole net at every batch size of a range.
 
 Shown in: Whole-net tie.
 """
@@ -295,17 +287,6 @@ def _point(net: Net, params, x, cfg):
     return sel, ties, node_cells(params, bn_cells(net, p64, x64, cfg))
 
 
-def _level(net: Net, level: str) -> Net:
-    if level not in LEVELS:
-        raise ValueError(f"level {level!r}: expected one of {', '.join(LEVELS)}")
-    if level == "layers":
-        if net.layers is None:
-            raise ValueError(f"level 'layers': {net.name} defines no finer stages (Net.layers); its pieces are "
-                             f"its stages (level 'stages')")
-        return net.layers
-    return net
-
-
 def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
     """The finer stages composed against the stages: each stage's nodes and the cotangent it hands on."""
     dtype = np.dtype(rec.x.dtype).name
@@ -338,7 +319,12 @@ def stage_ties(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, dl
     net = as_net(net)
     dtype = checked_dtype("stage_ties", x)
     key = jax.random.key(0) if key is None else key
-    fine_net = _level(net, level)
+    if level not in LEVELS:
+        raise ValueError(f"level {level!r}: expected one of {', '.join(LEVELS)}")
+    if level == "layers" and net.layers is None:
+        raise ValueError(f"level 'layers': {net.name} defines no finer stages (Net.layers); its pieces are "
+                         f"its stages (level 'stages')")
+    fine_net = net.layers if level == "layers" else net
     if chain is not None and level == "layers" and chain.net is not net:
         raise ValueError("stage_ties: a planted net definition has no finer stages; plant a kit bug instead")
     rec = rec or record(net, params, x, cfg, targets=targets, label_smoothing=label_smoothing, dlogits=dlogits,

@@ -21,7 +21,7 @@ import numpy as np
 from .. import parallel, rendered
 from .. import reference as reference_
 from .. import tolerances as tol
-from ..host import to_device
+from ..host import to_device, tree_to_device
 from ..kit import KIT, Kit
 from ..nets.layers import zero_in_reals
 from ..nets.protocol import Net, as_net
@@ -164,10 +164,8 @@ class TieReport:
         """The rows in the order the rendered chain reaches them: the loss (the head's forward), then
         the parameters in reverse signature order (head first; within a conv→BN layer β, γ, then
         the conv), the input cotangent last."""
-        by_name = {r.name: r for r in self.rows}
-        first = [by_name["loss"]] if "loss" in by_name else []
-        last = [by_name["input"]] if "input" in by_name else []
-        return first + list(reversed(self.nodes)) + last
+        return ([r for r in self.rows if r.name == "loss"] + self.nodes[::-1]
+                + [r for r in self.rows if r.name == "input"])
 
     def first_failure(self) -> Optional[NodeRow]:
         """The first row, in backward order, over its limit (None when all are within)."""
@@ -395,8 +393,7 @@ def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
     net = as_net(net)
     dtype = checked_dtype("reference_at", x)
     key = jax.random.key(0) if key is None else key
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-    x64 = to_device(x, np.float64)
+    p64, x64 = tree_to_device((params, x), np.float64)
     t64 = targets_matrix(targets, cfg.num_classes, jnp.float64)
     alpha = float(label_smoothing)
     sel, ties = frozen_selections(net, p64, x64, cfg) if freeze_ties else (None, 0)
@@ -422,8 +419,7 @@ def report(label: str, params, rendered_side: tuple, point: Point, *, factor: fl
     meta = {"input_model": point.input_model, "tied_windows": point.tied_windows,
             "bn_cells": point.bn_cells, "envelope_evaluations": list(point.envelope.evaluations),
             "factor": factor, **(meta or {})}
-    return TieReport(net=label, dtype=point.dtype, rows=rows, loss=float(loss_r),
-                     loss_oracle=float(loss_o), meta=meta)
+    return TieReport(label, point.dtype, rows, float(loss_r), float(loss_o), meta)
 
 
 def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Optional[Chain] = None,

@@ -29,7 +29,7 @@ from .. import reference
 from .. import tolerances as tol
 from . import envelope as env_
 from . import fd as fd_
-from .tie import NodeRow, compare
+from .tie import NodeRow, compare, need_x64
 
 KINK_STEPS = (1e-6, 1e-7, 1e-8)
 
@@ -76,8 +76,7 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
     """Tie the hand-written VJP of `f` at `args` to autodiff and to finite differences; raise
     `NotSmooth` at a kink and `VJPMismatch` on a wrong VJP. args: float arrays (float64, which
     needs `jax_enable_x64`). vjp: `(*args, ct)` -> one cotangent per argument, for a plain `f`."""
-    if not jax.config.jax_enable_x64:
-        raise ValueError("check_vjp: the oracle is float64: it needs jax_enable_x64")
+    need_x64("check_vjp")
     if not args:
         raise ValueError("check_vjp: give the point, one array per argument of f")
     args = tuple(jnp.asarray(a, jnp.float64) for a in args)

@@ -27,12 +27,17 @@ def check_targets(op: str, logits: jax.Array, targets: jax.Array) -> None:
     _validate.finite(op, "targets", targets)
     if not isinstance(targets, jax.core.Tracer):
         tol = ROW_SUM_TOL.get(jnp.dtype(targets.dtype), 1e-2)
-        # NumPy, not jnp: a concrete array captured by a traced function must not become a tracer
-        worst = float(np.max(np.abs(np.sum(np.asarray(targets, np.float64), axis=1) - 1)))
+        worst = row_sum_error(targets)
         if worst > tol:
             raise ValueError(f"{op}: every target row must sum to 1 (the smoothed-loss cotangent "
                              f"assumes it); targets {tuple(targets.shape)}: the worst row is off by "
                              f"{worst:.3g}")
+
+
+def row_sum_error(targets) -> float:
+    """max over rows of |Σ_k t − 1|, in NumPy float64 (a concrete array captured by a traced function
+    must not become a tracer)."""
+    return float(np.max(np.abs(np.sum(np.asarray(targets, np.float64), axis=1) - 1)))
 
 
 def one_hot(labels: jax.Array, num_classes: int, dtype=jnp.float32) -> jax.Array:
