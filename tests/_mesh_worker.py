@@ -10,7 +10,7 @@
 
 The device count must be fixed before jax initialises, and the test session has already imported
 jax, so tests/test_parallel.py runs this script in a fresh interpreter. Every tie runs at drawn
-weights (γ ≠ 1, β ≠ 0) through `checks.tie.tie_replicas`, the one verdict path; a planted bug is
+weights (γ ≠ 1, β ≠ 0) through `checks.tie.tie` on R replicas, the one verdict path; a planted bug is
 the `Chain` `checks.bugs.plant` returns, run in every replica.
 """
 
@@ -32,7 +32,7 @@ jax.config.update("jax_enable_x64", True)
 from gradtie import data, parallel, train  # noqa: E402
 from gradtie.checks import bugs  # noqa: E402
 from gradtie.checks.check import run_check  # noqa: E402
-from gradtie.checks.tie import reference_at, tie_replicas  # noqa: E402
+from gradtie.checks.tie import reference_at, tie as tie_net  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402
 
 REPLICAS = (2, 4, 8)
@@ -68,7 +68,7 @@ def tie(name):
     """The mesh step at R = 2, 4, 8 (N = 4, 2, 1) against one float64 oracle at batch 8."""
     net, cfg, params, x, t, alpha = setup(name)
     point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
-    return {str(r): row(tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=alpha, point=point))
+    return {str(r): row(tie_net(net, params, x, t, cfg, replicas=r, label_smoothing=alpha, point=point))
             for r in REPLICAS}
 
 
@@ -79,9 +79,9 @@ def uneven():
     ResNet-34 at 3+1 and shows the plain mean red there and green at 2+2."""
     net, cfg, params, x, t, alpha = setup("cifar8", 4)
     point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
-    out = {"1+2+0+1": row(tie_replicas(net, params, x, t, cfg, counts=(1, 2, 0, 1), point=point))}
+    out = {"1+2+0+1": row(tie_net(net, params, x, t, cfg, counts=(1, 2, 0, 1), point=point))}
     bug = bugs.plant("sync_plain_mean_of_means", net)
-    out["bug 3+1"] = row(tie_replicas(net, params, x, t, cfg, chain=bug, counts=(3, 1), point=point))
+    out["bug 3+1"] = row(tie_net(net, params, x, t, cfg, chain=bug, counts=(3, 1), point=point))
     # the padded batch by hand: zeros, then junk, in the padding
     mesh = parallel.data_mesh(2)
     xs, ts, valid = parallel.padded(x, t, (3, 1))
@@ -102,9 +102,9 @@ def control():
     """Per-replica BatchNorm (R = 2, cifar8) against the single-device oracle: must fail. The
     per-example BN variant couples no examples, so it ties without any synchronisation."""
     net, cfg, params, x, t, alpha = setup("cifar8", 4)
-    out = {"per_replica": row(tie_replicas(net, params, x, t, cfg, replicas=2, sync_bn=False))}
+    out = {"per_replica": row(tie_net(net, params, x, t, cfg, replicas=2, sync_bn=False))}
     cfg_ex = dataclasses.replace(cfg, bn="example")
-    out["per_example"] = row(tie_replicas(net, params, x, t, cfg_ex, replicas=2, sync_bn=False))
+    out["per_example"] = row(tie_net(net, params, x, t, cfg_ex, replicas=2, sync_bn=False))
     return out
 
 
@@ -206,7 +206,7 @@ def errors():
                                                            valid=jnp.asarray([1, 1, 0.5, 0, 1, 1.0]))),
         ("counts_and_valid", lambda: parallel.forward_backward(net, params, x, labels, cfg, mesh=mesh2,
                                                                counts=(3, 3), valid=jnp.ones(6))),
-        ("tie_no_split", lambda: tie_replicas(net, params, x, t, cfg)),
+        ("tie_counts_replicas", lambda: tie_net(net, params, x, t, cfg, replicas=3, counts=(3, 3))),
     ]:
         try:
             call()

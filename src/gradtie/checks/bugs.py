@@ -37,7 +37,7 @@ from ..nets.protocol import SMOOTHED_CE, Net, as_net
 from ..ops import batchnorm, conv, head, maxpool
 from ..parallel import uneven_split
 from . import census
-from .tie import Chain, NodeRow, TieReport, reference_at, targets_matrix, tie, tie_replicas
+from .tie import Chain, NodeRow, TieReport, reference_at, targets_matrix, tie
 
 
 @dataclass(frozen=True)
@@ -106,10 +106,8 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
     def backward(name, saved: batchnorm.BNSaved, weight, dy):
         axes = (2, 3) if saved.per_example else (0, 2, 3)
         cells = math.prod(dy.shape[a] for a in axes)
-        var = saved.var * cells / (cells - 1) if unbiased and cells > 1 else saved.var
-        s = lax.rsqrt(var + saved.eps)
-        if rsqrt_twice:
-            s = lax.rsqrt(s)
+        s = lax.rsqrt((saved.var * cells / (cells - 1) if unbiased and cells > 1 else saved.var) + saved.eps)
+        s = lax.rsqrt(s) if rsqrt_twice else s
         bc = (lambda v: v[:, :, None, None]) if saved.per_example else (lambda v: v[None, :, None, None])
         xhat = (saved.x - bc(saved.mean)) * bc(s)
         t = weight[None, :, None, None] * dy if gamma else dy
@@ -201,8 +199,14 @@ def same_pads(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def _acc(dtype):
-    return jnp.float32 if jnp.dtype(dtype) == jnp.bfloat16 else dtype
+def _conv(a, b, pads, dims, rnd, **dilation):
+    """rnd(a) ⋆ rnd(b), stride 1, accumulated in float32 for bf16 operands, rounded by rnd (a conv
+    backward's contraction written out, to plant a wrong padding or kernel in)."""
+    rnd = rnd or conv.identity
+    out = lax.conv_general_dilated(rnd(a), rnd(b), (1, 1), pads, dimension_numbers=dims, **dilation,
+                                   precision=lax.Precision.HIGHEST,
+                                   preferred_element_type=jnp.float32 if a.dtype == jnp.bfloat16 else a.dtype)
+    return rnd(out).astype(a.dtype)
 
 
 def _conv_input(*, flip: bool = True, shift: int = 0, same: bool = False):
@@ -212,22 +216,17 @@ def _conv_input(*, flip: bool = True, shift: int = 0, same: bool = False):
         if same and stride == 1:
             return KIT.conv_backward(name, weight, dy, input_shape=input_shape, stride=stride, rnd=rnd,
                                      formulation=formulation)
-        rnd_ = rnd or conv.identity
         n, c, h, w = input_shape
         k = weight.shape[2]
         p = conv.padding(k)
-        wr = rnd_(weight)
-        kernel = wr[:, :, ::-1, ::-1] if flip else wr
         up_h, up_w = stride * (dy.shape[2] - 1) + 1, stride * (dy.shape[3] - 1) + 1
         if same:
             (top, _), (left, _) = same_pads(h, k, stride), same_pads(w, k, stride)
             pads = ((k - 1 - top, h + top - up_h), (k - 1 - left, w + left - up_w))
         else:
             pads = ((k - 1 - p + shift, h + p - up_h - shift), (k - 1 - p + shift, w + p - up_w - shift))
-        dx = lax.conv_general_dilated(rnd_(dy), kernel, (1, 1), pads, lhs_dilation=(stride, stride),
-                                      dimension_numbers=("NCHW", "IOHW", "NCHW"),
-                                      precision=lax.Precision.HIGHEST, preferred_element_type=_acc(dy.dtype))
-        return rnd_(dx).astype(dy.dtype)
+        return _conv(dy, weight[:, :, ::-1, ::-1] if flip else weight, pads, ("NCHW", "IOHW", "NCHW"), rnd,
+                     lhs_dilation=(stride, stride))
     return backward
 
 
@@ -235,12 +234,9 @@ def _same_grad_weight(name, x, dy, *, kernel_size, stride=1, rnd=None, formulati
     if stride == 1:
         return KIT.conv_grad_weight(name, x, dy, kernel_size=kernel_size, stride=stride, rnd=rnd,
                                     formulation=formulation)
-    rnd_ = rnd or conv.identity
     pads = (same_pads(x.shape[2], kernel_size, stride), same_pads(x.shape[3], kernel_size, stride))
-    dw = lax.conv_general_dilated(rnd_(x), rnd_(dy), (1, 1), pads, rhs_dilation=(stride, stride),
-                                  dimension_numbers=("CNHW", "IOHW", "CNHW"),
-                                  precision=lax.Precision.HIGHEST, preferred_element_type=_acc(x.dtype))
-    return rnd_(dw[:, :, :kernel_size, :kernel_size]).astype(x.dtype)
+    dw = _conv(x, dy, pads, ("CNHW", "IOHW", "CNHW"), rnd, rhs_dilation=(stride, stride))
+    return dw[:, :, :kernel_size, :kernel_size]
 
 
 def _dense_grad_weight_transposed(name, x, dy):
@@ -550,7 +546,7 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Op
         replicas: int = 1, point=None, how: str = "eager") -> CatalogueReport:
     """Every entry that applies to `net` (or those of `names`) planted in turn, each tied at the same
     point against one shared reference and envelope. replicas > 1: the data-parallel entries,
-    through the mesh step (`tie.tie_replicas`); else each planted chain runs `how`: "eager", op by
+    through the mesh step (`tie.tie` on R replicas); else each planted chain runs `how`: "eager", op by
     op (the default: the entries share their ops, not their programs), or "quick" (one program
     each). label_smoothing > 0 so that every head entry plants something; an entry that would plant
     nothing here is an error, never a silent green."""
@@ -559,13 +555,10 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Op
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     point = point or reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing)
 
-    def verdict(chain: Chain, uneven: bool = False):
-        if replicas > 1:   # an entry that needs uneven counts runs at the split the last batch of an epoch has
-            counts = uneven_split(x.shape[0], replicas) if uneven else None
-            return tie_replicas(net, params, x, t, cfg, chain=chain, replicas=replicas, label_smoothing=label_smoothing,
-                                point=point, counts=counts)
+    def verdict(chain: Chain, uneven: bool = False):   # uneven: at the split the last batch of an epoch has
         return tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain,
-                   how="compiled" if not chain.planted else how)
+                   how="compiled" if not chain.planted else how, replicas=replicas,
+                   counts=uneven_split(x.shape[0], replicas) if uneven else None)
 
     real = verdict(Chain(net))
     caught = [Caught(b.name, b.family, net.name, verdict(plant(b.name, net, cfg), b.needs_uneven)) for b in planted]

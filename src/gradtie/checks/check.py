@@ -29,7 +29,7 @@ from ..nets.protocol import as_net
 from ..progress import compile_clock, phase
 from . import bugs, census, fd, stages
 from .bf16 import check as bf16_check
-from .tie import Chain, need_x64, reference_at, targets_matrix, tie, tie_replicas
+from .tie import Chain, need_x64, reference_at, targets_matrix, tie
 
 EXIT_TIED, EXIT_FAILED, EXIT_NOT_SMOOTH = 0, 1, 2
 WEIGHTS = ("drawn", "init")
@@ -67,12 +67,12 @@ class CheckReport:
         if not rows:
             return ""
         cells = self.tie.meta.get("bn_cells") or {}
-        small = min(cells.items(), key=lambda kv: kv[1]) if cells else None
         line = (f"too ill-conditioned to judge: {len(rows)} rows where round-off alone moves the node by "
                 f"≥ {tol.ILL_CONDITIONED_REL:.0%} of itself (first: {rows[0].name}, limit {rows[0].limit:.1e}")
         line += f", its BatchNorm M = {rows[0].cells})" if rows[0].cells else ")"
-        if small:
-            line += f"; the net's smallest BatchNorm reduction is M = {small[1]} at layer {small[0]}"
+        if cells:
+            layer, m = min(cells.items(), key=lambda kv: kv[1])
+            line += f"; the net's smallest BatchNorm reduction is M = {m} at layer {layer}"
         return line
 
     def summary(self) -> str:
@@ -81,22 +81,17 @@ class CheckReport:
             lines.append("no tie reported: the loss is not differentiable at this point")
             return "\n".join(lines)
         s = self.settings
-        where = f"weights {s.get('weights', '?')}"
-        if s.get("plant_bug"):
-            where += f", planted bug {s['plant_bug']}"
+        where = f"weights {s.get('weights', '?')}" + (f", planted bug {s['plant_bug']}" if s.get("plant_bug") else "")
         lines.append(f"{self.tie.summary()} [{where}]")
         if self.parting is not None:
             lines.append(self.parting.summary())
         if self.fd_rows:
-            ok = sum(r.verdict == "ok" for r in self.fd_rows)
-            kinks = sum(r.kinked for r in self.fd_rows)
-            none = sum(r.verdict == "no evidence" for r in self.fd_rows) - kinks
+            verdicts, kinks = [r.verdict for r in self.fd_rows], sum(r.kinked for r in self.fd_rows)
             bad = [r for r in self.fd_rows if r.verdict == "FAILED"]
-            line = f"finite differences {ok}/{len(self.fd_rows)} nodes agree"
-            if none:
-                line += f", {none} no evidence (round-off too large)"
-            if kinks:
-                line += f", {kinks} no evidence (a kink within the smallest step)"
+            line = f"finite differences {verdicts.count('ok')}/{len(verdicts)} nodes agree"
+            for n, why in ((verdicts.count("no evidence") - kinks, "round-off too large"),
+                           (kinks, "a kink within the smallest step")):
+                line += f", {n} no evidence ({why})" if n else ""
             if bad:
                 line += f", {len(bad)} FAILED (first in backward order: {bad[-1].name})"
             lines.append(line)
@@ -108,10 +103,8 @@ class CheckReport:
 
     def timing_table(self) -> str:
         total = sum(v for k, v in self.timings.items() if k != "compilation")
-        lines = [f"{'phase':<22} {'seconds':>8}"]
-        lines += [f"{k:<22} {v:8.1f}" for k, v in self.timings.items()]
-        lines.append(f"{'total (wall)':<22} {total:8.1f}")
-        return "\n".join(lines)
+        return "\n".join([f"{'phase':<22} {'seconds':>8}"] + [f"{k:<22} {v:8.1f}" for k, v in self.timings.items()]
+                         + [f"{'total (wall)':<22} {total:8.1f}"])
 
     def as_dict(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "settings": self.settings, "timings": self.timings,
@@ -173,11 +166,8 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
         with phase(timings, "reference + envelope"):
             point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, 3))
         with phase(timings, "tie"):
-            if single:
-                result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain)
-            else:
-                result = tie_replicas(net, params, x, t, cfg, chain=chain, replicas=None if counts else replicas,
-                                      counts=counts, label_smoothing=label_smoothing, point=point)
+            result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain,
+                         replicas=replicas, counts=counts)
         parting = None
         if single and result.failed:
             with phase(timings, "first parting"):

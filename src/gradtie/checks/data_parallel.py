@@ -2,7 +2,7 @@
 
 `r34_net_syncTiedB` quantifies over the batch: the all-reduced nodes of R replicas holding N
 examples each ARE the single-device nodes at N := R·N, for every R and N. `sweep` runs the mesh
-step (`tie.tie_replicas`, the one verdict path) at several R and N, each against the float64
+step (`tie.tie` on R replicas, the one verdict path) at several R and N, each against the float64
 oracle and round-off envelope of its own global batch (one reference serves every split of the same
 batch), and takes the smoothness census of each point (the statement is about smooth points).
 Shown in: Data-parallel tie.
@@ -16,7 +16,7 @@ from .. import data, parallel
 from ..nets.protocol import as_net
 from ..progress import bar
 from . import census as census_
-from .tie import TieReport, reference_at, tie_replicas
+from .tie import TieReport, reference_at, tie
 
 
 def splits(largest_replicas: int, largest_per_replica: int) -> list[tuple[int, int]]:
@@ -29,7 +29,7 @@ def splits(largest_replicas: int, largest_per_replica: int) -> list[tuple[int, i
 
 @dataclass
 class SweepReport:
-    """One `tie_replicas` report per split (meta: R "replicas", N "per_replica"); a split ties when
+    """One `tie` report per split (meta: R "replicas", N "per_replica"); a split ties when
     every row agrees (within its limit and judgeable)."""
     net: str
     ties: list[TieReport]
@@ -68,6 +68,6 @@ def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, labe
             smooth_at[b] = census_.smoothness(net, params, x, cfg).hypothesis(census_.PARAMETERS).holds
             points[b] = (x, t, reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing))
         x, t, point = points[b]
-        ties.append(tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
-                                 devices=devices))
+        ties.append(tie(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
+                        devices=devices))
     return SweepReport(net.name, ties, smooth_at, points)

@@ -84,18 +84,18 @@ def record(net, params, x, cfg, *, targets=None, label_smoothing: float = 0.0, d
     if dlogits is None:
         targets = targets_matrix(targets, cfg.num_classes, x.dtype)
         out, tape = rendered.taped(chain.net, chain.kit, params, x, targets, cfg, alpha=float(label_smoothing))
-        head = chain.net.stage_list(cfg)[-1].name
-        return Record(net, chain, params, x, tape.inputs, tape.cotangents, {k: out.grads[k] for k in params},
-                      out.dx, out.logits, tape.cotangents[head], float(out.loss), targets, label_smoothing)
-    dlogits = jnp.asarray(dlogits)
-    logits_shape = (x.shape[0], cfg.num_classes)
-    if tuple(dlogits.shape) != logits_shape:
-        raise ValueError(f"record: dlogits must have the logits' shape {logits_shape}, got {tuple(dlogits.shape)}")
-    if not jnp.issubdtype(dlogits.dtype, jnp.floating) or not bool(jnp.all(jnp.isfinite(dlogits))):
-        raise ValueError("record: dlogits must hold finite floats")
-    logits, grads, dx, inputs, cotangents = _chain_from(chain.net, chain.kit, params, x, cfg, dlogits)
-    return Record(net, chain, params, x, inputs, cotangents, {k: grads[k] for k in params}, dx, logits,
-                  dlogits.astype(logits.dtype), None, None, label_smoothing)
+        logits, grads, dx, inputs, cotangents, loss = out.logits, out.grads, out.dx, *tape, float(out.loss)
+        dlogits = cotangents[chain.net.stage_list(cfg)[-1].name]
+    else:
+        dlogits, shape = jnp.asarray(dlogits), (x.shape[0], cfg.num_classes)
+        if tuple(dlogits.shape) != shape:
+            raise ValueError(f"record: dlogits must have the logits' shape {shape}, got {tuple(dlogits.shape)}")
+        if not jnp.issubdtype(dlogits.dtype, jnp.floating) or not bool(jnp.all(jnp.isfinite(dlogits))):
+            raise ValueError("record: dlogits must hold finite floats")
+        logits, grads, dx, inputs, cotangents = _chain_from(chain.net, chain.kit, params, x, cfg, dlogits)
+        dlogits, loss = dlogits.astype(logits.dtype), None
+    return Record(net, chain, params, x, inputs, cotangents, {k: grads[k] for k in params}, dx, logits, dlogits,
+                  loss, targets, label_smoothing)
 
 
 # ---- the oracle: each stage's VJP alone, and its envelope -------------------------------------------
@@ -128,10 +128,9 @@ def _tie_stages(net: Net, cfg, names, params, inputs, dys, got: dict, *, dtype: 
         labels.append(s.label)
     worst = env_.spread(ref, outputs)
     floor = tol.FLOORS[np.dtype(dtype).name]
-    kinds = {st.name: st for st in net.stage_list(cfg)}
     reports = []
-    for name in names:
-        stage = kinds[name]
+    for stage in (st for st in net.stage_list(cfg) if st.name in names):
+        name = stage.name
         (g_r, dx_r), (g_o, dx_o), (g_w, dx_w) = got[name], ref[name], worst[name]
         rows = compare({k: g_r[k] for k in stage.params}, {k: g_o[k] for k in stage.params},
                        envelope={**g_w, "input": dx_w}, factor=factor, floor=floor,
@@ -412,13 +411,11 @@ def random_cotangent(key, shape, dtype=jnp.float64, kind: str = "normal") -> jax
     """A cotangent at the logits no loss of ours would hand the chain: "normal" (N(0,1) entries,
     rows not summing to 0), "spike" (one large entry per row), "scaled" (normal × 1e6)."""
     z = prng.normal(key, shape, dtype)
-    if kind == "normal":
-        return z
-    if kind == "scaled":
-        return 1e6 * z
     if kind == "spike":
         cls = prng.randint(jax.random.fold_in(key, 1), (shape[0],), 0, shape[1])
         return jax.nn.one_hot(cls, shape[1], dtype=dtype) * 1e3 + 1e-3 * z
+    if kind in ("normal", "scaled"):
+        return z if kind == "normal" else 1e6 * z
     raise ValueError(f"random_cotangent: kind {kind!r}: expected normal, spike or scaled")
 
 
@@ -466,9 +463,8 @@ class Sweep:
             return None
         r = max(under, key=lambda r: r.n)
         h = r.smooth.hypothesis(key)
-        if not h.holds:
-            return f"N = {r.n}: {h.summary()}"
-        return f"N = {r.n}: {h.name} holds, but the tie fails ({r.tie.summary() if r.tie else 'no tie'})"
+        return f"N = {r.n}: " + (h.summary() if not h.holds else
+                                 f"{h.name} holds, but the tie fails ({r.tie.summary() if r.tie else 'no tie'})")
 
     def table(self) -> str:
         keys = [h.key for h in self.rows[0].smooth.hypotheses]
@@ -495,13 +491,10 @@ def sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int
         raise ValueError(f"sweep: ns must be positive batch sizes, got {ns}")
     key = jax.random.key(0) if key is None else key
     labels = labels or (lambda n: (jnp.arange(n) * 3 + 1) % cfg.num_classes)
-    rows = []
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
+    rows, p64 = [], {k: to_device(v, np.float64) for k, v in params.items()}
     for n in ns:
         x = images(n)
         smooth = census.smoothness(net, p64, to_device(x, np.float64), cfg)
-        rep = None
-        if smooth.ok:
-            rep = tie(net, params, x, labels(n), cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, n))
-        rows.append(SweepRow(n, smooth, rep))
+        rows.append(SweepRow(n, smooth, tie(net, params, x, labels(n), cfg, label_smoothing=label_smoothing,
+                                            key=jax.random.fold_in(key, n)) if smooth.ok else None))
     return Sweep(net.name, rows)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -22,23 +22,11 @@ from .. import parallel, rendered
 from .. import reference as reference_
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
-from ..kit import KIT, Kit
 from ..nets.layers import zero_in_reals
 from ..nets.protocol import Net, as_net
 from ..ops import head, maxpool
+from ..rendered import Chain
 from . import envelope as env_
-
-
-class Chain(NamedTuple):
-    """The rendered side of a check: a net definition run through a kit. `planted` names what is
-    wrong in it ("" for the real chain)."""
-    net: Net
-    kit: Kit = KIT
-    planted: str = ""
-
-    @property
-    def label(self) -> str:
-        return self.net.name + (f" + {self.planted}" if self.planted else "")
 
 
 @dataclass(frozen=True)
@@ -86,9 +74,7 @@ class NodeRow:
 
     @property
     def verdict(self) -> str:
-        if not self.ok:
-            return "FAILED"
-        return "ILL" if self.ill_conditioned else "tied"
+        return "FAILED" if not self.ok else "ILL" if self.ill_conditioned else "tied"
 
     @property
     def sensitivity(self) -> float:
@@ -96,15 +82,12 @@ class NodeRow:
         returned as node·(1 + δ) fails its limit for every δ above it, (limit·scale + err) / max|node|.
         Below (limit·scale − err) / max|node| it passes. A node 0 in ℝ is measured against the net's
         scale, so a relative error on it is invisible (a large figure says so)."""
-        if self.magnitude <= 0:
-            return float("inf")
-        return (self.limit * self.scale + self.err) / self.magnitude
+        return (self.limit * self.scale + self.err) / self.magnitude if self.magnitude > 0 else float("inf")
 
     def describe(self) -> str:
         if self.mismatch:
             return f"{self.name}: {self.mismatch}"
-        sign = "≤" if self.ok else ">"
-        return f"{self.name}, err {self.rel:.1e} {sign} limit {self.limit:.1e}"
+        return f"{self.name}, err {self.rel:.1e} {'≤' if self.ok else '>'} limit {self.limit:.1e}"
 
 
 def is_beta(name: str, shapes: dict[str, tuple[int, ...]]) -> bool:
@@ -115,9 +98,7 @@ def is_beta(name: str, shapes: dict[str, tuple[int, ...]]) -> bool:
 
 def ratio_text(ratio: float) -> str:
     """err/limit for a table: fixed-width, scientific beyond 1e4 (a bug's ratio is 1e9, not 1000000000.00)."""
-    if not np.isfinite(ratio):
-        return "shape"
-    return f"{ratio:7.2f}" if ratio < 1e4 else f"{ratio:7.1e}"
+    return "shape" if not np.isfinite(ratio) else f"{ratio:7.2f}" if ratio < 1e4 else f"{ratio:7.1e}"
 
 
 @dataclass
@@ -190,9 +171,7 @@ class TieReport:
         return min(cells.items(), key=lambda kv: kv[1]) if cells else None
 
     def summary(self) -> str:
-        nodes = self.nodes
-        tied = sum(r.agrees for r in nodes)
-        line = f"tied {tied}/{len(nodes)} nodes ({self.dtype})"
+        line = f"tied {sum(r.agrees for r in self.nodes)}/{len(self.nodes)} nodes ({self.dtype})"
         if self.has("input"):
             line += f", input gradient {self.row('input').verdict}"
             if self.meta.get("input_model") == "frozen":
@@ -200,10 +179,7 @@ class TieReport:
         if self.has("loss") and not self.row("loss").ok:
             line += ", LOSS MISMATCH"
         w = self.worst()
-        if w.mismatch:
-            line += f"; {w.describe()}"
-        else:
-            line += f"; worst {w.ratio:.2g} of its limit ({w.describe()})"
+        line += f"; {w.describe()}" if w.mismatch else f"; worst {w.ratio:.2g} of its limit ({w.describe()})"
         widened = self.widened()
         if widened:
             wide = max(widened, key=lambda r: r.limit)
@@ -236,12 +212,9 @@ class TieReport:
     def table(self) -> str:
         head_ = (f"{'node':<36} {'shape':<18} {'M':>7} {'envelope':>9} {'limit':>8} {'rel err':>9} "
                  f"{'err/lim':>7}  verdict")
-        lines = [head_, "-" * len(head_)]
-        for r in self.rows:
-            tag = " (0 in ℝ)" if r.zero_in_reals else ""
-            lines.append(f"{r.name + tag:<36} {str(r.shape):<18} {r.cells if r.cells else '-':>7} "
-                         f"{r.envelope:9.1e} {r.limit:8.1e} {r.rel:9.1e} {ratio_text(r.ratio)}  {r.verdict}")
-        return "\n".join(lines)
+        return "\n".join([head_, "-" * len(head_)] + [
+            f"{r.name + (' (0 in ℝ)' if r.zero_in_reals else ''):<36} {str(r.shape):<18} {r.cells or '-':>7} "
+            f"{r.envelope:9.1e} {r.limit:8.1e} {r.rel:9.1e} {ratio_text(r.ratio)}  {r.verdict}" for r in self.rows])
 
     def as_dict(self) -> dict[str, Any]:
         return {"net": self.net, "dtype": self.dtype, "ok": self.ok, "summary": self.summary(),
@@ -252,9 +225,7 @@ class TieReport:
 
 def targets_matrix(targets: jax.Array, num_classes: int, dtype) -> jax.Array:
     targets = jnp.asarray(targets)
-    if targets.ndim == 1:
-        return head.one_hot(targets, num_classes, dtype)
-    return targets.astype(dtype)
+    return head.one_hot(targets, num_classes, dtype) if targets.ndim == 1 else targets.astype(dtype)
 
 
 def piece_of(net: Net, saved, stages=None):
@@ -296,10 +267,8 @@ def bn_cells(net: Net, params, x, cfg) -> dict[str, int]:
 def bn_of(name: str, bn_names) -> Optional[str]:
     """The BatchNorm layer a node belongs to: its own (γ, β) or the one its conv feeds."""
     prefix = name.rsplit(".", 1)[0]
-    for cand in (prefix, re.sub(r"conv(\d*)$", r"bn\1", prefix), re.sub(r"downsample\.0$", "downsample.1", prefix)):
-        if cand in bn_names:
-            return cand
-    return None
+    return next((c for c in (prefix, re.sub(r"conv(\d*)$", r"bn\1", prefix),
+                             re.sub(r"downsample\.0$", "downsample.1", prefix)) if c in bn_names), None)
 
 
 def node_cells(names, cells: dict[str, int]) -> dict[str, int]:
@@ -310,13 +279,10 @@ def node_cells(names, cells: dict[str, int]) -> dict[str, int]:
 # ---- the verdict -----------------------------------------------------------------------------------
 
 def _mismatch(got, want_shape, want_dtype) -> str:
-    shape = tuple(np.shape(got))
+    shape, dtype = tuple(np.shape(got)), np.dtype(jnp.result_type(got)).name
     if shape != tuple(want_shape):
         return f"shape {shape}, its parameter's is {tuple(want_shape)}"
-    dtype = np.dtype(jnp.result_type(got)).name
-    if want_dtype is not None and dtype != want_dtype:
-        return f"dtype {dtype}, the checked dtype is {want_dtype}"
-    return ""
+    return f"dtype {dtype}, the checked dtype is {want_dtype}" if want_dtype not in (None, dtype) else ""
 
 
 def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict] = None,
@@ -424,7 +390,8 @@ def report(label: str, params, rendered_side: tuple, point: Point, *, factor: fl
 
 def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Optional[Chain] = None,
         point: Optional[Point] = None, key: Optional[jax.Array] = None, factor: float = tol.ENVELOPE_FACTOR,
-        freeze_ties: bool = True, how: Optional[str] = None) -> TieReport:
+        freeze_ties: bool = True, how: Optional[str] = None, replicas: int = 1,
+        counts: Optional[tuple[int, ...]] = None, sync_bn: bool = True, devices=None) -> TieReport:
     """Tie every parameter node, the input cotangent and the loss of a rendered chain to autodiff
     of `net` at (params, x).
 
@@ -438,51 +405,38 @@ def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Op
     non-twin tie control). `point`: `reference_at`'s reference and envelope, when several ties share
     them. how: "compiled", "quick" or "eager" (`rendered.run`; default: compiled for the real
     chain, quick for a planted one).
+
+    replicas R > 1, or counts (n_1, …, n_R): the data-parallel rendered step on a mesh of R
+    `devices` (default `jax.devices()`), replica r holding N = batch/R of x's rows, or n_r of them
+    (padded to max n_r on the mesh), a planted bug in every replica, tied through the same verdict to
+    the single-device oracle at x (`r34_net_syncTiedB`: the all-reduced nodes are the single-device
+    nodes at N := R·N). sync_bn=False: per-replica BatchNorm (the control that must fail).
     """
     net = as_net(net)
     chain = chain or Chain(net)
     dtype = checked_dtype("tie", x)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
+    if counts is not None:
+        counts = parallel.check_counts("tie", counts, len(tuple(counts)), int(x.shape[0]))
+        if replicas not in (1, len(counts)):
+            raise ValueError(f"tie: replicas {replicas} but {len(counts)} counts {counts}")
+        replicas = len(counts)
     if point is None:
         point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key, freeze_ties=freeze_ties)
     elif point.dtype != dtype:
         raise ValueError(f"tie: the shared point was measured for {point.dtype}, the chain runs in {dtype}")
-    how = how or ("compiled" if chain == Chain(net) else "quick")
-    out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing, how=how)
-    return report(chain.label, params, (out.loss, out.grads, out.dx), point, factor=factor)
-
-
-def tie_replicas(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, replicas: Optional[int] = None,
-                 label_smoothing: float = 0.0, point=None, sync_bn: bool = True,
-                 counts: Optional[tuple[int, ...]] = None, devices=None) -> TieReport:
-    """The data-parallel rendered step (R replicas of N = batch/R, synchronised BN) against the
-    single-device float64 oracle at batch R·N, through the same verdict as every tie
-    (`r34_net_syncTiedB`: the all-reduced nodes are the single-device nodes at N := R·N).
-
-    chain: the rendered side (a planted bug runs in every replica). counts (n_1, …, n_R): uneven
-    replica batches, x the concatenated valid batch (replica r holds n_r of its rows, padded to max
-    n_r on the mesh); the oracle is the single device at x. sync_bn=False: per-replica BatchNorm
-    (the control that must fail). devices: the mesh's devices (default `jax.devices()`)."""
-    net = as_net(net)
-    chain = chain or Chain(net)
-    if counts is not None:
-        counts = parallel.check_counts("tie_replicas", counts, len(tuple(counts)), int(x.shape[0]))
-        if replicas is not None and replicas != len(counts):
-            raise ValueError(f"tie_replicas: replicas {replicas} but {len(counts)} counts {counts}")
-        replicas = len(counts)
-    if replicas is None:
-        raise ValueError("tie_replicas: give replicas R (equal split) or counts (n_1, …, n_R)")
-    mesh = parallel.data_mesh(replicas, devices=devices)
-    if point is None:
-        point = reference_at(net, params, x, targets, cfg, label_smoothing=label_smoothing)
-    out = parallel.forward_backward(chain.net, params, x, targets, cfg, mesh=mesh, kit=chain.kit,
-                                    label_smoothing=label_smoothing, sync_bn=sync_bn, counts=counts, quick=True)
-    split = "+".join(map(str, counts)) if counts is not None else None
-    label = f"{chain.label} on {replicas} replicas" + (f" holding {split}" if split else "")
-    return report(label + ("" if sync_bn else " (per-replica BN)"),
-                  params, (out.loss, out.grads, out.dx), point,
-                  meta={"replicas": replicas, "per_replica": int(x.shape[0]) // replicas, "sync_bn": sync_bn,
-                        "counts": list(counts) if counts is not None else [int(x.shape[0]) // replicas] * replicas})
+    if replicas == 1:
+        out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
+                           how=how or ("compiled" if chain == Chain(net) else "quick"))
+        return report(chain.label, params, (out.loss, out.grads, out.dx), point, factor=factor)
+    out = parallel.forward_backward(chain.net, params, x, t, cfg, mesh=parallel.data_mesh(replicas, devices=devices),
+                                    kit=chain.kit, label_smoothing=label_smoothing, sync_bn=sync_bn, counts=counts,
+                                    quick=True)
+    label = f"{chain.label} on {replicas} replicas" + (f" holding {'+'.join(map(str, counts))}" if counts else "")
+    n = int(x.shape[0]) // replicas
+    return report(label + ("" if sync_bn else " (per-replica BN)"), params, (out.loss, out.grads, out.dx), point,
+                  factor=factor, meta={"replicas": replicas, "per_replica": n, "sync_bn": sync_bn,
+                                       "counts": list(counts) if counts is not None else [n] * replicas})
 
 
 def float32_view(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
