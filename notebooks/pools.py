@@ -142,9 +142,9 @@ toy = jnp.asarray([[1.0, 3.0, 5.0, 2.0],
 dtoy = jnp.asarray([[1.0, -2.0], [3.0, -4.0]])[None, None]
 toy_back = maxpool.backward(maxpool.PoolSaved(toy, maxpool.POOL2), dtoy)
 toy_first = maxpool.scatter(maxpool.select(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2)
-toy_last = maxpool.scatter(census.last_max(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2)
+toy_last = maxpool.scatter(maxpool.last_max(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2)
 print("sigma = argmax:", maxpool.select(toy, maxpool.POOL2)[0, 0].tolist(),
-      " last max:", census.last_max(toy, maxpool.POOL2)[0, 0].tolist())
+      " last max:", maxpool.last_max(toy, maxpool.POOL2)[0, 0].tolist())
 print("backward == selScatter(argmax):", bool(jnp.array_equal(toy_back, toy_first)))
 print("backward == selScatter(last max):", bool(jnp.array_equal(toy_back, toy_last)))
 assert jnp.array_equal(toy_back, toy_first)
@@ -174,7 +174,7 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
     same_back = bool(jnp.array_equal(back, maxpool.scatter(sigma, dy, r.shape, spec)))
     same_fwd = bool(jnp.array_equal(y, maxpool.gather(r, sigma, spec)))
     tied = int(jnp.sum(jnp.sum(maxpool.windows(r, spec) == y[..., None], axis=-1) > 1))
-    last = maxpool.scatter(census.last_max(r, spec), dy, r.shape, spec)
+    last = maxpool.scatter(maxpool.last_max(r, spec), dy, r.shape, spec)
     moved = int(jnp.sum(last != back))
     print(f"{net_name:8} {pool:9} {spec.name:13} windows {y.size:6}, tied {tied:6}: backward == selScatter "
           f"{same_back}, gather == forward {same_fwd}; last-max control differs at {moved} cells")

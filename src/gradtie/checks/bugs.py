@@ -82,8 +82,7 @@ def calls(net: Net, cfg) -> tuple[Call, ...]:
 
     def chain(p, x_):
         logits, saved = net.forward(p, x_, cfg, kit=rec)
-        grads, dx = net.backward(p, saved, logits, cfg, kit=rec)
-        return grads, dx
+        return net.backward(p, saved, logits, cfg, kit=rec)
 
     jax.eval_shape(chain, params, x)
     return tuple(log)
@@ -270,8 +269,7 @@ def _head_cotangent(*, over_others: bool = False, divided: bool = True):
     (`over_others`), or divConstB (÷N) left out (not `divided`)."""
     def cotangent(logits, targets, alpha: float = 0.0, divisor=None):
         n, k = logits.shape
-        d1 = head.add(head.sub(head.softmax_row(logits), targets), head.scale(alpha, targets))
-        d2 = head.shift(d1, alpha / (k - 1 if over_others else k))
+        d2 = head.shift(head.fold(logits, targets, alpha)[3], alpha / (k - 1 if over_others else k))
         return head.div_const(d2, n if divisor is None else divisor) if divided else d2
     return cotangent
 
@@ -309,7 +307,6 @@ def scaled_node(net, name: str, delta: float) -> Chain:
     """The chain of `net` with parameter node `name` returned as node·(1 + δ): a bug of known size,
     to see the verdict catch it above its sensitivity (`NodeRow.sensitivity`) and miss it below."""
     net = nets.load(net)
-    layer, _, which = name.rpartition(".")
     f = 1.0 + float(delta)
 
     def node(op: str) -> Callable:   # a conv or dense weight or bias node, named `<layer>.weight` / `.bias`
@@ -318,11 +315,10 @@ def scaled_node(net, name: str, delta: float) -> Chain:
             return out * f if f"{layer_name}.{op.rsplit('_', 1)[1]}" == name else out
         return planted
 
-    def bn_nodes(layer_name, saved, weight, bias, dy):
+    def bn_nodes(layer_name, saved, weight, bias, dy):   # a BN layer's (dγ, dβ): "<layer>.weight", ".bias"
         dgamma, dbeta = KIT.bn_nodes(layer_name, saved, weight, bias, dy)
-        if layer_name == layer:
-            dgamma, dbeta = (dgamma * f, dbeta) if which == "weight" else (dgamma, dbeta * f)
-        return dgamma, dbeta
+        return (dgamma * (f if name == f"{layer_name}.weight" else 1.0),
+                dbeta * (f if name == f"{layer_name}.bias" else 1.0))
 
     ops = ("conv_grad_weight", "conv_grad_bias", "dense_grad_weight", "dense_grad_bias")
     kit = KIT._replace(bn_nodes=bn_nodes, **{op: node(op) for op in ops})
@@ -416,9 +412,7 @@ CONTROLS = ("bn_swap_dgamma_dbeta", "head_no_batch_divisor", "head_smoothing_wro
 
 def catalogue(net=None) -> dict[str, Bug]:
     """The catalogue, with `net`'s own entries (`Net.bugs`) after it."""
-    if net is None:
-        return dict(CATALOGUE)
-    return {**CATALOGUE, **{b.name: b for b in nets.load(net).bugs}}
+    return {**CATALOGUE, **{b.name: b for b in (() if net is None else nets.load(net).bugs)}}
 
 
 def entries(net=None, *, replicas: Optional[bool] = None, cfg=None) -> list[Bug]:

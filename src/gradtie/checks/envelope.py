@@ -27,9 +27,10 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 import jax
 import numpy as np
 
+from .. import prng
 from .. import reference as reference_
 from .. import tolerances as tol
-from ..host import to_device, tree_to_device
+from ..host import tree_to_device
 
 
 class Sample(NamedTuple):
@@ -38,12 +39,6 @@ class Sample(NamedTuple):
     label: str
     values: dict
     order: Optional[np.ndarray]
-
-
-def host_rng(key) -> np.random.Generator:
-    """A NumPy generator seeded from a JAX key (typed or legacy uint32), for draws made on the host."""
-    data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    return np.random.default_rng(np.asarray(data).ravel())
 
 
 def samples(values: dict, *, dtype: str, key, nudged: Sequence[str] = (), batched: Sequence[str] = (),
@@ -75,7 +70,7 @@ def samples(values: dict, *, dtype: str, key, nudged: Sequence[str] = (), batche
         rev = np.arange(n)[::-1].copy()
         out.append(Sample("batch reversed", {k: tree(k, (lambda a: cast(np.asarray(a)[rev])) if k in batched else cast)
                                              for k in values}, rev))
-    rng = host_rng(key)
+    rng = prng.host_rng(key)
     for r in range(nudges + (n == 1)):
         out.append(Sample(f"nudge {r + 1} (u = 2^{int(np.log2(u))})",
                           {k: tree(k, (lambda a: cast(a, rng.standard_normal)) if k in nudged else cast)
@@ -113,14 +108,11 @@ def measure(net, params: dict, x, targets, cfg, reference, *, dtype: str, key, a
     """The envelope of every node of `net` at (params, x): the autodiff oracle (`reference.oracle`,
     or `oracle` with its signature, e.g. a VJP at a cotangent given as `targets`) at each sample,
     against `reference`, its float64 (loss, grads, dx) at the point."""
-    values = {"params": params, "x": x, "targets": targets} | ({} if selections is None else {"selections": selections})
     outputs, labels = [], []
-    for s in samples(values, dtype=dtype, key=key, nudged=nudged, batched=("x", "targets", "selections"),
-                     nudges=nudges):
-        v = s.values
-        sel = None if selections is None else tree_to_device(v["selections"])
-        loss, g, dx = oracle(net, tree_to_device(v["params"]), to_device(v["x"]), to_device(v["targets"]), cfg,
-                             alpha, sel)
+    for s in samples({"params": params, "x": x, "targets": targets, "selections": selections}, dtype=dtype, key=key,
+                     nudged=nudged, batched=("x", "targets", "selections"), nudges=nudges):
+        v = tree_to_device(s.values)
+        loss, g, dx = oracle(net, v["params"], v["x"], v["targets"], cfg, alpha, v["selections"])
         outputs.append((loss, dict(g), unorder(dx, s.order)))
         labels.append(s.label)
     loss_w, g_w, dx_w = spread((reference[0], dict(reference[1]), reference[2]), outputs)

@@ -28,7 +28,6 @@ from .. import tolerances as tol
 from ..host import to_device
 from ..nets.protocol import Net, Pass, as_net, fold_forward
 from ..ops import maxpool
-from .envelope import host_rng
 from .tie import piece_of, targets_matrix
 
 
@@ -95,9 +94,7 @@ class FDRow:
 
     @property
     def verdict(self) -> str:
-        if not self.ok:
-            return "FAILED"
-        return "no evidence" if self.kinked or self.ill_conditioned else "ok"
+        return "FAILED" if not self.ok else "no evidence" if self.kinked or self.ill_conditioned else "ok"
 
 
 def row(name: str, d_h: float, dot: float, ref: float, h: float, env: float, *, floor: float,
@@ -147,7 +144,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: d
     here = piece_of(net, saved)
     rendered_of, reference_of = dict(grads, input=dx), dict(reference_grads, input=reference_dx)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in reference_grads.values())
-    rows, h, rng = [], tol.FD_STEP, host_rng(key)
+    rows, h, rng = [], tol.FD_STEP, prng.host_rng(key)
     for name in names:
         start, base = entry_of[name], np.asarray(x if name == "input" else params[name])
         v = rng.standard_normal(base.shape)

@@ -58,18 +58,11 @@ class FoldSteps:
 
 
 def fold_steps(logits, targets, alpha: float = 0.0) -> FoldSteps:
-    """The six kit ops of `gradtie.ops.head`, composed in the render's order, keeping every
-    intermediate. Unlike `head.cotangent` it does not check the row sums, so the hypothesis can be
-    tested too."""
+    """The render's own six kit ops (`gradtie.ops.head.fold`) with every intermediate. Unlike
+    `head.cotangent` it does not check the row sums, so the hypothesis can be tested too."""
     logits, targets = jnp.asarray(logits), jnp.asarray(targets)
-    n, k = logits.shape
-    p = head.softmax_row(logits)
-    d0 = head.sub(p, targets)
-    a = head.scale(alpha, targets)
-    d1 = head.add(d0, a)
-    d2 = head.shift(d1, alpha / k)
-    dy = head.div_const(d2, n)
-    return FoldSteps(float(alpha), *(np.asarray(v) for v in (targets, p, d0, a, d1, d2, dy)), int(n), int(k))
+    steps = (np.asarray(v) for v in (targets, *head.fold(logits, targets, alpha)))
+    return FoldSteps(float(alpha), *steps, *map(int, logits.shape))
 
 
 # ---- planted bugs: each breaks one step of the fold ---------------------------------------------

@@ -152,10 +152,8 @@ def _ties(net: Net, cfg, rec: Record, *, dtype: str, key, factor: float, selecti
     reports = _tie_stages(net, cfg, [s.name for s in stage_list], rec.params, rec.inputs, rec.cotangents, got,
                           dtype=dtype, key=key, selections=selections, cells=cells, factor=factor,
                           zero_nodes=zero_in_reals(rec.params), kit_at=kit_at, kit_args=kit_args)
-    cot = None
-    if rec.loss is not None:
-        cot = _cotangent_report(net, rec, dtype=dtype, key=jax.random.fold_in(key, 1), factor=factor)
-    return reports, cot
+    return reports, None if rec.loss is None else _cotangent_report(net, rec, dtype=dtype, factor=factor,
+                                                                    key=jax.random.fold_in(key, 1))
 
 
 def _cotangent_report(net: Net, rec: Record, *, dtype: str, key, factor: float) -> TieReport:
@@ -304,17 +302,11 @@ def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
 def stage_ties(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, dlogits=None,
                level: str = "stages", chain: Optional[Chain] = None, key: Optional[jax.Array] = None,
                factor: float = tol.ENVELOPE_FACTOR, rec: Optional[Record] = None) -> StageReport:
-    """Tie every stage of a rendered chain of `net` to the VJP of that stage alone, at the cotangent
-    the chain hands it.
-
-    The chain (default: the net's own; a planted one runs its bug) starts from the loss's cotangent
-    (`targets`, `label_smoothing`; the loss cotangent is then tied too) or from any cotangent at the
-    logits (`dlogits`, targets None). level "layers": the net's finer stages (`Net.layers`), with
-    their composition checked against the stages. The chain runs in the dtype of params and x;
-    each stage's reference is its float64 VJP at the exactly widened input and cotangent. Where a
-    pool window ties at a positive maximum, every stage holding that pool is read frozen at σ =
-    argmax (the gather model), as the whole-net tie reads its input gradient.
-    """
+    """Tie every stage of a rendered chain of `net` (`record`'s) to the float64 VJP of that stage
+    alone at the cotangent the chain hands it, from the loss's cotangent (`targets`; the loss
+    cotangent is then tied too) or from `dlogits`. level "layers": the net's finer stages
+    (`Net.layers`), their composition checked against the stages. Where a pool window ties at a
+    positive maximum, the stages read it frozen at σ = argmax, as the whole-net tie does."""
     net = as_net(net)
     dtype = checked_dtype("stage_ties", x)
     key = jax.random.key(0) if key is None else key
@@ -365,7 +357,6 @@ def cotangent_tie(net, params, x, dlogits, cfg, *, chain: Optional[Chain] = None
     at every loss cotangent dy, not only at the cross-entropy one."""
     net = as_net(net)
     dtype = checked_dtype("cotangent_tie", x)
-    key = jax.random.key(0) if key is None else key
     rec = rec or record(net, params, x, cfg, dlogits=dlogits, chain=chain)
     sel, ties, cells = _point(net, params, x, cfg)
     p64, x64, d64 = tree_to_device((params, x, rec.dlogits), np.float64)
@@ -397,7 +388,6 @@ def tie_at(net, params, stage: str, h, dy, cfg, *, key: Optional[jax.Array] = No
     rendered_side: (grads, dx) computed elsewhere, in place of the net's own stage backward."""
     net = as_net(net)
     dtype = checked_dtype("tie_at", h)
-    key = jax.random.key(0) if key is None else key
     names = [s.name for s in net.stage_list(cfg)]
     if stage not in names:
         raise ValueError(f"tie_at: stage {stage!r}: expected one of {', '.join(names)}")
@@ -467,14 +457,13 @@ class Sweep:
                                  f"{h.name} holds, but the tie fails ({r.tie.summary() if r.tie else 'no tie'})")
 
     def table(self) -> str:
-        keys = [h.key for h in self.rows[0].smooth.hypotheses]
-        names = [self.rows[0].smooth.hypothesis(k).name for k in keys]
-        head_ = f"{'N':>3} " + " ".join(f"{n[:24]:>24}" for n in names) + f" {'tied':>9} {'worst err/lim':>13} {'min M':>6}"
-        lines = [head_]
+        hyps = self.rows[0].smooth.hypotheses
+        lines = [f"{'N':>3} " + " ".join(f"{h.name[:24]:>24}" for h in hyps) + f" {'tied':>9} {'worst err/lim':>13} "
+                 f"{'min M':>6}"]
         for r in self.rows:
             tied = "-" if r.tie is None else f"{sum(x.agrees for x in r.tie.nodes)}/{len(r.tie.nodes)}"
             small = r.tie.smallest_bn() if r.tie is not None else None
-            lines.append(f"{r.n:>3} " + " ".join(f"{'holds' if r.holds(k) else 'FAILS':>24}" for k in keys)
+            lines.append(f"{r.n:>3} " + " ".join(f"{'holds' if r.holds(h.key) else 'FAILS':>24}" for h in hyps)
                          + f" {tied:>9} {r.ratio:13.2g} {small[1] if small else '-':>6}")
         return "\n".join(lines)
 

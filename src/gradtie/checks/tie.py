@@ -24,7 +24,8 @@ from .. import tolerances as tol
 from ..host import to_device, tree_to_device
 from ..nets.layers import zero_in_reals
 from ..nets.protocol import Net, as_net
-from ..ops import head, maxpool
+from ..ops import maxpool
+from ..ops.head import targets_matrix
 from ..rendered import Chain
 from . import envelope as env_
 
@@ -180,12 +181,11 @@ class TieReport:
             line += ", LOSS MISMATCH"
         w = self.worst()
         line += f"; {w.describe()}" if w.mismatch else f"; worst {w.ratio:.2g} of its limit ({w.describe()})"
-        widened = self.widened()
+        widened, small = self.widened(), self.smallest_bn()
         if widened:
             wide = max(widened, key=lambda r: r.limit)
-            line += f"; {len(widened)} limits widened past the {self.rows[0].floor:.0e} floor by the point's round-off"
-            small = self.smallest_bn()
-            line += f" (widest {wide.limit:.1e} at {wide.name}"
+            line += (f"; {len(widened)} limits widened past the {self.rows[0].floor:.0e} floor by the point's round-off"
+                     f" (widest {wide.limit:.1e} at {wide.name}")
             line += f"; smallest BatchNorm reduction M = {small[1]} at {small[0]})" if small else ")"
         ill = self.ill_conditioned
         if ill:
@@ -221,11 +221,6 @@ class TieReport:
                 "loss": self.loss, "loss_oracle": self.loss_oracle, **self.meta,
                 "nodes": [dict(asdict(r), shape=list(r.shape), limit_by=r.by, ok=r.ok,
                                ill_conditioned=r.ill_conditioned) for r in self.rows]}
-
-
-def targets_matrix(targets: jax.Array, num_classes: int, dtype) -> jax.Array:
-    targets = jnp.asarray(targets)
-    return head.one_hot(targets, num_classes, dtype) if targets.ndim == 1 else targets.astype(dtype)
 
 
 def piece_of(net: Net, saved, stages=None):
@@ -358,7 +353,6 @@ def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
     freeze_ties=False keeps the real net's input gradient even where pool windows tie."""
     net = as_net(net)
     dtype = checked_dtype("reference_at", x)
-    key = jax.random.key(0) if key is None else key
     p64, x64 = tree_to_device((params, x), np.float64)
     t64 = targets_matrix(targets, cfg.num_classes, jnp.float64)
     alpha = float(label_smoothing)
@@ -393,24 +387,17 @@ def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Op
         freeze_ties: bool = True, how: Optional[str] = None, replicas: int = 1,
         counts: Optional[tuple[int, ...]] = None, sync_bn: bool = True, devices=None) -> TieReport:
     """Tie every parameter node, the input cotangent and the loss of a rendered chain to autodiff
-    of `net` at (params, x).
+    of `net` at (params, x), each row within max(factor × the point's envelope, the dtype's floor).
 
-    chain: the rendered side (default: `net` through the real kit); a planted bug is a `Chain` of
-    another kit or net definition (`checks.bugs.plant`). The chain runs in the dtype of params and
-    x (float64 or float32); the reference is the float64 oracle of `net` at the same (exactly
-    widened) point, so this needs `jax_enable_x64`. Each row is held to max(factor × the point's
-    envelope in that dtype, the dtype's floor). Where a pool window ties at a positive maximum, the
-    input cotangent is tied to the model frozen at σ = argmax (`freeze_ties=False`: to the real
-    net's autodiff even there, which is the derivative only where the ties are twins' — the
-    non-twin tie control). `point`: `reference_at`'s reference and envelope, when several ties share
-    them. how: "compiled", "quick" or "eager" (`rendered.run`; default: compiled for the real
-    chain, quick for a planted one).
-
-    replicas R > 1, or counts (n_1, …, n_R): the data-parallel rendered step on a mesh of R
-    `devices` (default `jax.devices()`), replica r holding N = batch/R of x's rows, or n_r of them
-    (padded to max n_r on the mesh), a planted bug in every replica, tied through the same verdict to
-    the single-device oracle at x (`r34_net_syncTiedB`: the all-reduced nodes are the single-device
-    nodes at N := R·N). sync_bn=False: per-replica BatchNorm (the control that must fail).
+    chain: the rendered side (default: `net` through the real kit; `checks.bugs.plant` plants a
+    bug), run in the dtype of params and x (float64 or float32); the reference is `reference_at`'s
+    (`point`, when several ties share it; freeze_ties=False: the real net's input gradient even at
+    a tie, the non-twin tie control). how: `rendered.run`'s (default: compiled for the real chain,
+    quick for a planted one). replicas R > 1, or counts (n_1, …, n_R): the data-parallel step on a
+    mesh of R `devices` (default `jax.devices()`), replica r holding N = batch/R of x's rows, or n_r
+    (padded on the mesh), tied to the same single-device oracle at x (`r34_net_syncTiedB`: the
+    all-reduced nodes are the single-device nodes at N := R·N); sync_bn=False: per-replica
+    BatchNorm (the control that must fail).
     """
     net = as_net(net)
     chain = chain or Chain(net)

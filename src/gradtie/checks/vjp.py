@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import reference
+from .. import prng, reference
 from .. import tolerances as tol
 from . import envelope as env_
 from . import fd as fd_
@@ -82,7 +82,7 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
     args = tuple(jnp.asarray(a, jnp.float64) for a in args)
     primal, hand = _hand_vjp(f, vjp)
     key = jax.random.key(0) if key is None else key
-    rng = env_.host_rng(key)
+    rng = prng.host_rng(key)
     ct = jnp.asarray(rng.standard_normal(np.shape(primal(*args))))
     v = [jnp.asarray(rng.standard_normal(a.shape)) for a in args]
     norm = float(np.sqrt(sum(float(jnp.vdot(d, d)) for d in v)))

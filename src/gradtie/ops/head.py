@@ -52,6 +52,12 @@ def one_hot(labels: jax.Array, num_classes: int, dtype=jnp.float32) -> jax.Array
     return jax.nn.one_hot(labels, num_classes, dtype=dtype)
 
 
+def targets_matrix(targets, num_classes: int, dtype) -> jax.Array:
+    """Int labels [N] as one-hot rows [N,K], or rows as they are, in `dtype` (`as_targets` checks them)."""
+    targets = jnp.asarray(targets)
+    return one_hot(targets, num_classes, dtype) if targets.ndim == 1 else targets.astype(dtype)
+
+
 def as_targets(net: str, targets, n: int, num_classes: int, dtype=None) -> jax.Array:
     """Int labels [N] -> one-hot rows; soft targets [N,K] pass through, their rows checked to sum to
     1 where the values can be seen (not under a trace)."""
@@ -132,11 +138,15 @@ def cotangent(logits: jax.Array, targets: jax.Array, alpha: float = 0.0, divisor
     batch; a data-parallel step over uneven replicas divides by the global count).
     """
     check_targets("head.cotangent", logits, targets)
+    return fold(logits, targets, alpha, divisor)[-1]
+
+
+def fold(logits: jax.Array, targets: jax.Array, alpha: float = 0.0, divisor=None) -> tuple[jax.Array, ...]:
+    """`cotangent`'s six ops with every intermediate, (p, d0, a, d1, d2, dy); the rows not checked."""
     n, k = logits.shape
-    n = n if divisor is None else divisor
     p = softmax_row(logits)
     d0 = sub(p, targets)
     a = scale(alpha, targets)
     d1 = add(d0, a)
     d2 = shift(d1, alpha / k)
-    return div_const(d2, n)
+    return p, d0, a, d1, d2, div_const(d2, n if divisor is None else divisor)
