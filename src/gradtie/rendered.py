@@ -126,4 +126,5 @@ def run(net, kit: Kit, params, x, targets, cfg, *, alpha: float = 0.0, how: str 
     return fn(net, kit, params, x, targets, cfg, alpha=float(alpha))
 
 
-__all__ = ["KIT", "QUICK", "Chain", "Rendered", "Tape", "compiled", "forward", "new_tape", "quick", "run", "step", "taped"]
+__all__ = ["KIT", "QUICK", "Chain", "Rendered", "Tape", "compiled", "forward", "new_tape", "quick", "run", "step",
+           "taped"]

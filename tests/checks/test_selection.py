@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from jax import lax
 
 from gradtie import prng
-from gradtie.checks import census
 from gradtie.ops import maxpool
 
 SPECS = [maxpool.POOL2, maxpool.POOL3S2]

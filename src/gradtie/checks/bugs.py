@@ -130,8 +130,7 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
 
 
 def _bn_swapped(name, saved, weight, bias, dy):
-    dgamma, dbeta = KIT.bn_nodes(name, saved, weight, bias, dy)
-    return dbeta, dgamma
+    return KIT.bn_nodes(name, saved, weight, bias, dy)[::-1]   # planted: (dβ, dγ)
 
 
 def _bn_nodes_from_y(name, saved, weight, bias, dy):
@@ -141,25 +140,12 @@ def _bn_nodes_from_y(name, saved, weight, bias, dy):
 
 
 def _bn_nodes_reduced_twice(name, saved, weight, bias, dy):
-    dgamma, dbeta = KIT.bn_nodes(name, saved, weight, bias, dy)
-    if saved.axis_name is not None:   # planted: summed over replicas here, then averaged again by the step
-        dgamma, dbeta = lax.psum(dgamma, saved.axis_name), lax.psum(dbeta, saved.axis_name)
-    return dgamma, dbeta
+    nodes = KIT.bn_nodes(name, saved, weight, bias, dy)
+    # planted: summed over replicas here, then averaged again by the step
+    return nodes if saved.axis_name is None else lax.psum(nodes, saved.axis_name)
 
 
 # ---- max pool ----------------------------------------------------------------------------------
-
-def _cell_index(sigma, spec, shape):
-    """The flat input index (row-major over H, W) of the cell σ picks in each window; −1 in padding."""
-    k, s, p = spec.size, spec.stride, spec.pad
-    _, _, h, w = shape
-    i = jnp.arange(sigma.shape[2])[:, None]
-    j = jnp.arange(sigma.shape[3])[None, :]
-    row = s * i - p + sigma // k
-    col = s * j - p + sigma % k
-    inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
-    return jnp.where(inside, row * w + col, -1)
-
 
 def _pool_overwrite(name, saved: maxpool.PoolSaved, dy, sigma=None):
     # planted: each window's cotangent is WRITTEN onto its cell (scatter .set); where overlapping
@@ -167,10 +153,11 @@ def _pool_overwrite(name, saved: maxpool.PoolSaved, dy, sigma=None):
     x, spec = saved
     n, c, h, w = x.shape
     sigma = maxpool.select(x, spec) if sigma is None else sigma
-    idx = _cell_index(sigma, spec, x.shape)
-    idx = jnp.where(idx < 0, h * w, idx).reshape(n, c, -1)
-    ni = jnp.arange(n)[:, None, None]
-    ci = jnp.arange(c)[None, :, None]
+    # the flat input index (row-major over H, W) of the cell σ picks in each window; h·w in padding
+    row = spec.stride * jnp.arange(sigma.shape[2])[:, None] - spec.pad + sigma // spec.size
+    col = spec.stride * jnp.arange(sigma.shape[3])[None, :] - spec.pad + sigma % spec.size
+    idx = jnp.where((row >= 0) & (row < h) & (col >= 0) & (col < w), row * w + col, h * w).reshape(n, c, -1)
+    ni, ci = jnp.arange(n)[:, None, None], jnp.arange(c)[None, :, None]
     flat = jnp.zeros((n, c, h * w + 1), dy.dtype).at[ni, ci, idx].set(dy.reshape(n, c, -1))
     return flat[:, :, :h * w].reshape(n, c, h, w)
 
@@ -453,11 +440,10 @@ def plant(name: str, net, cfg=None) -> Chain:
 
 def listing(net=None) -> str:
     """`gradtie check --plant-bug list`: one line per entry (those that apply to `net`, with one)."""
-    lines = [f"{'name':<34} {'family':<24} {'needs':<18} what is wrong"]
-    for b in entries(net):
-        needs = "--replica-counts" if b.needs_uneven else "--replicas" if b.replicas else ""
-        lines.append(f"{b.name:<34} {b.family:<24} {needs:<18} {b.breaks}")
-    return "\n".join(lines)
+    return "\n".join([f"{'name':<34} {'family':<24} {'needs':<18} what is wrong"] + [
+        f"{b.name:<34} {b.family:<24} "
+        f"{'--replica-counts' if b.needs_uneven else '--replicas' if b.replicas else '':<18} {b.breaks}"
+        for b in entries(net)])
 
 
 # ---- the catalogue at one point --------------------------------------------------------------------
@@ -526,14 +512,11 @@ class CatalogueReport:
         """One line per bug: caught or not, the first failing node in backward order and the first β
         row (with its error over its limit when `ratios`: those move with the machine's round-off)."""
         head_ = (f"{'bug':<34} {'family':<23} {'caught':<7} {'first failing node (backward order)':<36} "
-                 f"{'first β row':<28}")
-        lines = [head_ + ("  err/limit" if ratios else ""), "-" * (len(head_) + (11 if ratios else 0))]
-        for c in self.caught:
-            beta = c.first_beta
-            line = (f"{c.bug:<34} {c.family:<23} {'yes' if c.red else 'NO':<7} {c.first.name if c.first else '-':<36} "
-                    f"{beta.name if beta else '-':<28}")
-            lines.append(line + (f"  {c.ratio:9.1e}" if ratios else ""))
-        return "\n".join(lines)
+                 f"{'first β row':<28}" + ("  err/limit" if ratios else ""))
+        return "\n".join([head_, "-" * len(head_)] + [
+            f"{c.bug:<34} {c.family:<23} {'yes' if c.red else 'NO':<7} {c.first.name if c.first else '-':<36} "
+            f"{c.first_beta.name if c.first_beta else '-':<28}" + (f"  {c.ratio:9.1e}" if ratios else "")
+            for c in self.caught])
 
 
 def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Optional[Sequence[str]] = None,
@@ -542,8 +525,7 @@ def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Op
     point against one shared reference and envelope. replicas > 1: the data-parallel entries,
     through the mesh step (`tie.tie` on R replicas); else each planted chain runs `how`: "eager", op by
     op (the default: the entries share their ops, not their programs), or "quick" (one program
-    each). label_smoothing > 0 so that every head entry plants something; an entry that would plant
-    nothing here is an error, never a silent green."""
+    each). label_smoothing > 0 so that every head entry plants something (`chosen`)."""
     net = as_net(net)
     planted = chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], replicas=replicas, cfg=cfg)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)

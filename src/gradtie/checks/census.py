@@ -269,26 +269,23 @@ def hypotheses_table(hyps: Sequence[Hypothesis]) -> str:
     return "\n".join(lines)
 
 
-# ---- the point read, and the census -------------------------------------------------------------
-
-def read(net, params: dict, x: jax.Array, cfg):
-    """The saved record of the forward the census, the germs, the tie and the FD all run: `rendered.forward`."""
-    return rendered.forward(as_net(net), params, x, cfg)[1]
-
+# ---- the point read (off `rendered.forward`: the forward the census, the germs, the tie and the FD
+# all run), and the census -------------------------------------------------------------------------
 
 def pool_inputs(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
     """Each pool's (post-ReLU) input at (params, x): {pool: [N,C,H,W]}."""
-    return as_net(net).pool_inputs(read(net, params, x, cfg))
+    return as_net(net).pool_inputs(rendered.forward(as_net(net), params, x, cfg)[1])
 
 
 def preactivations(net, params: dict, x: jax.Array, cfg) -> dict[str, np.ndarray]:
     """Every ReLU's input at (params, x): {layer: [N,C,H,W] or [N,d]}."""
-    return {k: np.asarray(v) for k, v in as_net(net).preactivations(read(net, params, x, cfg)).items()}
+    saved = rendered.forward(as_net(net), params, x, cfg)[1]
+    return {k: np.asarray(v) for k, v in as_net(net).preactivations(saved).items()}
 
 
 def selections(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
     """σ = argmax (the first maximal cell) of every pool window at (params, x): {pool: [N,C,H',W']}."""
-    return piece_of(as_net(net), read(net, params, x, cfg))[1]
+    return piece_of(as_net(net), rendered.forward(as_net(net), params, x, cfg)[1])[1]
 
 
 def pool_stages(net, cfg, saved) -> list[int]:

@@ -22,6 +22,7 @@ Shown in: Whole-net tie, Would the check catch it?
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
@@ -51,30 +52,27 @@ def samples(values: dict, *, dtype: str, key, nudged: Sequence[str] = (), batche
     dt = np.dtype(dtype)
     u = tol.UNIT_ROUNDOFF[dt.name] if unit is None else unit
 
-    def cast(a, nudge=None):
-        a = np.asarray(a)
+    def cast(a, nudge=None, order=None):
+        a = np.asarray(a) if order is None else np.asarray(a)[order]
         if not np.issubdtype(a.dtype, np.floating):
             return a
         a = a.astype(np.float64)
         return (a if nudge is None else a * (1 + u * nudge(a.shape))).astype(dt)
 
-    def tree(name, f):
-        return jax.tree.map(f, values[name])
-
     out = []
     if dt != np.float64:
-        out.append(Sample("the point", {k: tree(k, cast) for k in values}, None))
+        out.append(Sample("the point", {k: jax.tree.map(cast, v) for k, v in values.items()}, None))
     batch = {np.shape(a)[0] for k in batched if k in values for a in jax.tree.leaves(values[k])}
     n = max(batch) if batch else 1
     if n > 1:
         rev = np.arange(n)[::-1].copy()
-        out.append(Sample("batch reversed", {k: tree(k, (lambda a: cast(np.asarray(a)[rev])) if k in batched else cast)
-                                             for k in values}, rev))
+        out.append(Sample("batch reversed", {k: jax.tree.map(partial(cast, order=rev) if k in batched else cast, v)
+                                             for k, v in values.items()}, rev))
     rng = prng.host_rng(key)
     for r in range(nudges + (n == 1)):
         out.append(Sample(f"nudge {r + 1} (u = 2^{int(np.log2(u))})",
-                          {k: tree(k, (lambda a: cast(a, rng.standard_normal)) if k in nudged else cast)
-                           for k in values}, None))
+                          {k: jax.tree.map(partial(cast, nudge=rng.standard_normal) if k in nudged else cast, v)
+                           for k, v in values.items()}, None))
     return out
 
 
@@ -96,7 +94,6 @@ def spread(reference, outputs) -> Any:
 
 @dataclass(frozen=True)
 class Envelope:
-    dtype: str                    # the dtype whose round-off was measured
     nodes: dict[str, float]       # node (and "input") -> max |g_sample − g_reference|
     loss: float                   # max |L_sample − L_reference|
     evaluations: tuple[str, ...]  # what each sample was
@@ -116,4 +113,4 @@ def measure(net, params: dict, x, targets, cfg, reference, *, dtype: str, key, a
         outputs.append((loss, dict(g), unorder(dx, s.order)))
         labels.append(s.label)
     loss_w, g_w, dx_w = spread((reference[0], dict(reference[1]), reference[2]), outputs)
-    return Envelope(np.dtype(dtype).name, {**g_w, "input": dx_w}, loss_w, tuple(labels))
+    return Envelope({**g_w, "input": dx_w}, loss_w, tuple(labels))

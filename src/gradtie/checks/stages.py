@@ -18,9 +18,9 @@ Shown in: Whole-net tie.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import takewhile
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
@@ -262,8 +262,7 @@ class StageReport:
                  f"{'worst err/lim':>13}  ok")
         lines = [head_, "-" * len(head_)]
         for t in self.backward_order():
-            inp = t.row("input") if t.has("input") else t.rows[0]
-            cot = t.meta.get("cotangent_max")
+            inp, cot = t.row("input") or t.rows[0], t.meta.get("cotangent_max")
             lines.append(f"{t.net:<18} {t.meta.get('kind', ''):<13} {len(t.nodes):>5} "
                          f"{'-' if cot is None else f'{cot:9.1e}':>9} {inp.rel:9.1e} {inp.limit:9.1e} "
                          f"{t.worst().ratio:13.2g}  {'yes' if t.ok else 'NO'}")
@@ -293,9 +292,8 @@ def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
         given = rec.inputs[stage.name]
         first = next(n for n in fine_names if fine.inputs[n].shape == given.shape
                      and bool(jnp.all(fine.inputs[n] == given)))
-        row = compare({"x": fine.handed_on(first).reshape(given.shape)}, {"x": rec.handed_on(stage.name)},
-                      floor=tol.FLOORS[dtype])[0]
-        rows.append(dataclasses.replace(row, name=f"{stage.name}.input"))
+        rows += compare({f"{stage.name}.input": fine.handed_on(first).reshape(given.shape)},
+                        {f"{stage.name}.input": rec.handed_on(stage.name)}, floor=tol.FLOORS[dtype])
     return rows
 
 
@@ -438,12 +436,9 @@ class Sweep:
 
     def smallest(self, key: str) -> Optional[int]:
         """The smallest N from which on every N of the sweep keeps hypothesis `key` (and ties)."""
-        best = None
-        for r in sorted(self.rows, key=lambda r: -r.n):
-            if not (r.holds(key) and r.tie is not None and r.tie.ok):
-                break
-            best = r.n
-        return best
+        kept = list(takewhile(lambda r: r.holds(key) and r.tie is not None and r.tie.ok,
+                              sorted(self.rows, key=lambda r: -r.n)))
+        return kept[-1].n if kept else None
 
     def below(self, key: str) -> Optional[str]:
         """What fails at the largest N below `smallest(key)` (None when nothing below it fails)."""

@@ -93,8 +93,7 @@ class NodeRow:
 
 def is_beta(name: str, shapes: dict[str, tuple[int, ...]]) -> bool:
     """A BN shift β: a `.bias` whose `.weight` (γ) is a vector; its node is Σ dy over (n,h,w)."""
-    gamma = name[: -len("bias")] + "weight"
-    return name.endswith(".bias") and len(shapes.get(gamma, ())) == 1
+    return name.endswith(".bias") and len(shapes.get(name[: -len("bias")] + "weight", ())) == 1
 
 
 def ratio_text(ratio: float) -> str:
@@ -133,11 +132,8 @@ class TieReport:
         """Every row within a limit that can tell a bug apart."""
         return all(r.agrees for r in self.rows)
 
-    def has(self, name: str) -> bool:
-        return any(r.name == name for r in self.rows)
-
-    def row(self, name: str) -> NodeRow:
-        return next(r for r in self.rows if r.name == name)
+    def row(self, name: str) -> Optional[NodeRow]:
+        return next((r for r in self.rows if r.name == name), None)
 
     def worst(self) -> NodeRow:
         return max(self.rows, key=lambda r: r.ratio)
@@ -173,11 +169,11 @@ class TieReport:
 
     def summary(self) -> str:
         line = f"tied {sum(r.agrees for r in self.nodes)}/{len(self.nodes)} nodes ({self.dtype})"
-        if self.has("input"):
+        if self.row("input"):
             line += f", input gradient {self.row('input').verdict}"
             if self.meta.get("input_model") == "frozen":
                 line += " (pools frozen at σ = argmax)"
-        if self.has("loss") and not self.row("loss").ok:
+        if self.row("loss") and not self.row("loss").ok:
             line += ", LOSS MISMATCH"
         w = self.worst()
         line += f"; {w.describe()}" if w.mismatch else f"; worst {w.ratio:.2g} of its limit ({w.describe()})"
@@ -245,8 +241,7 @@ def _tied_windows(net: Net, saved):
 def frozen_selections(net: Net, params, x, cfg) -> tuple[Optional[dict], int]:
     """(σ = argmax of every pool, windows tied at a positive maximum) when there are such ties, else
     (None, 0): the input gradient is then tied to the model frozen at σ."""
-    _, saved, _ = rendered.forward(net, params, x, cfg)
-    sel, ties = _tied_windows(net, saved)
+    sel, ties = _tied_windows(net, rendered.forward(net, params, x, cfg)[1])
     count = sum(int(v) for v in ties.values())
     return (sel, count) if count else (None, 0)
 
