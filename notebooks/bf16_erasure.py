@@ -63,7 +63,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng
-from gradtie.checks import bf16, check
+from gradtie.checks import bf16
+from gradtie.data import images
 from gradtie.checks.tie import Chain, targets_matrix
 from gradtie.nets import cifar8, resnet34
 from gradtie.nets.layers import rounding
@@ -84,7 +85,7 @@ nets = {"cifar8": (cifar8.NET, cifar8.Config(bf16=True), 32),
 points = {}
 for name, (net, cfg, size) in nets.items():
     params = net.init(key, cfg, weights="drawn")                                     # float32
-    x = check.make_batch(p.data, p.batch, size, p.seed).astype(jnp.float32)
+    x = images(p.data, p.batch, size, seed=p.seed).astype(jnp.float32)
     labels = prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, cfg.num_classes)
     points[name] = (net, cfg, params, x, targets_matrix(labels, cfg.num_classes, jnp.float32))
     gammas = np.concatenate([np.asarray(v) for k, v in params.items() if v.ndim == 1 and k.endswith("weight")

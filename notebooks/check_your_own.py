@@ -40,7 +40,8 @@ jax.config.update("jax_enable_x64", True)
 
 import gradtie
 from gradtie import book, nets, plots
-from gradtie.checks import bugs, census, check, stages
+from gradtie.checks import bugs, census, stages
+from gradtie.data import images
 from gradtie.checks.tie import targets_matrix
 from gradtie.nets import protocol
 
@@ -58,7 +59,7 @@ net = nets.load("bottleneck:NET")                              # as `gradtie che
 cfg = net.config()
 key = jax.random.key(p.seed)
 params = {k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()}
-x = check.make_batch("photos", p.batch, p.image_size, p.seed)
+x = images("photos", p.batch, p.image_size, seed=p.seed)
 t = targets_matrix((jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64)
 
 # %% [markdown]

@@ -62,7 +62,7 @@ from gradtie import tolerances
 from gradtie.checks import bugs, census
 from gradtie.checks import data_parallel as dp
 from gradtie.checks.bf16 import replicas as bf16_replicas
-from gradtie.checks.tie import tie_replicas
+from gradtie.checks.tie import tie
 from gradtie.nets import cifar8, resnet34
 
 # %% tags=["parameters"]
@@ -120,7 +120,7 @@ print(f"{p.net}: {len(params)} parameter tensors at drawn weights; {len(devices)
 # `r34_net_syncTiedB` holds at every R and N. We sweep R = 2, 4, … up to `replicas` (2 in the ci
 # profile, 8 in the cpu and gpu profiles) and N = 1, 2, … up to `batch`. Each global
 # batch R·N of photo crops (labelled by the photo they come from) gets its own float64 oracle,
-# envelope and smoothness census. Every split of it is tied through `checks.tie.tie_replicas`,
+# envelope and smoothness census. Every split of it is tied through `checks.tie.tie` on R replicas,
 # the verdict path `gradtie check --replicas` uses.
 
 # %%
@@ -159,8 +159,8 @@ plt.show()
 b2 = 2 * p.batch
 x2, t2, point2 = sweep.points[b2]
 tied2 = next(t for t in sweep.ties if (t.meta["replicas"], t.meta["per_replica"]) == (2, p.batch))
-per_replica = tie_replicas(model, params, x2, t2, cfg, replicas=2, label_smoothing=alpha, point=point2,
-                           sync_bn=False, devices=devices)
+per_replica = tie(model, params, x2, t2, cfg, replicas=2, label_smoothing=alpha, point=point2,
+                  sync_bn=False, devices=devices)
 print(per_replica.summary())
 
 # %% tags=["nbval-check-output"]
@@ -199,13 +199,13 @@ assert worst.rel > tolerances.ILL_CONDITIONED_REL
 
 # %%
 counts = (b2 - 1, 1)
-uneven = tie_replicas(model, params, x2, t2, cfg, counts=counts, label_smoothing=alpha, point=point2,
-                      devices=devices)
+uneven = tie(model, params, x2, t2, cfg, counts=counts, label_smoothing=alpha, point=point2,
+             devices=devices)
 plain = bugs.plant("sync_plain_mean_of_means", model)
-plain_uneven = tie_replicas(model, params, x2, t2, cfg, chain=plain, counts=counts, label_smoothing=alpha,
-                            point=point2, devices=devices)
-plain_even = tie_replicas(model, params, x2, t2, cfg, chain=plain, counts=(p.batch, p.batch), label_smoothing=alpha,
-                          point=point2, devices=devices)
+plain_uneven = tie(model, params, x2, t2, cfg, chain=plain, counts=counts, label_smoothing=alpha,
+                   point=point2, devices=devices)
+plain_even = tie(model, params, x2, t2, cfg, chain=plain, counts=(p.batch, p.batch), label_smoothing=alpha,
+                 point=point2, devices=devices)
 for rep in (uneven, plain_uneven, plain_even):
     print(rep.net, "|", rep.summary())
 
@@ -365,7 +365,7 @@ c8_params = {k: v.astype(jnp.float64) for k, v in c8.init(jax.random.key(p.seed)
 c8_sweep = dp.sweep(c8, c8_params, c8_cfg, [(2, p.batch)], image_size=32, seed=p.seed, devices=devices,
                     progress=False)
 c8x, c8t, c8_point = c8_sweep.points[b2]
-c8_uneven = tie_replicas(c8, c8_params, c8x, c8t, c8_cfg, counts=counts, point=c8_point, devices=devices)
+c8_uneven = tie(c8, c8_params, c8x, c8t, c8_cfg, counts=counts, point=c8_point, devices=devices)
 
 # %% tags=["nbval-check-output"]
 print("cifar8 (beyond the suite):", book.glue("c8_mesh", c8_sweep.summary()))

@@ -61,7 +61,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, plots, prng
+from gradtie import book, data, plots, prng
 from gradtie.checks import head as head_checks
 from gradtie import tolerances
 from gradtie.ops import head
@@ -113,8 +113,7 @@ plt.show()
 # %%
 cases = head_checks.fold_cases(key, num_classes=p.num_classes)
 print(cases.table())
-row_sums = {kind: head_checks.row_sum_error(head_checks.batch_targets(kind, 6, p.num_classes, key))
-            for kind in head_checks.TARGET_KINDS}
+row_sums = {kind: head.row_sum_error(data.batch_targets(kind, 6, p.num_classes, key)) for kind in data.TARGET_KINDS}
 
 # %% tags=["nbval-check-output"]
 print(book.glue("fold_tied", cases.summary()))
@@ -168,7 +167,7 @@ assert plain.ok
 
 # %%
 z6 = 3.0 * prng.normal(jax.random.fold_in(key, 2), (6, p.num_classes), jnp.float64)
-t6 = head_checks.batch_targets("mixup", 6, p.num_classes, jax.random.fold_in(key, 3))
+t6 = data.batch_targets("mixup", 6, p.num_classes, jax.random.fold_in(key, 3))
 controls = head_checks.control_cases(z6, t6, 0.1)
 print(controls.table())
 

@@ -63,6 +63,7 @@ from jax import lax
 from gradtie import book, cli, plots, prng
 from gradtie import tolerances
 from gradtie.checks import census, check, fd
+from gradtie.data import images
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import head, maxpool
 
@@ -77,12 +78,12 @@ key = jax.random.key(p.seed)
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=10)
 params8 = {k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights="drawn").items()}
 params34 = {k: v.astype(jnp.float64) for k, v in resnet34.init(key, cfg34, weights="drawn").items()}
-x8 = check.make_batch("photos", p.batch, 32, p.seed)            # float64 images in [0,1]
-x34 = check.make_batch("photos", p.batch, p.image_size, p.seed)
-flat8 = check.make_batch("flat", p.batch, 32, p.seed)
-flat34 = check.make_batch("flat", p.batch, p.image_size, p.seed)
-randn8 = check.make_batch("randn", p.batch, 32, p.seed)         # N(0, 1) pixels: no two receptive fields alike
-randn34 = check.make_batch("randn", p.batch, p.image_size, p.seed)
+x8 = images("photos", p.batch, 32, seed=p.seed)            # float64 images in [0,1]
+x34 = images("photos", p.batch, p.image_size, seed=p.seed)
+flat8 = images("flat", p.batch, 32, seed=p.seed)
+flat34 = images("flat", p.batch, p.image_size, seed=p.seed)
+randn8 = images("randn", p.batch, 32, seed=p.seed)         # N(0, 1) pixels: no two receptive fields alike
+randn34 = images("randn", p.batch, p.image_size, seed=p.seed)
 labels = prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10)
 targets = head.one_hot(labels, 10, jnp.float64)
 bn_scales = [(net, k) for net, ps in (("cifar8", params8), ("ResNet-34", params34))
@@ -141,9 +142,9 @@ toy = jnp.asarray([[1.0, 3.0, 5.0, 2.0],
 dtoy = jnp.asarray([[1.0, -2.0], [3.0, -4.0]])[None, None]
 toy_back = maxpool.backward(maxpool.PoolSaved(toy, maxpool.POOL2), dtoy)
 toy_first = maxpool.scatter(maxpool.select(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2)
-toy_last = maxpool.scatter(census.last_max(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2)
+toy_last = maxpool.scatter(maxpool.last_max(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2)
 print("sigma = argmax:", maxpool.select(toy, maxpool.POOL2)[0, 0].tolist(),
-      " last max:", census.last_max(toy, maxpool.POOL2)[0, 0].tolist())
+      " last max:", maxpool.last_max(toy, maxpool.POOL2)[0, 0].tolist())
 print("backward == selScatter(argmax):", bool(jnp.array_equal(toy_back, toy_first)))
 print("backward == selScatter(last max):", bool(jnp.array_equal(toy_back, toy_last)))
 assert jnp.array_equal(toy_back, toy_first)
@@ -173,7 +174,7 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
     same_back = bool(jnp.array_equal(back, maxpool.scatter(sigma, dy, r.shape, spec)))
     same_fwd = bool(jnp.array_equal(y, maxpool.gather(r, sigma, spec)))
     tied = int(jnp.sum(jnp.sum(maxpool.windows(r, spec) == y[..., None], axis=-1) > 1))
-    last = maxpool.scatter(census.last_max(r, spec), dy, r.shape, spec)
+    last = maxpool.scatter(maxpool.last_max(r, spec), dy, r.shape, spec)
     moved = int(jnp.sum(last != back))
     print(f"{net_name:8} {pool:9} {spec.name:13} windows {y.size:6}, tied {tied:6}: backward == selScatter "
           f"{same_back}, gather == forward {same_fwd}; last-max control differs at {moved} cells")

@@ -59,7 +59,8 @@ jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng
 from gradtie import tolerances
-from gradtie.checks import bugs, census, check, germs
+from gradtie.checks import bugs, census, germs
+from gradtie.data import images
 from gradtie.nets import cifar8
 from gradtie.ops import head
 
@@ -74,7 +75,7 @@ p = book.validated(batch=batch, data=data, directions=directions, seed=seed)
 key = jax.random.key(p.seed)
 net8, cfg8 = cifar8.NET, cifar8.Config()
 params8 = {k: v.astype(jnp.float64) for k, v in net8.init(key, cfg8, weights="drawn").items()}
-x8 = check.make_batch(p.data, p.batch, 32, p.seed)
+x8 = images(p.data, p.batch, 32, seed=p.seed)
 targets = head.one_hot(prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10), 10, jnp.float64)
 grads8 = germs.rendered_nodes(net8, params8, x8, targets, cfg8)
 smooth8 = census.smoothness(net8, params8, x8, cfg8)
@@ -307,7 +308,7 @@ plt.show()
 # drawn weights, and walk the four germs upstream of pools 1 and 2.
 
 # %%
-flat8 = check.make_batch("flat", p.batch, 32, p.seed)
+flat8 = images("flat", p.batch, 32, seed=p.seed)
 flat_census = census.smoothness(net8, params8, flat8, cfg8)
 twins_by_pool = {pc.pool: pc.counts["twin tie"] for pc in flat_census.pools}
 grads_flat = germs.rendered_nodes(net8, params8, flat8, targets, cfg8)

@@ -353,7 +353,7 @@ assert d != 0.0
 # envelope widens past the floor, and the printed table says so.
 
 # %%
-r34_batches = step.photo_batches(2, p.tie_batch, p.image_size, seed=p.seed)
+r34_batches = data.photo_batches(2, p.tie_batch, p.image_size, seed=p.seed)
 r34_reference = step.reference_run(resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball")
 r34_tie = step.tie_step(resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball",
                         reference=r34_reference)
@@ -400,7 +400,7 @@ assert r34_control.steps[1].within("params")[0] == 0
 # plain heavy ball, the formulation a Nesterov step is most easily confused with.
 
 # %%
-c8_batches = step.photo_batches(2, p.tie_batch, 32, seed=p.seed)
+c8_batches = data.photo_batches(2, p.tie_batch, 32, seed=p.seed)
 c8_reference = step.reference_run(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov")
 c8_tie = step.tie_step(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov", reference=c8_reference)
 c8_control = step.tie_step(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov",

@@ -55,7 +55,8 @@ jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng, rendered
 from gradtie import tolerances
-from gradtie.checks import bugs, census, check, stages
+from gradtie.checks import bugs, census, stages
+from gradtie.data import images
 from gradtie.checks.fd import derivatives
 from gradtie.checks.tie import float32_view, is_beta, reference_at, targets_matrix, tie
 from gradtie.kit import KIT
@@ -80,11 +81,11 @@ alpha = p.label_smoothing
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=p.num_classes)
 params8 = {k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights=p.weights).items()}
 params34 = {k: v.astype(jnp.float64) for k, v in resnet34.init(key, cfg34, weights=p.weights).items()}
-x8 = check.make_batch("photos", p.batch, 32, p.seed)                   # float64 photo crops in [0, 1]
-x34 = check.make_batch("photos", p.resnet_batch, p.image_size, p.seed)
-randn8 = check.make_batch("randn", p.batch, 32, p.seed)                # N(0, 1) pixels: no twins
+x8 = images("photos", p.batch, 32, seed=p.seed)                   # float64 photo crops in [0, 1]
+x34 = images("photos", p.resnet_batch, p.image_size, seed=p.seed)
+randn8 = images("randn", p.batch, 32, seed=p.seed)                # N(0, 1) pixels: no twins
 lifted8 = census.lift_dead_windows(cifar8, params8, randn8, cfg8)      # pool-feeding β raised: no dead window
-flat34 = check.make_batch("flat", 2, 32, p.seed)                       # the M = 2 point: 32 px, batch 2
+flat34 = images("flat", 2, 32, seed=p.seed)                       # the M = 2 point: 32 px, batch 2
 t8 = targets_matrix((jnp.arange(p.batch) * 3 + 1) % 10, 10, jnp.float64)
 t34 = targets_matrix((jnp.arange(p.resnet_batch) * 3 + 1) % p.num_classes, p.num_classes, jnp.float64)
 t_flat = targets_matrix((jnp.arange(2) * 3 + 1) % p.num_classes, p.num_classes, jnp.float64)
@@ -594,9 +595,9 @@ plt.show()
 
 # %% tags=["remove-stderr"]
 ns = list(range(1, 9)) if p.every_n else [1, 2, 4]
-sw8 = stages.sweep(cifar8, params8, cfg8, lambda n: check.make_batch("photos", n, 32, p.seed), ns,
+sw8 = stages.sweep(cifar8, params8, cfg8, lambda n: images("photos", n, 32, seed=p.seed), ns,
                    label_smoothing=alpha, key=jax.random.fold_in(key, 13))
-sw34 = stages.sweep(resnet34, params34, cfg34, lambda n: check.make_batch("photos", n, p.image_size, p.seed), ns,
+sw34 = stages.sweep(resnet34, params34, cfg34, lambda n: images("photos", n, p.image_size, seed=p.seed), ns,
                     label_smoothing=alpha, key=jax.random.fold_in(key, 14))
 
 # %% tags=["nbval-check-output"]

@@ -10,7 +10,7 @@
 
 The device count must be fixed before jax initialises, and the test session has already imported
 jax, so tests/test_parallel.py runs this script in a fresh interpreter. Every tie runs at drawn
-weights (γ ≠ 1, β ≠ 0) through `checks.tie.tie_replicas`, the one verdict path; a planted bug is
+weights (γ ≠ 1, β ≠ 0) through `checks.tie.tie` on R replicas, the one verdict path; a planted bug is
 the `Chain` `checks.bugs.plant` returns, run in every replica.
 """
 
@@ -32,7 +32,7 @@ jax.config.update("jax_enable_x64", True)
 from gradtie import data, parallel, train  # noqa: E402
 from gradtie.checks import bugs  # noqa: E402
 from gradtie.checks.check import run_check  # noqa: E402
-from gradtie.checks.tie import reference_at, targets_matrix, tie_replicas  # noqa: E402
+from gradtie.checks.tie import reference_at, tie as tie_net  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402
 
 REPLICAS = (2, 4, 8)
@@ -47,15 +47,9 @@ def init64(net, cfg, weights="drawn"):
     return {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
 
 
-def photo_batch(cfg, n, seed=0):
-    """Photo crops and one-hot rows of the photo each came from."""
-    x, labels = data.photo_labels(n, 32, seed=seed)
-    return jnp.asarray(x, jnp.float64), targets_matrix(jnp.asarray(labels), cfg.num_classes, jnp.float64)
-
-
 def setup(name, n=GLOBAL_BATCH):
     net, cfg = NETS[name]
-    x, t = photo_batch(cfg, n)
+    x, t = data.photo_batch(n, 32, cfg.num_classes)
     # label smoothing where SPEC §1 has it (ResNet-34), none for cifar8
     return net, cfg, init64(net, cfg), x, t, 0.1 if name == "resnet34" else 0.0
 
@@ -74,7 +68,7 @@ def tie(name):
     """The mesh step at R = 2, 4, 8 (N = 4, 2, 1) against one float64 oracle at batch 8."""
     net, cfg, params, x, t, alpha = setup(name)
     point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
-    return {str(r): row(tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=alpha, point=point))
+    return {str(r): row(tie_net(net, params, x, t, cfg, replicas=r, label_smoothing=alpha, point=point))
             for r in REPLICAS}
 
 
@@ -85,9 +79,9 @@ def uneven():
     ResNet-34 at 3+1 and shows the plain mean red there and green at 2+2."""
     net, cfg, params, x, t, alpha = setup("cifar8", 4)
     point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
-    out = {"1+2+0+1": row(tie_replicas(net, params, x, t, cfg, counts=(1, 2, 0, 1), point=point))}
+    out = {"1+2+0+1": row(tie_net(net, params, x, t, cfg, counts=(1, 2, 0, 1), point=point))}
     bug = bugs.plant("sync_plain_mean_of_means", net)
-    out["bug 3+1"] = row(tie_replicas(net, params, x, t, cfg, chain=bug, counts=(3, 1), point=point))
+    out["bug 3+1"] = row(tie_net(net, params, x, t, cfg, chain=bug, counts=(3, 1), point=point))
     # the padded batch by hand: zeros, then junk, in the padding
     mesh = parallel.data_mesh(2)
     xs, ts, valid = parallel.padded(x, t, (3, 1))
@@ -108,9 +102,9 @@ def control():
     """Per-replica BatchNorm (R = 2, cifar8) against the single-device oracle: must fail. The
     per-example BN variant couples no examples, so it ties without any synchronisation."""
     net, cfg, params, x, t, alpha = setup("cifar8", 4)
-    out = {"per_replica": row(tie_replicas(net, params, x, t, cfg, replicas=2, sync_bn=False))}
+    out = {"per_replica": row(tie_net(net, params, x, t, cfg, replicas=2, sync_bn=False))}
     cfg_ex = dataclasses.replace(cfg, bn="example")
-    out["per_example"] = row(tie_replicas(net, params, x, t, cfg_ex, replicas=2, sync_bn=False))
+    out["per_example"] = row(tie_net(net, params, x, t, cfg_ex, replicas=2, sync_bn=False))
     return out
 
 
@@ -147,7 +141,7 @@ def step():
     cfg = cifar8.Config(head_width=64, conv_bias=False)   # no zero-in-ℝ nodes for Adam to amplify
     net = cifar8.NET
     params = init64(net, cfg)
-    x, t = photo_batch(cfg, 8)
+    x, t = data.photo_batch(8, 32, cfg.num_classes)
     labels = jnp.argmax(t, axis=1)
     mesh = parallel.data_mesh(4)
     out = {}
@@ -197,7 +191,7 @@ def errors():
     out = {}
     net, cfg = NETS["cifar8"]
     params = {}         # every check below fires before the net is called
-    x, t = photo_batch(cfg, 6)
+    x, t = data.photo_batch(6, 32, cfg.num_classes)
     labels = jnp.argmax(t, axis=1)
     mesh2, mesh4 = parallel.data_mesh(2), parallel.data_mesh(4)
     for what, call in [
@@ -212,7 +206,7 @@ def errors():
                                                            valid=jnp.asarray([1, 1, 0.5, 0, 1, 1.0]))),
         ("counts_and_valid", lambda: parallel.forward_backward(net, params, x, labels, cfg, mesh=mesh2,
                                                                counts=(3, 3), valid=jnp.ones(6))),
-        ("tie_no_split", lambda: tie_replicas(net, params, x, t, cfg)),
+        ("tie_counts_replicas", lambda: tie_net(net, params, x, t, cfg, replicas=3, counts=(3, 3))),
     ]:
         try:
             call()

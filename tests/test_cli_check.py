@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from gradtie import cli
+from gradtie import cli, nets
 from gradtie.checks import bugs, check
 from gradtie.checks.check import EXIT_FAILED, EXIT_NOT_SMOOTH, EXIT_TIED
 from gradtie.checks.fd import FDRow
@@ -68,7 +68,7 @@ def test_plant_bug_list_prints_the_catalogue(capsys):
     assert cli.main(["check", "--plant-bug", "list"]) == 0
     out = capsys.readouterr().out
     listed = [line.split()[0] for line in out.strip().splitlines()[1:]]
-    assert listed == [b.name for b in bugs.entries(check.load_net("cifar8"))]
+    assert listed == [b.name for b in bugs.entries(nets.load("cifar8"))]
     assert "bn_no_mean_term" in listed and "dense_bias_grad_keepdims" in listed
     assert "projection_bn_reads_dn2" not in listed                  # cifar8 has no projection
     assert "--replicas" in out and "--replica-counts" in out
@@ -271,7 +271,7 @@ def test_a_net_of_your_own_is_checked_and_ties():
     a depthwise conv the kit lacks): exit 0."""
     code, out, err = gradtie(*BOTTLENECK)
     assert code == EXIT_TIED, (out[-3000:], err[-2000:])
-    net = check.load_net(str(ROOT / "examples" / "bottleneck.py") + ":NET")
+    net = nets.load(str(ROOT / "examples" / "bottleneck.py") + ":NET")
     nodes = len(net.param_specs(net.config()))
     assert nodes == 32
     agree = re.search(r"finite differences (\d+)/(\d+) nodes agree", out)
@@ -300,7 +300,7 @@ def test_plant_bug_list_shows_exactly_the_entries_that_apply_to_a_net_of_your_ow
     code, out, err = gradtie("check", "--net", "examples/bottleneck.py:NET", "--plant-bug", "list")
     assert code == 0, err[-2000:]
     listed = [line.split()[0] for line in out.strip().splitlines()[1:]]
-    net = check.load_net(str(ROOT / "examples" / "bottleneck.py") + ":NET")
+    net = nets.load(str(ROOT / "examples" / "bottleneck.py") + ":NET")
     assert listed == [b.name for b in bugs.entries(net)]
     assert {"projection_bn_reads_dn2", "residual_skip_dropped", "depthwise_kernel_not_flipped",
             "same_padding_strided"} <= set(listed)
@@ -313,14 +313,15 @@ def test_a_batch_too_large_is_refused_before_anything_is_allocated(monkeypatch):
     """The memory estimate (abstract shapes only) refuses the point before an image exists or a
     program compiles: with the machine's memory said to be 1 GiB and the image batch a trap, a
     batch of 4,096 is refused by its estimate and the trap never springs."""
+    from gradtie import data, nets
     from gradtie.checks import check as check_mod
 
     def trap(*args, **kwargs):
         raise AssertionError("the batch was built")
     monkeypatch.setattr(check_mod, "available_memory", lambda: 2 ** 30)
-    monkeypatch.setattr(check_mod, "make_batch", trap)
-    need = check_mod.memory_estimate(check_mod.load_net("cifar8"), 4096, 32)
+    monkeypatch.setattr(data, "images", trap)
+    need = check_mod.memory_estimate(nets.load("cifar8"), 4096, 32)
     assert need > 2 ** 30
     with pytest.raises(ValueError, match=r"needs about .* GiB, this machine has 1\.0 GiB available"):
         check_mod.run_check("cifar8", batch=4096)
-    assert check_mod.memory_estimate(check_mod.load_net("cifar8"), 4, 32) < 2 ** 30   # a small batch fits
+    assert check_mod.memory_estimate(nets.load("cifar8"), 4, 32) < 2 ** 30   # a small batch fits

@@ -243,7 +243,7 @@ def test_bad_batches_give_clear_errors():
     assert "hold no example" in out["counts_empty"]
     assert "1 (a real example) or 0" in out["valid_values"]
     assert "not both" in out["counts_and_valid"]
-    assert "give replicas R" in out["tie_no_split"]
+    assert "replicas 3 but 2 counts" in out["tie_counts_replicas"]
 
 
 # ---- two processes on 127.0.0.1 (jax.distributed, gloo) ------------------------------------------

@@ -14,8 +14,9 @@ def _check(args: argparse.Namespace) -> int:
     from .fake_devices import request_host_devices
 
     if args.plant_bug == "list":
-        from .checks import bugs, check
-        print(bugs.listing(check.load_net(args.net)))
+        from . import nets
+        from .checks import bugs
+        print(bugs.listing(nets.load(args.net)))
         return 0
     if args.replica_counts is not None:   # uneven replica batches: R from the counts
         args.replica_counts = _counts(args.replica_counts)

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from . import prng
+from .host import to_device
 from .ops import head
 
 PHOTO_NAMES = ("astronaut", "coffee", "chelsea", "rocket", "hubble_deep_field", "china", "flower")
@@ -249,6 +251,34 @@ def flat_images(n: int, size: int, *, seed: int = 0, dtype=np.float32) -> np.nda
     return x.astype(dt)
 
 
+# ---- the batches a check runs on ---------------------------------------------------------------
+
+def images(kind: str, n: int, size: int, *, seed: int = 0, channels: int = 3) -> jax.Array:
+    """A batch x [n,channels,size,size] in float64: `photos` or `flat_images` (their float32 pixels
+    widened exactly) for kind "photos" or "flat", or standard-normal pixels for "randn"."""
+    if kind == "randn":
+        return prng.normal(jax.random.key(seed), (n, channels, size, size), jnp.float64)
+    if kind not in ("photos", "flat"):
+        raise ValueError(f"data {kind!r}: expected one of randn, photos, flat")
+    if channels != 3:
+        raise ValueError(f"data {kind!r} holds RGB images; this net takes {channels} channels (use randn)")
+    return to_device((photos if kind == "photos" else flat_images)(n, size, seed=seed), np.float64)
+
+
+def photo_batch(n: int, size: int, num_classes: int, *, seed: int = 0) -> tuple[jax.Array, jax.Array]:
+    """n photo crops in float64 and one-hot rows [n,K] of the photo each was cut from (7 photos ≤ K)."""
+    x, labels = photo_labels(n, size, seed=seed)
+    return jnp.asarray(x, jnp.float64), one_hot(jnp.asarray(labels), num_classes, jnp.float64)
+
+
+def photo_batches(steps: int, n: int, size: int, *, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+    """`steps` batches of n photo crops (float64) with their labels, the photo each was cut from
+    (`photo_labels`, K = 7), the photos mixed across the batches."""
+    x, labels = photo_labels(steps * n, size, seed=seed, dtype=np.float64)
+    order = np.random.default_rng(seed).permutation(steps * n)
+    return [(x[part], labels[part]) for part in np.split(order, steps)]
+
+
 def digits(*, size: int = 32, test_fraction: float = 0.2, seed: int = 0, dtype=np.float32) -> Split:
     """sklearn's 1,797 8×8 digits as [N,3,size,size] in [0,1] (nearest upsample by `np.kron`, three
     equal channels), int labels 0…9, shuffled with the seed and split into train and test."""
@@ -425,6 +455,24 @@ def _lambda(op: str, key: jax.Array, alpha: float, lam, dtype) -> jax.Array:
     if not (isinstance(alpha, (int, float)) and alpha > 0):
         raise ValueError(f"{op}: alpha must be a positive number (λ ~ Beta(α, α)), got {alpha!r}")
     return jax.random.beta(key, alpha, alpha, dtype=dtype)
+
+
+TARGET_KINDS = ("one-hot", "mixup", "cutmix")
+
+
+def batch_targets(kind: str, n: int, k: int, key) -> jax.Array:
+    """[N,K] float64 targets: one-hot rows of random labels, or their mixup / cutmix over a photo
+    batch; every row sums to 1."""
+    k_lab, k_mix = jax.random.split(key)
+    t = one_hot(prng.randint(k_lab, (n,), 0, k), k, jnp.float64)
+    if kind == "one-hot":
+        return t
+    x = jnp.asarray(photos(n, 32, seed=int(prng.randint(k_mix, (), 0, 2**30))), jnp.float64)
+    if kind == "mixup":
+        return mixup(x, t, k_mix).targets
+    if kind == "cutmix":
+        return cutmix(x, t, k_mix).targets
+    raise ValueError(f"batch_targets: kind must be one of {TARGET_KINDS}, got {kind!r}")
 
 
 def mixup(x, targets, key: Seed, *, alpha: float = 0.2, lam=None) -> Mixed:

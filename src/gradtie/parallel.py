@@ -21,7 +21,7 @@ With per-replica BatchNorm (`sync_bn=False`) each replica normalises with its ow
 statistics; that is a different function of the parameters, and its gradient differs.
 
 The verdicts (the mesh step tied to the single-device float64 oracle) are `gradtie.checks`':
-`checks.tie.tie_replicas`. Multi-process (several hosts, or several processes on one host with
+`checks.tie.tie` on R replicas. Multi-process (several hosts, or several processes on one host with
 `jax.distributed`): build the global batch with `global_batch` and the parameters with
 `replicate`; everything else is the same. Shown in: Data-parallel tie.
 """
@@ -404,7 +404,7 @@ def make_step(net, cfg, opt: train.Optimizer, *, mesh: Mesh, label_smoothing: fl
 def single_device(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, kit: Kit = KIT) -> ReplicaStep:
     """The rendered step on one device at the whole batch: what the mesh step must reproduce (a
     train step's running statistics and accuracy included). The tie itself is
-    `checks.tie.tie_replicas`, against the float64 oracle."""
+    `checks.tie.tie` on R replicas, against the float64 oracle."""
     net = as_net(net)
     t = _targets("parallel.single_device", targets, int(jnp.shape(x)[0]), cfg.num_classes,
                  jnp.result_type(x))

@@ -25,10 +25,17 @@ import numpy as np
 
 from .host import to_device
 
-__all__ = ["normal", "uniform", "randint", "size_class"]
+__all__ = ["host_rng", "normal", "uniform", "randint", "size_class"]
 
 _FINE = 1 << 22     # above this, classes are multiples of 2**20 rather than powers of two
 _STEP = 1 << 20
+
+
+def host_rng(key=None) -> np.random.Generator:
+    """A NumPy generator seeded from a JAX key (typed or legacy uint32; None: key(0)), for draws made on the host."""
+    key = jax.random.key(0) if key is None else key
+    data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    return np.random.default_rng(np.asarray(data).ravel())
 
 
 def size_class(n: int) -> int:

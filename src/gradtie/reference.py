@@ -105,6 +105,12 @@ def smoothed_cross_entropy(logits: jax.Array, targets: jax.Array, alpha: float =
     return jnp.mean(-jnp.sum(t_smooth * jax.nn.log_softmax(logits, axis=-1), axis=-1))
 
 
+def plain_cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """−mean_n log softmax(z)[n, label_n], written with integer labels (no target rows at all)."""
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
+
+
 def head_cotangent(logits: jax.Array, targets: jax.Array, alpha: float = 0.0) -> jax.Array:
     """∂/∂z of the mean smoothed cross-entropy, by autodiff."""
     return jax.grad(smoothed_cross_entropy)(logits, targets, alpha)

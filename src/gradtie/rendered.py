@@ -14,7 +14,7 @@ Shown in: Whole-net tie, Check your own backward.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +45,18 @@ class Tape(NamedTuple):
 
 def new_tape() -> Tape:
     return Tape({}, {})
+
+
+class Chain(NamedTuple):
+    """The rendered side of a check: a net definition run through a kit (`checks.bugs` plants a bug
+    as either). `planted` names what is wrong in it ("" for the real chain)."""
+    net: Any
+    kit: Kit = KIT
+    planted: str = ""
+
+    @property
+    def label(self) -> str:
+        return self.net.name + (f" + {self.planted}" if self.planted else "")
 
 
 def step(net, kit: Kit, params, x, targets, cfg, *, alpha: float = 0.0, selections=None, valid=None,
@@ -114,4 +126,5 @@ def run(net, kit: Kit, params, x, targets, cfg, *, alpha: float = 0.0, how: str 
     return fn(net, kit, params, x, targets, cfg, alpha=float(alpha))
 
 
-__all__ = ["KIT", "QUICK", "Rendered", "Tape", "compiled", "forward", "new_tape", "quick", "run", "step", "taped"]
+__all__ = ["KIT", "QUICK", "Chain", "Rendered", "Tape", "compiled", "forward", "new_tape", "quick", "run", "step",
+           "taped"]

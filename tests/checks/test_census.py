@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradtie import data, prng, rendered
-from gradtie.checks import census, check, fd
+from gradtie import data, nets, prng, rendered
+from gradtie.checks import census, fd
 from gradtie.checks.tie import targets_matrix
 from gradtie.kit import KIT
 from gradtie.nets import cifar8, resnet34
@@ -455,7 +455,7 @@ BOTTLENECK = str(Path(__file__).resolve().parents[2] / "examples" / "bottleneck.
 
 @pytest.fixture(scope="module")
 def bottleneck():
-    net = check.load_net(BOTTLENECK)
+    net = nets.load(BOTTLENECK)
     params = {k: v.astype(jnp.float64) for k, v in net.init(jax.random.key(0), weights="drawn").items()}
     return net, params
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from gradtie import prng
+from gradtie import data, prng
 from gradtie.checks import head as hc
 from gradtie import tolerances
 from gradtie.ops import head
@@ -37,8 +37,8 @@ def test_fold_matches_head_cotangent_bit_for_bit():
 def test_fold_cases_with_mixup_and_cutmix_targets():
     cases = hc.fold_cases(jax.random.key(0), batches=(3,))
     assert cases.ok and len(cases.rows) == 6
-    for kind in hc.TARGET_KINDS:
-        assert hc.row_sum_error(hc.batch_targets(kind, 6, 10, jax.random.key(2))) <= 1e-15
+    for kind in data.TARGET_KINDS:
+        assert head.row_sum_error(data.batch_targets(kind, 6, 10, jax.random.key(2))) <= 1e-15
 
 
 def test_rows_not_summing_to_one_break_the_tie_and_are_refused():

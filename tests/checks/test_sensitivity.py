@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
+from gradtie import data
 from gradtie.checks import bugs, check
 from gradtie.checks.tie import reference_at, targets_matrix, tie
 from gradtie.nets import cifar8, resnet34
@@ -14,7 +15,7 @@ from gradtie.nets import cifar8, resnet34
 def point8():
     cfg = cifar8.Config()
     params = {k: v.astype(jnp.float64) for k, v in cifar8.init(jax.random.key(0), cfg, weights="drawn").items()}
-    x = check.make_batch("photos", 2, 32, 0)
+    x = data.images("photos", 2, 32, seed=0)
     t = targets_matrix(jnp.arange(2) * 3 % 10, 10, jnp.float64)
     point = reference_at(cifar8, params, x, t, cfg)
     return params, x, t, cfg, point, tie(cifar8, params, x, t, cfg, point=point)

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradtie import data, prng
+from gradtie import data, nets, prng
 from gradtie.checks import bugs, census, check, stages
 from gradtie.checks.tie import compare, targets_matrix, zero_in_reals
 from gradtie.nets import cifar8, resnet34
@@ -139,8 +139,8 @@ def test_a_pool_alone_parts_at_a_dead_window_beyond_maxpool2smooth(params8, rec8
                                         ("head_no_batch_divisor", stages.LOSS_COTANGENT),
                                         ("dense_weight_grad_transposed", "head")])
 def test_a_planted_bug_parts_at_its_stage(params8, bug, stage):
-    parting = stages.first_parting(NET8, params8, photos(), labels(), CFG8, chain=bugs.plant(bug, NET8),
-                                   label_smoothing=ALPHA)
+    parting = stages.stage_ties(NET8, params8, photos(), labels(), CFG8, chain=bugs.plant(bug, NET8),
+                                label_smoothing=ALPHA).first_parting()
     assert parting is not None and parting.stage == stage, parting
 
 
@@ -167,8 +167,8 @@ def test_resnet34_eighteen_stages_tie_even_at_m2(stages34):
 
 @pytest.mark.slow
 def test_resnet34_projection_bug_parts_at_a_downsample_block(params34):
-    parting = stages.first_parting(NET34, params34, photos(), labels(), CFG34,
-                                   chain=bugs.plant("projection_bn_reads_dn2", NET34), label_smoothing=ALPHA)
+    parting = stages.stage_ties(NET34, params34, photos(), labels(), CFG34,
+                                chain=bugs.plant("projection_bn_reads_dn2", NET34), label_smoothing=ALPHA).first_parting()
     assert parting is not None and parting.stage == "layer4.0" and parting.kind == "downsample"
 
 
@@ -238,7 +238,7 @@ def test_a_net_of_your_own_parts_at_its_own_op():
     kit lacks), its depthwise input backward planted with the kernel unflipped: every other stage
     ties to its VJP alone at the cotangent it is handed (the stem too, handed the wrong one), and
     the chain parts first at the depthwise stage, on its input cotangent only."""
-    net = check.load_net(BOTTLENECK)
+    net = nets.load(BOTTLENECK)
     params = f64(net.init(jax.random.key(0), weights="drawn"))
     x = prng.normal(jax.random.key(1), (N, 3, 16, 16), jnp.float64)
     rep = stages.stage_ties(net, params, x, labels(), net.config(), label_smoothing=ALPHA,

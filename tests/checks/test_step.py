@@ -5,6 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gradtie import data
 from gradtie.checks import step
 from gradtie.nets import cifar8, resnet34
 from gradtie.nets.protocol import Net
@@ -20,7 +21,7 @@ def c8_params(seed=0, weights="drawn"):
 
 @pytest.fixture(scope="module")
 def c8_batches():
-    return step.photo_batches(2, 4, 32, seed=0)
+    return data.photo_batches(2, 4, 32, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +150,7 @@ def test_update_rule_controls_go_red_at_step_1(recipe, name, c8_reference, c8_ba
 def test_resnet34_step_tied_to_optax_f64(conv_bias, recipe, tensors):
     cfg = resnet34.Config(num_classes=7, conv_bias=conv_bias)
     params = resnet34.NET.init(jax.random.key(0), cfg, weights="drawn")
-    batches = step.photo_batches(2, 4, 32, seed=1)
+    batches = data.photo_batches(2, 4, 32, seed=1)
     rep = step.tie_step(resnet34.NET, params, batches, cfg, recipe=recipe)
     assert rep.tensors == tensors and rep.label_smoothing == 0.1
     assert rep.ok and not rep.ill_conditioned, rep.summary()

@@ -37,7 +37,7 @@ from ..nets.protocol import SMOOTHED_CE, Net, as_net
 from ..ops import batchnorm, conv, head, maxpool
 from ..parallel import uneven_split
 from . import census
-from .tie import Chain, NodeRow, TieReport, reference_at, targets_matrix, tie, tie_replicas
+from .tie import Chain, NodeRow, TieReport, reference_at, targets_matrix, tie
 
 
 @dataclass(frozen=True)
@@ -57,26 +57,35 @@ class Bug:
         net = nets.load(net)
         return self.uses(net, calls(net, net.cfg(cfg)))
 
+    def refusal(self, label_smoothing: float, batch: int, replicas: int = 1, *, uneven: bool = False) -> str:
+        """Why this entry would plant nothing in a check of `batch` examples on `replicas` replicas
+        (`uneven`: holding different counts) at that label smoothing ("" when it plants something)."""
+        if self.replicas and replicas < 2:
+            return f"{self.name} lives in the data-parallel step: use --replicas R ≥ 2"
+        if self.needs_uneven and not uneven:
+            return (f"{self.name} plants nothing where every replica holds the same count: use --replica-counts "
+                    f"(e.g. 3,1)")
+        if self.needs_smoothing and not label_smoothing:
+            return f"{self.name} plants nothing at label_smoothing = 0: give α > 0 (e.g. 0.1)"
+        if self.name == "head_no_batch_divisor" and batch == 1:
+            return f"{self.name} plants nothing at batch 1 (÷1 is the identity)"
+        return ""
+
 
 @lru_cache(maxsize=None)
-def _calls(net: Net, cfg) -> tuple[Call, ...]:
+def calls(net: Net, cfg) -> tuple[Call, ...]:
+    """Every kit call the rendered chain of `net` makes, in order, at abstract shapes: which ops a
+    net's backward uses, and with what statics (strides, pool windows, square dense layers)."""
     log: list = []
     rec = kit_.recording(KIT, log)
     params, x = protocol.abstract_inputs(net, cfg)
 
     def chain(p, x_):
         logits, saved = net.forward(p, x_, cfg, kit=rec)
-        grads, dx = net.backward(p, saved, logits, cfg, kit=rec)
-        return grads, dx
+        return net.backward(p, saved, logits, cfg, kit=rec)
 
     jax.eval_shape(chain, params, x)
     return tuple(log)
-
-
-def calls(net: Net, cfg) -> list[Call]:
-    """Every kit call the rendered chain of `net` makes, in order, at abstract shapes: which ops a
-    net's backward uses, and with what statics (strides, pool windows, square dense layers)."""
-    return list(_calls(net, cfg))
 
 
 def _kit_bug(**ops) -> Callable[[Net], Chain]:
@@ -96,10 +105,8 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
     def backward(name, saved: batchnorm.BNSaved, weight, dy):
         axes = (2, 3) if saved.per_example else (0, 2, 3)
         cells = math.prod(dy.shape[a] for a in axes)
-        var = saved.var * cells / (cells - 1) if unbiased and cells > 1 else saved.var
-        s = lax.rsqrt(var + saved.eps)
-        if rsqrt_twice:
-            s = lax.rsqrt(s)
+        s = lax.rsqrt((saved.var * cells / (cells - 1) if unbiased and cells > 1 else saved.var) + saved.eps)
+        s = lax.rsqrt(s) if rsqrt_twice else s
         bc = (lambda v: v[:, :, None, None]) if saved.per_example else (lambda v: v[None, :, None, None])
         xhat = (saved.x - bc(saved.mean)) * bc(s)
         t = weight[None, :, None, None] * dy if gamma else dy
@@ -111,7 +118,8 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
             if count_weighted:
                 means = batchnorm.combine_means(local, count, saved.axis_name if global_means else None)
             else:   # a plain mean of replica means: right only where every replica holds the same count
-                means = kit_pmean(local / jnp.maximum(count, 1), saved.axis_name)
+                means = local / jnp.maximum(count, 1)
+                means = means if saved.axis_name is None else lax.pmean(means, saved.axis_name)
         else:
             means = jnp.stack([jnp.mean(t, axis=axes), jnp.mean(xhat * t, axis=axes)])
             if saved.axis_name is not None and not saved.per_example and global_means:
@@ -121,13 +129,8 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
     return backward
 
 
-def kit_pmean(v, axis_name):
-    return v if axis_name is None else lax.pmean(v, axis_name)
-
-
 def _bn_swapped(name, saved, weight, bias, dy):
-    dgamma, dbeta = KIT.bn_nodes(name, saved, weight, bias, dy)
-    return dbeta, dgamma
+    return KIT.bn_nodes(name, saved, weight, bias, dy)[::-1]   # planted: (dβ, dγ)
 
 
 def _bn_nodes_from_y(name, saved, weight, bias, dy):
@@ -137,25 +140,12 @@ def _bn_nodes_from_y(name, saved, weight, bias, dy):
 
 
 def _bn_nodes_reduced_twice(name, saved, weight, bias, dy):
-    dgamma, dbeta = KIT.bn_nodes(name, saved, weight, bias, dy)
-    if saved.axis_name is not None:   # planted: summed over replicas here, then averaged again by the step
-        dgamma, dbeta = lax.psum(dgamma, saved.axis_name), lax.psum(dbeta, saved.axis_name)
-    return dgamma, dbeta
+    nodes = KIT.bn_nodes(name, saved, weight, bias, dy)
+    # planted: summed over replicas here, then averaged again by the step
+    return nodes if saved.axis_name is None else lax.psum(nodes, saved.axis_name)
 
 
 # ---- max pool ----------------------------------------------------------------------------------
-
-def _cell_index(sigma, spec, shape):
-    """The flat input index (row-major over H, W) of the cell σ picks in each window; −1 in padding."""
-    k, s, p = spec.size, spec.stride, spec.pad
-    _, _, h, w = shape
-    i = jnp.arange(sigma.shape[2])[:, None]
-    j = jnp.arange(sigma.shape[3])[None, :]
-    row = s * i - p + sigma // k
-    col = s * j - p + sigma % k
-    inside = (row >= 0) & (row < h) & (col >= 0) & (col < w)
-    return jnp.where(inside, row * w + col, -1)
-
 
 def _pool_overwrite(name, saved: maxpool.PoolSaved, dy, sigma=None):
     # planted: each window's cotangent is WRITTEN onto its cell (scatter .set); where overlapping
@@ -163,10 +153,11 @@ def _pool_overwrite(name, saved: maxpool.PoolSaved, dy, sigma=None):
     x, spec = saved
     n, c, h, w = x.shape
     sigma = maxpool.select(x, spec) if sigma is None else sigma
-    idx = _cell_index(sigma, spec, x.shape)
-    idx = jnp.where(idx < 0, h * w, idx).reshape(n, c, -1)
-    ni = jnp.arange(n)[:, None, None]
-    ci = jnp.arange(c)[None, :, None]
+    # the flat input index (row-major over H, W) of the cell σ picks in each window; h·w in padding
+    row = spec.stride * jnp.arange(sigma.shape[2])[:, None] - spec.pad + sigma // spec.size
+    col = spec.stride * jnp.arange(sigma.shape[3])[None, :] - spec.pad + sigma % spec.size
+    idx = jnp.where((row >= 0) & (row < h) & (col >= 0) & (col < w), row * w + col, h * w).reshape(n, c, -1)
+    ni, ci = jnp.arange(n)[:, None, None], jnp.arange(c)[None, :, None]
     flat = jnp.zeros((n, c, h * w + 1), dy.dtype).at[ni, ci, idx].set(dy.reshape(n, c, -1))
     return flat[:, :, :h * w].reshape(n, c, h, w)
 
@@ -183,16 +174,6 @@ def _pool_as_2x2(name, saved: maxpool.PoolSaved, dy, sigma=None):
     return KIT.pool_backward(name, maxpool.PoolSaved(saved.x, maxpool.POOL2), dy, sigma)
 
 
-def _overlapping(c: Call) -> bool:
-    spec = c.args[1].spec
-    return spec.size > spec.stride
-
-
-def _not_2x2(c: Call) -> bool:
-    spec = c.args[1].spec
-    return spec != maxpool.POOL2 and maxpool.out_size(c.args[1].x.shape[2], maxpool.POOL2) == c.args[2].shape[2]
-
-
 # ---- conv and dense ----------------------------------------------------------------------------
 
 def same_pads(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
@@ -204,8 +185,14 @@ def same_pads(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def _acc(dtype):
-    return jnp.float32 if jnp.dtype(dtype) == jnp.bfloat16 else dtype
+def _conv(a, b, pads, dims, rnd, **dilation):
+    """rnd(a) ⋆ rnd(b), stride 1, accumulated in float32 for bf16 operands, rounded by rnd (a conv
+    backward's contraction written out, to plant a wrong padding or kernel in)."""
+    rnd = rnd or conv.identity
+    out = lax.conv_general_dilated(rnd(a), rnd(b), (1, 1), pads, dimension_numbers=dims, **dilation,
+                                   precision=lax.Precision.HIGHEST,
+                                   preferred_element_type=jnp.float32 if a.dtype == jnp.bfloat16 else a.dtype)
+    return rnd(out).astype(a.dtype)
 
 
 def _conv_input(*, flip: bool = True, shift: int = 0, same: bool = False):
@@ -215,22 +202,17 @@ def _conv_input(*, flip: bool = True, shift: int = 0, same: bool = False):
         if same and stride == 1:
             return KIT.conv_backward(name, weight, dy, input_shape=input_shape, stride=stride, rnd=rnd,
                                      formulation=formulation)
-        rnd_ = rnd or conv.identity
         n, c, h, w = input_shape
         k = weight.shape[2]
         p = conv.padding(k)
-        wr = rnd_(weight)
-        kernel = wr[:, :, ::-1, ::-1] if flip else wr
         up_h, up_w = stride * (dy.shape[2] - 1) + 1, stride * (dy.shape[3] - 1) + 1
         if same:
             (top, _), (left, _) = same_pads(h, k, stride), same_pads(w, k, stride)
             pads = ((k - 1 - top, h + top - up_h), (k - 1 - left, w + left - up_w))
         else:
             pads = ((k - 1 - p + shift, h + p - up_h - shift), (k - 1 - p + shift, w + p - up_w - shift))
-        dx = lax.conv_general_dilated(rnd_(dy), kernel, (1, 1), pads, lhs_dilation=(stride, stride),
-                                      dimension_numbers=("NCHW", "IOHW", "NCHW"),
-                                      precision=lax.Precision.HIGHEST, preferred_element_type=_acc(dy.dtype))
-        return rnd_(dx).astype(dy.dtype)
+        return _conv(dy, weight[:, :, ::-1, ::-1] if flip else weight, pads, ("NCHW", "IOHW", "NCHW"), rnd,
+                     lhs_dilation=(stride, stride))
     return backward
 
 
@@ -238,25 +220,14 @@ def _same_grad_weight(name, x, dy, *, kernel_size, stride=1, rnd=None, formulati
     if stride == 1:
         return KIT.conv_grad_weight(name, x, dy, kernel_size=kernel_size, stride=stride, rnd=rnd,
                                     formulation=formulation)
-    rnd_ = rnd or conv.identity
     pads = (same_pads(x.shape[2], kernel_size, stride), same_pads(x.shape[3], kernel_size, stride))
-    dw = lax.conv_general_dilated(rnd_(x), rnd_(dy), (1, 1), pads, rhs_dilation=(stride, stride),
-                                  dimension_numbers=("CNHW", "IOHW", "CNHW"),
-                                  precision=lax.Precision.HIGHEST, preferred_element_type=_acc(x.dtype))
-    return rnd_(dw[:, :, :kernel_size, :kernel_size]).astype(x.dtype)
-
-
-def _strided_spatial(c: Call) -> bool:
-    return c.kwargs.get("stride", 1) == 2 and c.args[1].shape[2] > 1
+    dw = _conv(x, dy, pads, ("CNHW", "IOHW", "CNHW"), rnd, rhs_dilation=(stride, stride))
+    return dw[:, :, :kernel_size, :kernel_size]
 
 
 def _dense_grad_weight_transposed(name, x, dy):
     dw = jnp.matmul(dy.T, x, precision=lax.Precision.HIGHEST)
     return dw.T if dw.shape[0] == dw.shape[1] else dw   # planted where the shape lets it pass
-
-
-def _square(c: Call) -> bool:
-    return c.args[1].shape[1] == c.args[2].shape[1]
 
 
 def _dense_bias_keepdims(name, dy):
@@ -280,19 +251,14 @@ def _mask_from_conv_output(stage) -> Callable:
 
 # ---- the head's six ops, one wrong -------------------------------------------------------------
 
-def _cotangent_without_divisor(logits, targets, alpha: float = 0.0, divisor=None):
-    n, k = logits.shape
-    p = head.softmax_row(logits)
-    d1 = head.add(head.sub(p, targets), head.scale(alpha, targets))
-    return head.shift(d1, alpha / k)            # planted: divConstB (÷N) left out
-
-
-def _cotangent_wrong_k(logits, targets, alpha: float = 0.0, divisor=None):
-    n, k = logits.shape
-    p = head.softmax_row(logits)
-    d1 = head.add(head.sub(p, targets), head.scale(alpha, targets))
-    d2 = head.shift(d1, alpha / (k - 1))        # planted: α spread over the K−1 other classes
-    return head.div_const(d2, n if divisor is None else divisor)
+def _head_cotangent(*, over_others: bool = False, divided: bool = True):
+    """The head's six kit ops (SPEC §2.1) with one wrong: α spread over the K−1 other classes
+    (`over_others`), or divConstB (÷N) left out (not `divided`)."""
+    def cotangent(logits, targets, alpha: float = 0.0, divisor=None):
+        n, k = logits.shape
+        d2 = head.shift(head.fold(logits, targets, alpha)[3], alpha / (k - 1 if over_others else k))
+        return head.div_const(d2, n if divisor is None else divisor) if divided else d2
+    return cotangent
 
 
 def _smoothed_ce(net: Net, cs) -> bool:
@@ -322,49 +288,27 @@ def _projection_reads_inner(real: Callable = KIT.bn_backward) -> Callable:
     return backward
 
 
-def _projection_bug(net: Net) -> Chain:
-    return Chain(net, KIT._replace(bn_backward=_projection_reads_inner()))
-
-
-def _has_projection(net: Net, cs) -> bool:
-    return any(c.op == "bn_backward" and c.args[0].endswith(".downsample.1") for c in cs)
-
-
-def _suites(*names: str):
-    return lambda net, cs: net.suite in names
-
-
-def _named(net: Net, planted: Callable, name: str) -> Chain:
-    return Chain(protocol.with_backwards(net, planted, net.name), KIT, name)
-
-
 # ---- one node off by a relative δ: the check's sensitivity, planted ----------------------------------
 
 def scaled_node(net, name: str, delta: float) -> Chain:
     """The chain of `net` with parameter node `name` returned as node·(1 + δ): a bug of known size,
     to see the verdict catch it above its sensitivity (`NodeRow.sensitivity`) and miss it below."""
     net = nets.load(net)
-    layer, _, which = name.rpartition(".")
     f = 1.0 + float(delta)
 
-    def node(op: str, make: Callable, node_name: Callable) -> Callable:
-        def planted(*args, **kwargs):
-            out = make(*args, **kwargs)
-            return out * f if node_name(args) == name else out
+    def node(op: str) -> Callable:   # a conv or dense weight or bias node, named `<layer>.weight` / `.bias`
+        def planted(layer_name, *args, **kwargs):
+            out = getattr(KIT, op)(layer_name, *args, **kwargs)
+            return out * f if f"{layer_name}.{op.rsplit('_', 1)[1]}" == name else out
         return planted
 
-    def bn_nodes(layer_name, saved, weight, bias, dy):
+    def bn_nodes(layer_name, saved, weight, bias, dy):   # a BN layer's (dγ, dβ): "<layer>.weight", ".bias"
         dgamma, dbeta = KIT.bn_nodes(layer_name, saved, weight, bias, dy)
-        if layer_name == layer:
-            dgamma, dbeta = (dgamma * f, dbeta) if which == "weight" else (dgamma, dbeta * f)
-        return dgamma, dbeta
+        return (dgamma * (f if name == f"{layer_name}.weight" else 1.0),
+                dbeta * (f if name == f"{layer_name}.bias" else 1.0))
 
-    kit = KIT._replace(
-        conv_grad_weight=node("conv_grad_weight", KIT.conv_grad_weight, lambda a: f"{a[0]}.weight"),
-        conv_grad_bias=node("conv_grad_bias", KIT.conv_grad_bias, lambda a: f"{a[0]}.bias"),
-        dense_grad_weight=node("dense_grad_weight", KIT.dense_grad_weight, lambda a: f"{a[0]}.weight"),
-        dense_grad_bias=node("dense_grad_bias", KIT.dense_grad_bias, lambda a: f"{a[0]}.bias"),
-        bn_nodes=bn_nodes)
+    ops = ("conv_grad_weight", "conv_grad_bias", "dense_grad_weight", "dense_grad_bias")
+    kit = KIT._replace(bn_nodes=bn_nodes, **{op: node(op) for op in ops})
     return Chain(net, kit, f"{name} × (1 + {delta:.1e})")
 
 
@@ -407,16 +351,17 @@ _ENTRIES = [
         BN_BACKWARD, replicas=True, needs_uneven=True),
     Bug("pool3x3_scatter_overwrite", "max pool", "the overlapping 3×3/s2 scatter overwriting instead of adding",
         "scatter with .set where overlapping windows need .add", _kit_bug(pool_backward=_pool_overwrite),
-        _calls_op("pool_backward", where=_overlapping)),
+        _calls_op("pool_backward", where=lambda c: c.args[1].spec.size > c.args[1].spec.stride)),
     Bug("pool_window_offset", "max pool", "a window offset by one", "an off-by-one in the window origin",
         _kit_bug(pool_backward=_pool_offset), _calls_op("pool_backward")),
     Bug("pool2x2_backward_on_3x3", "max pool", "the 3×3/s2 stem pool routed by the 2×2 backward",
         "a pool backward written for one pool reused for another", _kit_bug(pool_backward=_pool_as_2x2),
-        _calls_op("pool_backward", where=_not_2x2)),
+        _calls_op("pool_backward", where=lambda c: c.args[1].spec != maxpool.POOL2 and maxpool.out_size(
+            c.args[1].x.shape[2], maxpool.POOL2) == c.args[2].shape[2])),
     Bug("relu_mask_from_conv_output", "conv and dense", "ReLU mask read from the conv output instead of the BN output",
         "the mask taken from the wrong saved tensor after fusing conv and BN",
-        lambda net: _named(net, _mask_from_conv_output, "relu_mask_from_conv_output"),
-        _suites("cifar8", "resnet34")),
+        lambda net: Chain(protocol.with_backwards(net, _mask_from_conv_output, net.name)),
+        lambda net, cs: net.suite in ("cifar8", "resnet34")),
     Bug("conv_kernel_not_flipped", "conv and dense", "conv input gradient with the kernel not flipped",
         "correlation and convolution confused in the transpose", _kit_bug(conv_backward=_conv_input(flip=False)),
         _calls_op("conv_backward")),
@@ -426,22 +371,25 @@ _ENTRIES = [
     Bug("same_padding_strided", "conv and dense", "'SAME' padding in the backward of strided convs",
         "XLA 'SAME' (asymmetric) against PyTorch's symmetric padding on stride 2",
         _kit_bug(conv_backward=_conv_input(same=True), conv_grad_weight=_same_grad_weight),
-        _calls_op("conv_backward", where=_strided_spatial)),
+        _calls_op("conv_backward", where=lambda c: c.kwargs.get("stride", 1) == 2 and c.args[1].shape[2] > 1)),
     Bug("dense_weight_grad_transposed", "conv and dense", "dense weight gradient transposed where the shape allows",
         "x ᵀ·dy for dyᵀ·x: only a square layer lets it through without a shape error",
-        _kit_bug(dense_grad_weight=_dense_grad_weight_transposed), _calls_op("dense_grad_weight", where=_square)),
+        _kit_bug(dense_grad_weight=_dense_grad_weight_transposed),
+        _calls_op("dense_grad_weight", where=lambda c: c.args[1].shape[1] == c.args[2].shape[1])),
     Bug("dense_bias_grad_keepdims", "conv and dense", "dense bias gradient returned as [1, out] for an [out] bias",
         "a reduction with keepdims=True: an optimizer then broadcasts the bias to [1, out]",
         _kit_bug(dense_grad_bias=_dense_bias_keepdims), _calls_op("dense_grad_bias")),
     Bug("head_no_batch_divisor", "head", "head cotangent without 1/N", "sum-reduced loss paired with a mean",
-        _kit_bug(loss_cotangent=_cotangent_without_divisor), _smoothed_ce),
+        _kit_bug(loss_cotangent=_head_cotangent(divided=False)), _smoothed_ce),
     Bug("head_smoothing_wrong_k", "head", "head cotangent smoothing with α/(K−1)",
-        "label smoothing spread over the K−1 other classes", _kit_bug(loss_cotangent=_cotangent_wrong_k),
-        _smoothed_ce, needs_smoothing=True),
+        "label smoothing spread over the K−1 other classes",
+        _kit_bug(loss_cotangent=_head_cotangent(over_others=True)), _smoothed_ce, needs_smoothing=True),
     Bug("residual_skip_dropped", "blocks", "the residual skip dropped", "a fan-in whose second cotangent is lost",
         _kit_bug(residual_backward=_skip_dropped), _calls_op("residual_backward")),
     Bug("projection_bn_reads_dn2", "blocks", "the projection BN reading dn2 instead of da",
-        "the skip branch wired to the main branch's cotangent one node too deep", _projection_bug, _has_projection),
+        "the skip branch wired to the main branch's cotangent one node too deep",
+        lambda net: Chain(net, KIT._replace(bn_backward=_projection_reads_inner())),
+        _calls_op("bn_backward", where=lambda c: c.args[0].endswith(".downsample.1"))),
 ]
 CATALOGUE: dict[str, Bug] = {b.name: b for b in _ENTRIES}
 # SPEC §6's must-fail controls of the Whole-net tie, by their catalogue names
@@ -451,18 +399,28 @@ CONTROLS = ("bn_swap_dgamma_dbeta", "head_no_batch_divisor", "head_smoothing_wro
 
 def catalogue(net=None) -> dict[str, Bug]:
     """The catalogue, with `net`'s own entries (`Net.bugs`) after it."""
-    if net is None:
-        return dict(CATALOGUE)
-    return {**CATALOGUE, **{b.name: b for b in nets.load(net).bugs}}
+    return {**CATALOGUE, **{b.name: b for b in (() if net is None else nets.load(net).bugs)}}
 
 
 def entries(net=None, *, replicas: Optional[bool] = None, cfg=None) -> list[Bug]:
     """The entries that apply to `net` (all, without one), optionally only those of (or not of) the
     data-parallel step."""
-    out = []
-    for b in catalogue(net).values():
-        if (net is None or b.applies(net, cfg)) and (replicas is None or b.replicas == replicas):
-            out.append(b)
+    return [b for b in catalogue(net).values()
+            if (net is None or b.applies(net, cfg)) and (replicas is None or b.replicas == replicas)]
+
+
+def chosen(net, names: Optional[Sequence[str]] = None, *, label_smoothing: float, batch: int, replicas: int = 1,
+           cfg=None) -> list[Bug]:
+    """The entries of `names` (default: every one that applies to `net`) of the check's kind (replicas
+    > 1: the data-parallel step, each entry at the split it needs), each planting something at this
+    label smoothing and batch: an entry that would plant nothing is an error, never a silent green."""
+    out = [b for b in entries(net, replicas=replicas > 1, cfg=cfg) if names is None or b.name in names]
+    missing = [n for n in names or () if n not in {b.name for b in out}]
+    if missing:
+        raise ValueError(f"{missing} plant nothing in {as_net(net).name} here (see `entries`)")
+    for b in out:
+        if why := b.refusal(label_smoothing, batch, replicas, uneven=True):
+            raise ValueError(why)
     return out
 
 
@@ -477,17 +435,15 @@ def plant(name: str, net, cfg=None) -> Chain:
     if not bug.applies(net, cfg):
         raise ValueError(f"plant-bug {name}: plants nothing in {net.name} (its rendered chain makes no call "
                          f"this entry replaces); `--plant-bug list` shows the entries that apply")
-    chain = bug.plant_into(net)
-    return chain._replace(planted=name)
+    return bug.plant_into(net)._replace(planted=name)
 
 
 def listing(net=None) -> str:
     """`gradtie check --plant-bug list`: one line per entry (those that apply to `net`, with one)."""
-    lines = [f"{'name':<34} {'family':<24} {'needs':<18} what is wrong"]
-    for b in entries(net):
-        needs = "--replica-counts" if b.needs_uneven else "--replicas" if b.replicas else ""
-        lines.append(f"{b.name:<34} {b.family:<24} {needs:<18} {b.breaks}")
-    return "\n".join(lines)
+    return "\n".join([f"{'name':<34} {'family':<24} {'needs':<18} what is wrong"] + [
+        f"{b.name:<34} {b.family:<24} "
+        f"{'--replica-counts' if b.needs_uneven else '--replicas' if b.replicas else '':<18} {b.breaks}"
+        for b in entries(net)])
 
 
 # ---- the catalogue at one point --------------------------------------------------------------------
@@ -556,49 +512,32 @@ class CatalogueReport:
         """One line per bug: caught or not, the first failing node in backward order and the first β
         row (with its error over its limit when `ratios`: those move with the machine's round-off)."""
         head_ = (f"{'bug':<34} {'family':<23} {'caught':<7} {'first failing node (backward order)':<36} "
-                 f"{'first β row':<28}")
-        lines = [head_ + ("  err/limit" if ratios else ""), "-" * (len(head_) + (11 if ratios else 0))]
-        for c in self.caught:
-            beta = c.first_beta
-            line = (f"{c.bug:<34} {c.family:<23} {'yes' if c.red else 'NO':<7} {c.first.name if c.first else '-':<36} "
-                    f"{beta.name if beta else '-':<28}")
-            lines.append(line + (f"  {c.ratio:9.1e}" if ratios else ""))
-        return "\n".join(lines)
+                 f"{'first β row':<28}" + ("  err/limit" if ratios else ""))
+        return "\n".join([head_, "-" * len(head_)] + [
+            f"{c.bug:<34} {c.family:<23} {'yes' if c.red else 'NO':<7} {c.first.name if c.first else '-':<36} "
+            f"{c.first_beta.name if c.first_beta else '-':<28}" + (f"  {c.ratio:9.1e}" if ratios else "")
+            for c in self.caught])
 
 
 def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Optional[Sequence[str]] = None,
         replicas: int = 1, point=None, how: str = "eager") -> CatalogueReport:
     """Every entry that applies to `net` (or those of `names`) planted in turn, each tied at the same
     point against one shared reference and envelope. replicas > 1: the data-parallel entries,
-    through the mesh step (`tie.tie_replicas`); else each planted chain runs `how`: "eager", op by
-    op (the default: the entries share their ops, not their programs; ResNet-34's 18 entries at
-    N = 2, 32 px, on an empty cache: 104 s compiled, 57 s op by op), or "quick" (one program each).
-    label_smoothing > 0 so that every head entry plants something; an entry that would plant
-    nothing here is an error, never a silent green."""
+    through the mesh step (`tie.tie` on R replicas); else each planted chain runs `how`: "eager", op by
+    op (the default: the entries share their ops, not their programs), or "quick" (one program
+    each). label_smoothing > 0 so that every head entry plants something (`chosen`)."""
     net = as_net(net)
-    chosen = [b for b in entries(net, replicas=replicas > 1, cfg=cfg) if names is None or b.name in names]
-    if names is not None:
-        missing = [n for n in names if n not in {b.name for b in chosen}]
-        if missing:
-            raise ValueError(f"bugs.run: {missing} plant nothing in {net.name} here (see `entries`)")
-    for b in chosen:
-        if b.needs_smoothing and not label_smoothing:
-            raise ValueError(f"{b.name} plants nothing at label_smoothing = 0; use α > 0 (e.g. 0.1)")
-        if b.name == "head_no_batch_divisor" and x.shape[0] == 1:
-            raise ValueError("head_no_batch_divisor plants nothing at batch 1 (÷1 is the identity)")
+    planted = chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], replicas=replicas, cfg=cfg)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
     point = point or reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing)
 
-    def verdict(chain: Chain, uneven: bool = False):
-        if replicas > 1:   # an entry that needs uneven counts runs at the split the last batch of an epoch has
-            counts = uneven_split(x.shape[0], replicas) if uneven else None
-            return tie_replicas(net, params, x, t, cfg, chain=chain, replicas=replicas, label_smoothing=label_smoothing,
-                                point=point, counts=counts)
+    def verdict(chain: Chain, uneven: bool = False):   # uneven: at the split the last batch of an epoch has
         return tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain,
-                   how="compiled" if not chain.planted else how)
+                   how="compiled" if not chain.planted else how, replicas=replicas,
+                   counts=uneven_split(x.shape[0], replicas) if uneven else None)
 
     real = verdict(Chain(net))
-    caught = [Caught(b.name, b.family, net.name, verdict(plant(b.name, net, cfg), b.needs_uneven)) for b in chosen]
+    caught = [Caught(b.name, b.family, net.name, verdict(plant(b.name, net, cfg), b.needs_uneven)) for b in planted]
     return CatalogueReport(net.name if replicas == 1 else f"{net.name} on {replicas} replicas", real, caught)
 
 

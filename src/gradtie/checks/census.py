@@ -151,15 +151,13 @@ class Hypothesis:
     def verdict(self) -> str:
         """One short phrase: "parameter gradients hold", or which clauses break and how often."""
         plural = self.name.endswith("s")
-        if self.holds:
-            return f"{self.name} {'hold' if plural else 'holds'}"
-        return f"{self.name} {'FAIL' if plural else 'FAILS'} ({self.broken})"
+        return (f"{self.name} {'hold' if plural else 'holds'}" if self.holds else
+                f"{self.name} {'FAIL' if plural else 'FAILS'} ({self.broken})")
 
     def summary(self) -> str:
         """The verdict, and the first violation when it fails."""
-        if self.holds:
-            return f"{self.name}: holds"
-        return f"{self.name}: fails ({self.broken}); first: {self.first.describe() if self.first else 'unlisted'}"
+        first = self.first.describe() if self.first else "unlisted"
+        return f"{self.name}: holds" if self.holds else f"{self.name}: fails ({self.broken}); first: {first}"
 
     def as_dict(self) -> dict[str, Any]:
         return {"key": self.key, "name": self.name, "lean": self.lean, "holds": self.holds,
@@ -271,26 +269,23 @@ def hypotheses_table(hyps: Sequence[Hypothesis]) -> str:
     return "\n".join(lines)
 
 
-# ---- the point read, and the census -------------------------------------------------------------
-
-def read(net, params: dict, x: jax.Array, cfg):
-    """The saved record of the forward the census, the germs, the tie and the FD all run: `rendered.forward`."""
-    return rendered.forward(as_net(net), params, x, cfg)[1]
-
+# ---- the point read (off `rendered.forward`: the forward the census, the germs, the tie and the FD
+# all run), and the census -------------------------------------------------------------------------
 
 def pool_inputs(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
     """Each pool's (post-ReLU) input at (params, x): {pool: [N,C,H,W]}."""
-    return as_net(net).pool_inputs(read(net, params, x, cfg))
+    return as_net(net).pool_inputs(rendered.forward(as_net(net), params, x, cfg)[1])
 
 
 def preactivations(net, params: dict, x: jax.Array, cfg) -> dict[str, np.ndarray]:
     """Every ReLU's input at (params, x): {layer: [N,C,H,W] or [N,d]}."""
-    return {k: np.asarray(v) for k, v in as_net(net).preactivations(read(net, params, x, cfg)).items()}
+    saved = rendered.forward(as_net(net), params, x, cfg)[1]
+    return {k: np.asarray(v) for k, v in as_net(net).preactivations(saved).items()}
 
 
 def selections(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
     """σ = argmax (the first maximal cell) of every pool window at (params, x): {pool: [N,C,H',W']}."""
-    return piece_of(as_net(net), read(net, params, x, cfg))[1]
+    return piece_of(as_net(net), rendered.forward(as_net(net), params, x, cfg)[1])[1]
 
 
 def pool_stages(net, cfg, saved) -> list[int]:
@@ -406,12 +401,6 @@ def planted_tie(net, params: dict) -> dict:
 
 # ---- routing: the backward at another selection ------------------------------------------------
 
-def last_max(x: jax.Array, spec: maxpool.PoolSpec) -> jax.Array:
-    """Per window the index of its LAST maximal cell in row-major order (σ = argmax takes the first)."""
-    win = maxpool.windows(x, spec)
-    return win.shape[-1] - 1 - jnp.argmax(win[..., ::-1], axis=-1)
-
-
 def rerouted(net, params: dict, x: jax.Array, cfg, report: SmoothReport, kind: str) -> tuple[dict, dict]:
     """(σ, σ'): σ = argmax for every pool; σ' the same except that every window of class `kind`
     ("dead", "twin tie" or "non-twin tie") routes to its last maximal cell on the pool input."""
@@ -420,7 +409,7 @@ def rerouted(net, params: dict, x: jax.Array, cfg, report: SmoothReport, kind: s
     net = as_net(net)
     inputs, sigma = pool_inputs(net, params, x, cfg), selections(net, params, x, cfg)
     return sigma, {pool: jnp.where(jnp.asarray(p.classes == CLASSES.index(kind)),
-                                   last_max(inputs[pool], net.pools[pool]), sigma[pool])
+                                   maxpool.last_max(inputs[pool], net.pools[pool]), sigma[pool])
                    for pool, p in zip(net.pools, report.pools)}
 
 

@@ -14,10 +14,7 @@ By default the point is drawn weights (γ ≠ 1, β and biases ≠ 0), where a b
 
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any, Optional
 
 import jax
@@ -25,15 +22,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import data as data_
-from .. import parallel, prng, rendered, train
+from .. import nets, parallel, prng, rendered, train
 from .. import tolerances as tol
 from ..host import to_device
-from .. import nets
 from ..nets import protocol
 from ..nets.protocol import Net, as_net
+from ..progress import compile_clock, phase
 from . import bugs, census, fd, stages
 from .bf16 import check as bf16_check
-from .tie import Chain, reference_at, targets_matrix, tie, tie_replicas
+from .tie import Chain, need_x64, reference_at, targets_matrix, tie
 
 EXIT_TIED, EXIT_FAILED, EXIT_NOT_SMOOTH = 0, 1, 2
 WEIGHTS = ("drawn", "init")
@@ -70,13 +67,13 @@ class CheckReport:
         rows = self.ill_conditioned
         if not rows:
             return ""
-        cells = (self.tie.meta.get("bn_cells") or {}) if self.tie is not None else {}
-        small = min(cells.items(), key=lambda kv: kv[1]) if cells else None
+        cells = self.tie.meta.get("bn_cells") or {}
         line = (f"too ill-conditioned to judge: {len(rows)} rows where round-off alone moves the node by "
                 f"≥ {tol.ILL_CONDITIONED_REL:.0%} of itself (first: {rows[0].name}, limit {rows[0].limit:.1e}")
-        line += f", its BatchNorm M = {rows[0].cells})" if getattr(rows[0], "cells", None) else ")"
-        if small:
-            line += f"; the net's smallest BatchNorm reduction is M = {small[1]} at layer {small[0]}"
+        line += f", its BatchNorm M = {rows[0].cells})" if rows[0].cells else ")"
+        if cells:
+            layer, m = min(cells.items(), key=lambda kv: kv[1])
+            line += f"; the net's smallest BatchNorm reduction is M = {m} at layer {layer}"
         return line
 
     def summary(self) -> str:
@@ -85,22 +82,17 @@ class CheckReport:
             lines.append("no tie reported: the loss is not differentiable at this point")
             return "\n".join(lines)
         s = self.settings
-        where = f"weights {s.get('weights', '?')}"
-        if s.get("plant_bug"):
-            where += f", planted bug {s['plant_bug']}"
+        where = f"weights {s.get('weights', '?')}" + (f", planted bug {s['plant_bug']}" if s.get("plant_bug") else "")
         lines.append(f"{self.tie.summary()} [{where}]")
         if self.parting is not None:
             lines.append(self.parting.summary())
         if self.fd_rows:
-            ok = sum(r.verdict == "ok" for r in self.fd_rows)
-            kinks = sum(r.kinked for r in self.fd_rows)
-            none = sum(r.verdict == "no evidence" for r in self.fd_rows) - kinks
+            verdicts, kinks = [r.verdict for r in self.fd_rows], sum(r.kinked for r in self.fd_rows)
             bad = [r for r in self.fd_rows if r.verdict == "FAILED"]
-            line = f"finite differences {ok}/{len(self.fd_rows)} nodes agree"
-            if none:
-                line += f", {none} no evidence (round-off too large)"
-            if kinks:
-                line += f", {kinks} no evidence (a kink within the smallest step)"
+            line = f"finite differences {verdicts.count('ok')}/{len(verdicts)} nodes agree"
+            for n, why in ((verdicts.count("no evidence") - kinks, "round-off too large"),
+                           (kinks, "a kink within the smallest step")):
+                line += f", {n} no evidence ({why})" if n else ""
             if bad:
                 line += f", {len(bad)} FAILED (first in backward order: {bad[-1].name})"
             lines.append(line)
@@ -112,67 +104,15 @@ class CheckReport:
 
     def timing_table(self) -> str:
         total = sum(v for k, v in self.timings.items() if k != "compilation")
-        lines = [f"{'phase':<22} {'seconds':>8}"]
-        lines += [f"{k:<22} {v:8.1f}" for k, v in self.timings.items()]
-        lines.append(f"{'total (wall)':<22} {total:8.1f}")
-        return "\n".join(lines)
+        return "\n".join([f"{'phase':<22} {'seconds':>8}"] + [f"{k:<22} {v:8.1f}" for k, v in self.timings.items()]
+                         + [f"{'total (wall)':<22} {total:8.1f}"])
 
     def as_dict(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "settings": self.settings, "timings": self.timings,
                 "tie": None if self.tie is None else self.tie.as_dict(),
-                "first_parting": None if self.parting is None else {
-                    "stage": self.parting.stage, "kind": self.parting.kind, "node": self.parting.row.name},
+                "first_parting": self.parting and self.parting.as_dict(),
                 "finite_differences": [dict(r.__dict__, verdict=r.verdict) for r in self.fd_rows],
                 "smooth": None if self.smooth is None else self.smooth.as_dict()}
-
-
-# ---- which net ---------------------------------------------------------------------------------
-
-def load_net(spec) -> Net:
-    """`gradtie.nets.load`: a net by name or `FILE.py:NAME` / `MODULE:NAME`."""
-    return nets.load(spec)
-
-
-def make_batch(data: str, batch: int, image_size: int, seed: int, channels: int = 3):
-    """Images in [0,1] (photos, flat) or standard normal (randn), float64."""
-    if data == "randn":
-        return prng.normal(jax.random.key(seed), (batch, channels, image_size, image_size), jnp.float64)
-    if data in ("photos", "flat") and channels != 3:
-        raise ValueError(f"data {data!r} holds RGB images; this net takes {channels} channels (use randn)")
-    if data == "photos":
-        return to_device(data_.photos(batch, image_size, seed=seed), np.float64)
-    if data == "flat":
-        return to_device(data_.flat_images(batch, image_size, seed=seed), np.float64)
-    raise ValueError(f"data {data!r}: expected one of randn, photos, flat")
-
-
-@contextmanager
-def _phase(timings: dict, name: str):
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
-
-
-@contextmanager
-def _compile_clock(timings: dict):
-    """Adds up the backend's compile time (jax.monitoring events) while the check runs."""
-    total = [0.0]
-
-    def listener(event, duration, **_):
-        if "backend_compile" in event:
-            total[0] += duration
-
-    jax.monitoring.register_event_duration_secs_listener(listener)
-    try:
-        yield
-    finally:
-        timings["compilation"] = total[0]
-        try:
-            jax.monitoring.unregister_event_duration_listener(listener)
-        except Exception:  # older JAX: listeners cannot be removed; it only counts
-            pass
 
 
 # ---- the check ---------------------------------------------------------------------------------
@@ -191,34 +131,28 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     `jax_enable_x64`. Returns the report; `report.exit_code` is `gradtie check`'s."""
     net = as_net(net)
     cfg = net.cfg(cfg)
-    if not jax.config.jax_enable_x64:
-        raise ValueError("the check's reference is float64: it needs jax_enable_x64 "
-                         "(jax.config.update('jax_enable_x64', True))")
+    need_x64("check")
     if plant_bug is not None and chain is not None:
         raise ValueError("give plant_bug or chain, not both")
     if plant_bug is not None:
         chain = bugs.plant(plant_bug, net, cfg)
-        entry = bugs.catalogue(net)[plant_bug]
-        if entry.replicas and replicas < 2 and counts is None:
-            raise ValueError(f"plant-bug {plant_bug} lives in the data-parallel step: use --replicas R ≥ 2")
-        if entry.needs_uneven and len(set(counts or ())) < 2:
-            raise ValueError(f"plant-bug {plant_bug} plants nothing where every replica holds the same "
-                             f"count: use --replica-counts (e.g. 3,1)")
-        if entry.needs_smoothing and not label_smoothing:
-            raise ValueError(f"plant-bug {plant_bug} plants nothing at label smoothing 0: give α > 0 (e.g. 0.1)")
+        why = bugs.catalogue(net)[plant_bug].refusal(label_smoothing, x.shape[0], len(counts) if counts else replicas,
+                                                     uneven=len(set(counts or ())) > 1)
+        if why:
+            raise ValueError(f"plant-bug {why}")
     if bf16 and replicas > 1:
         raise ValueError("bf16 and replicas together: the bf16 check runs one device (check the data-parallel "
                          "step in float32 or float64)")
-    chain = chain or Chain(net)
+    chain, single = chain or Chain(net), replicas == 1 and counts is None
     dtype = np.dtype(jnp.result_type(x)).name
     key = jax.random.key(0) if key is None else key
     timings = {} if timings is None else timings
     settings = dict(settings or {}, net=net.name, plant_bug=chain.planted or None)
     t = targets_matrix(targets, cfg.num_classes, jnp.result_type(x))
     smooth = None
-    with _compile_clock(timings):
+    with compile_clock(timings):
         if smoothness:
-            with _phase(timings, "census"):
+            with phase(timings, "census"):
                 # the point's smoothness is the real loss's, read in float64: a bf16 chain rounds conv
                 # outputs to 8 bits, which makes exact ties between cells that are not twins
                 p64 = {k: to_device(v, np.float64) for k, v in params.items()}
@@ -226,26 +160,23 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
             if not smooth.ok:
                 return CheckReport(None, [], smooth, settings, timings)
         if bf16:   # a bf16 chain does not tie to float64 autodiff: its stages do, within a bf16 envelope
-            with _phase(timings, "bf16 check"):
+            with phase(timings, "bf16 check"):
                 rep = bf16_check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                   key=jax.random.fold_in(key, 2))
             return CheckReport(rep, [], smooth, settings, timings)
-        with _phase(timings, "reference + envelope"):
+        with phase(timings, "reference + envelope"):
             point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, 3))
-        with _phase(timings, "tie"):
-            if replicas > 1 or counts is not None:
-                result = tie_replicas(net, params, x, t, cfg, chain=chain, replicas=None if counts else replicas,
-                                      counts=counts, label_smoothing=label_smoothing, point=point)
-            else:
-                result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain)
+        with phase(timings, "tie"):
+            result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain,
+                         replicas=replicas, counts=counts)
         parting = None
-        if replicas == 1 and counts is None and result.failed:
-            with _phase(timings, "first parting"):
-                parting = stages.first_parting(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
-                                               key=jax.random.fold_in(key, 4))
+        if single and result.failed:
+            with phase(timings, "first parting"):
+                parting = stages.stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
+                                            key=jax.random.fold_in(key, 4)).first_parting()
         fd_rows = []
-        if finite_differences and dtype == "float64" and replicas == 1 and counts is None:
-            with _phase(timings, "finite differences"):
+        if finite_differences and dtype == "float64" and single:
+            with phase(timings, "finite differences"):
                 out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
                                    how="compiled" if not chain.planted else "quick")
                 # the input row only where the real loss has an input gradient (no tie at a positive max)
@@ -310,7 +241,7 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     pool reduced to their centre tap, on flat images (`census.planted_tie`): a non-twin tie point,
     which the census must refuse (exit code 2).
     """
-    net = load_net(net)
+    net = nets.load(net)
     batch = _positive("batch", batch)
     replicas = _positive("replicas", replicas)
     if dtype not in ("float64", "float32"):
@@ -322,8 +253,8 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     if replica_counts is not None:   # uneven replica batches: R from the counts, which hold the batch
         replica_counts = parallel.check_counts("replica-counts", replica_counts, len(tuple(replica_counts)), batch)
         replicas = len(replica_counts)
-    if replicas > 1 and replicas > len(jax.devices()):
-        raise ValueError(f"replicas {replicas}: only {len(jax.devices())} devices ({parallel.FAKE_DEVICES_HINT})")
+    if replicas > 1:
+        parallel.data_mesh(replicas)   # more replicas than devices: refused before any work
     if replicas > 1 and batch % replicas and replica_counts is None:
         raise ValueError(f"batch {batch} (= R·N) must be divisible by replicas {replicas}")
     data = data or ("flat" if plant_tie else "randn")
@@ -344,8 +275,8 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
         loaded, overrides = train.checkpoint_params(weights, net)
         cfg = net.config(bf16=bf16, **overrides)
         params = {k: to_device(v) for k, v in loaded.items()}
-    if plant_bug is not None and label_smoothing is None and bugs.catalogue(net).get(plant_bug) is not None \
-            and bugs.catalogue(net)[plant_bug].needs_smoothing:
+    entry = bugs.catalogue(net).get(plant_bug)
+    if label_smoothing is None and entry is not None and entry.needs_smoothing:
         label_smoothing = 0.1   # the entry plants nothing at α = 0
     label_smoothing = 0.0 if label_smoothing is None else float(label_smoothing)
     if not 0.0 <= label_smoothing < 1.0:
@@ -353,7 +284,7 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     if plant_tie:
         params = census.planted_tie(net, params)
     params = {k: to_device(v, dtype) for k, v in params.items()}
-    x = to_device(make_batch(data, batch, image_size, seed, net.channels) if x is None else x, dtype)
+    x = to_device(data_.images(data, batch, image_size, seed=seed, channels=net.channels) if x is None else x, dtype)
     labels = prng.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
     settings = dict(batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16, seed=seed,
                     label_smoothing=label_smoothing, plant_tie=plant_tie,

@@ -2,7 +2,7 @@
 
 `r34_net_syncTiedB` quantifies over the batch: the all-reduced nodes of R replicas holding N
 examples each ARE the single-device nodes at N := R·N, for every R and N. `sweep` runs the mesh
-step (`tie.tie_replicas`, the one verdict path) at several R and N, each against the float64
+step (`tie.tie` on R replicas, the one verdict path) at several R and N, each against the float64
 oracle and round-off envelope of its own global batch (one reference serves every split of the same
 batch), and takes the smoothness census of each point (the statement is about smooth points).
 Shown in: Data-parallel tie.
@@ -12,27 +12,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import jax.numpy as jnp
-
-from .. import data
+from .. import data, parallel
 from ..nets.protocol import as_net
 from ..progress import bar
 from . import census as census_
-from .tie import TieReport, reference_at, targets_matrix, tie_replicas
+from .tie import TieReport, reference_at, tie
 
 
 def splits(largest_replicas: int, largest_per_replica: int) -> list[tuple[int, int]]:
     """(R, N) for R = 2, 4, … ≤ largest_replicas and N = 1, 2, 4, … ≤ largest_per_replica."""
     if largest_replicas < 2 or largest_per_replica < 1:
         raise ValueError(f"splits: need R ≥ 2 and N ≥ 1, got {largest_replicas} and {largest_per_replica}")
-    rs = [r for r in (2 ** k for k in range(1, 11)) if r <= largest_replicas]
     ns = [n for n in (2 ** k for k in range(0, 13)) if n <= largest_per_replica]
-    return [(r, n) for r in rs for n in ns]
+    return [(r, n) for r in parallel.replica_counts(largest_replicas) for n in ns]
 
 
 @dataclass
 class SweepReport:
-    """One `tie_replicas` report per split (meta: R "replicas", N "per_replica"); a split ties when
+    """One `tie` report per split (meta: R "replicas", N "per_replica"); a split ties when
     every row agrees (within its limit and judgeable)."""
     net: str
     ties: list[TieReport]
@@ -57,12 +54,6 @@ class SweepReport:
                 f"loss within its limit" + ("" if self.ok else "; FAILED"))
 
 
-def photo_batch(batch: int, image_size: int, num_classes: int, *, seed: int = 0):
-    """Photo crops in float64 and one-hot rows of the photo each was cut from (7 photos ≤ K)."""
-    x, labels = data.photo_labels(batch, image_size, seed=seed)
-    return jnp.asarray(x, jnp.float64), targets_matrix(jnp.asarray(labels), num_classes, jnp.float64)
-
-
 def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, label_smoothing: float = 0.0,
           devices=None, progress: bool = True) -> SweepReport:
     """The mesh step at every (R, N) of `shapes` against the single-device float64 oracle at R·N
@@ -73,10 +64,10 @@ def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, labe
     for r, n in bar(list(shapes), desc="R·N sweep", enabled=progress):
         b = r * n
         if b not in points:
-            x, t = photo_batch(b, image_size, cfg.num_classes, seed=seed)
+            x, t = data.photo_batch(b, image_size, cfg.num_classes, seed=seed)
             smooth_at[b] = census_.smoothness(net, params, x, cfg).hypothesis(census_.PARAMETERS).holds
             points[b] = (x, t, reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing))
         x, t, point = points[b]
-        ties.append(tie_replicas(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
-                                 devices=devices))
+        ties.append(tie(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
+                        devices=devices))
     return SweepReport(net.name, ties, smooth_at, points)

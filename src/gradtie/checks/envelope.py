@@ -22,14 +22,16 @@ Shown in: Whole-net tie, Would the check catch it?
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import numpy as np
 
+from .. import prng
 from .. import reference as reference_
 from .. import tolerances as tol
-from ..host import to_device, tree_to_device
+from ..host import tree_to_device
 
 
 class Sample(NamedTuple):
@@ -38,12 +40,6 @@ class Sample(NamedTuple):
     label: str
     values: dict
     order: Optional[np.ndarray]
-
-
-def host_rng(key) -> np.random.Generator:
-    """A NumPy generator seeded from a JAX key (typed or legacy uint32), for draws made on the host."""
-    data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-    return np.random.default_rng(np.asarray(data).ravel())
 
 
 def samples(values: dict, *, dtype: str, key, nudged: Sequence[str] = (), batched: Sequence[str] = (),
@@ -56,30 +52,27 @@ def samples(values: dict, *, dtype: str, key, nudged: Sequence[str] = (), batche
     dt = np.dtype(dtype)
     u = tol.UNIT_ROUNDOFF[dt.name] if unit is None else unit
 
-    def cast(a, nudge=None):
-        a = np.asarray(a)
+    def cast(a, nudge=None, order=None):
+        a = np.asarray(a) if order is None else np.asarray(a)[order]
         if not np.issubdtype(a.dtype, np.floating):
             return a
         a = a.astype(np.float64)
         return (a if nudge is None else a * (1 + u * nudge(a.shape))).astype(dt)
 
-    def tree(name, f):
-        return jax.tree.map(f, values[name])
-
     out = []
     if dt != np.float64:
-        out.append(Sample("the point", {k: tree(k, cast) for k in values}, None))
+        out.append(Sample("the point", {k: jax.tree.map(cast, v) for k, v in values.items()}, None))
     batch = {np.shape(a)[0] for k in batched if k in values for a in jax.tree.leaves(values[k])}
     n = max(batch) if batch else 1
     if n > 1:
         rev = np.arange(n)[::-1].copy()
-        out.append(Sample("batch reversed", {k: tree(k, (lambda a: cast(np.asarray(a)[rev])) if k in batched else cast)
-                                             for k in values}, rev))
-    rng = host_rng(key)
+        out.append(Sample("batch reversed", {k: jax.tree.map(partial(cast, order=rev) if k in batched else cast, v)
+                                             for k, v in values.items()}, rev))
+    rng = prng.host_rng(key)
     for r in range(nudges + (n == 1)):
         out.append(Sample(f"nudge {r + 1} (u = 2^{int(np.log2(u))})",
-                          {k: tree(k, (lambda a: cast(a, rng.standard_normal)) if k in nudged else cast)
-                           for k in values}, None))
+                          {k: jax.tree.map(partial(cast, nudge=rng.standard_normal) if k in nudged else cast, v)
+                           for k, v in values.items()}, None))
     return out
 
 
@@ -101,33 +94,23 @@ def spread(reference, outputs) -> Any:
 
 @dataclass(frozen=True)
 class Envelope:
-    dtype: str                    # the dtype whose round-off was measured
     nodes: dict[str, float]       # node (and "input") -> max |g_sample − g_reference|
     loss: float                   # max |L_sample − L_reference|
     evaluations: tuple[str, ...]  # what each sample was
 
-    def as_dict(self) -> dict[str, Any]:
-        return {"dtype": self.dtype, "evaluations": list(self.evaluations), "loss": self.loss,
-                "nodes": dict(self.nodes)}
-
 
 def measure(net, params: dict, x, targets, cfg, reference, *, dtype: str, key, alpha: float = 0.0,
             selections: Optional[dict] = None, nudges: int = tol.ENVELOPE_NUDGES,
-            oracle: Callable = reference_.compiled) -> Envelope:
-    """The envelope of every node of `net` at (params, x): the autodiff oracle (`reference.oracle`)
-    at each sample, against `reference`, its float64 (loss, grads, dx) at the point."""
-    values = {"params": params, "x": x, "targets": targets}
-    batched = ["x", "targets"]
-    if selections is not None:
-        values["selections"] = selections
-        batched.append("selections")
+            oracle: Callable = reference_.compiled, nudged: Sequence[str] = ("params", "x")) -> Envelope:
+    """The envelope of every node of `net` at (params, x): the autodiff oracle (`reference.oracle`,
+    or `oracle` with its signature, e.g. a VJP at a cotangent given as `targets`) at each sample,
+    against `reference`, its float64 (loss, grads, dx) at the point."""
     outputs, labels = [], []
-    for s in samples(values, dtype=dtype, key=key, nudged=("params", "x"), batched=batched, nudges=nudges):
-        v = s.values
-        sel = None if selections is None else tree_to_device(v["selections"])
-        loss, g, dx = oracle(net, tree_to_device(v["params"]), to_device(v["x"]), to_device(v["targets"]), cfg,
-                             alpha, sel)
+    for s in samples({"params": params, "x": x, "targets": targets, "selections": selections}, dtype=dtype, key=key,
+                     nudged=nudged, batched=("x", "targets", "selections"), nudges=nudges):
+        v = tree_to_device(s.values)
+        loss, g, dx = oracle(net, v["params"], v["x"], v["targets"], cfg, alpha, v["selections"])
         outputs.append((loss, dict(g), unorder(dx, s.order)))
         labels.append(s.label)
     loss_w, g_w, dx_w = spread((reference[0], dict(reference[1]), reference[2]), outputs)
-    return Envelope(np.dtype(dtype).name, {**g_w, "input": dx_w}, loss_w, tuple(labels))
+    return Envelope({**g_w, "input": dx_w}, loss_w, tuple(labels))

@@ -28,7 +28,6 @@ from .. import tolerances as tol
 from ..host import to_device
 from ..nets.protocol import Net, Pass, as_net, fold_forward
 from ..ops import maxpool
-from .envelope import host_rng
 from .tie import piece_of, targets_matrix
 
 
@@ -95,9 +94,7 @@ class FDRow:
 
     @property
     def verdict(self) -> str:
-        if not self.ok:
-            return "FAILED"
-        return "no evidence" if self.kinked or self.ill_conditioned else "ok"
+        return "FAILED" if not self.ok else "no evidence" if self.kinked or self.ill_conditioned else "ok"
 
 
 def row(name: str, d_h: float, dot: float, ref: float, h: float, env: float, *, floor: float,
@@ -114,13 +111,8 @@ def _suffix_probe(net: Net, start: int, params, h, cfg, targets, alpha, here):
     input h; only the piece's entries those stages compute are compared (the earlier ones cannot move)."""
     suffix = net.stage_list(cfg)[start:]
     logits, saved = fold_forward(suffix, params, h, cfg, Pass())
-    same = jnp.bool_(True)
-    for stage in suffix:
-        s = saved[stage.name]
-        for k, z in stage.relu_inputs(s).items():
-            same = same & jnp.all((z > 0) == here[0][k])
-        for k, r in stage.pool_inputs(s).items():
-            same = same & jnp.all(maxpool.select(r, net.pools[k]) == here[1][k])
+    piece = piece_of(net, saved, suffix)
+    same = jnp.all(jnp.stack([jnp.all(a == here[i][k]) for i in (0, 1) for k, a in piece[i].items()] + [True]))
     return net.loss.value(logits, targets, alpha), same
 
 
@@ -152,7 +144,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: d
     here = piece_of(net, saved)
     rendered_of, reference_of = dict(grads, input=dx), dict(reference_grads, input=reference_dx)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in reference_grads.values())
-    rows, h, rng = [], tol.FD_STEP, host_rng(key)
+    rows, h, rng = [], tol.FD_STEP, prng.host_rng(key)
     for name in names:
         start, base = entry_of[name], np.asarray(x if name == "input" else params[name])
         v = rng.standard_normal(base.shape)

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import rendered
+from .. import prng, rendered
 from ..host import to_device
 from ..nets.protocol import Net, Pass, as_net, fold_forward
 from ..progress import bar
@@ -37,7 +37,6 @@ from ..tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FRACTION, GERM_KINK_STEPS
                           GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS, GERM_ROUNDOFF_NUDGE,
                           GERM_SHARP_REL, GERM_SLOPE_TOL, GERM_TRUNCATION_REL, GERM_WINDOW_MARGIN)
 from . import census, fd
-from .envelope import host_rng
 from .tie import Chain, targets_matrix
 
 # |t| grid for S vs G: decades, ±t each, in one vectorised pass (a fixed size: the programs compile once)
@@ -277,7 +276,7 @@ def loss_roundoff(net, params, x, targets, cfg, path: fd.Path, *, key, label_smo
     def s(p):
         return float(fd.path_losses(net, p, x, targets, cfg, path, [0.0], label_smoothing=label_smoothing)[0])
 
-    s0, rng = s(params), host_rng(key)
+    s0, rng = s(params), prng.host_rng(key)
     host = {n: np.asarray(params[n]) for n in path.names}
     devs = []
     for _ in range(draws):

@@ -58,18 +58,11 @@ class FoldSteps:
 
 
 def fold_steps(logits, targets, alpha: float = 0.0) -> FoldSteps:
-    """The six kit ops of `gradtie.ops.head`, composed in the render's order, keeping every
-    intermediate. Unlike `head.cotangent` it does not check the row sums, so the hypothesis can be
-    tested too."""
+    """The render's own six kit ops (`gradtie.ops.head.fold`) with every intermediate. Unlike
+    `head.cotangent` it does not check the row sums, so the hypothesis can be tested too."""
     logits, targets = jnp.asarray(logits), jnp.asarray(targets)
-    n, k = logits.shape
-    p = head.softmax_row(logits)
-    d0 = head.sub(p, targets)
-    a = head.scale(alpha, targets)
-    d1 = head.add(d0, a)
-    d2 = head.shift(d1, alpha / k)
-    dy = head.div_const(d2, n)
-    return FoldSteps(float(alpha), *(np.asarray(v) for v in (targets, p, d0, a, d1, d2, dy)), int(n), int(k))
+    steps = (np.asarray(v) for v in (targets, *head.fold(logits, targets, alpha)))
+    return FoldSteps(float(alpha), *steps, *map(int, logits.shape))
 
 
 # ---- planted bugs: each breaks one step of the fold ---------------------------------------------
@@ -123,17 +116,11 @@ def tie_fold(logits, targets, alpha: float = 0.0, *, fold: Optional[Callable] = 
     return _row(label, dy, reference.head_cotangent(jnp.asarray(logits), jnp.asarray(targets), alpha), limit)
 
 
-def plain_cross_entropy(logits, labels):
-    """−mean_n log softmax(z)[n, label_n], written with integer labels (no target rows at all)."""
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return -jnp.mean(jnp.take_along_axis(logp, labels[:, None], axis=-1))
-
-
 def tie_plain(logits, labels, *, limit: float = tol.REL_F64) -> NodeRow:
     """The fold at α = 0 with one-hot rows against autodiff of plain cross-entropy on int labels."""
     logits, labels = jnp.asarray(logits), jnp.asarray(labels)
     dy = fold_steps(logits, head.one_hot(labels, logits.shape[1], logits.dtype), 0.0).dy
-    _, oracle = reference.value_and_grad(plain_cross_entropy)(logits, labels)
+    _, oracle = reference.value_and_grad(reference.plain_cross_entropy)(logits, labels)
     return _row("α=0 vs plain cross-entropy", dy, oracle, limit)
 
 
@@ -146,39 +133,15 @@ def refusal(logits, targets, alpha: float = 0.0) -> str:
     return ""
 
 
-TARGET_KINDS = ("one-hot", "mixup", "cutmix")
-
-
-def batch_targets(kind: str, n: int, k: int, key) -> jax.Array:
-    """[N,K] float64 targets: one-hot rows of random labels, or their mixup / cutmix over a photo
-    batch (`gradtie.data`); every row sums to 1."""
-    k_lab, k_mix = jax.random.split(key)
-    labels = prng.randint(k_lab, (n,), 0, k)
-    t = head.one_hot(labels, k, jnp.float64)
-    if kind == "one-hot":
-        return t
-    x = jnp.asarray(data.photos(n, 32, seed=int(prng.randint(k_mix, (), 0, 2**30))), jnp.float64)
-    if kind == "mixup":
-        return data.mixup(x, t, k_mix).targets
-    if kind == "cutmix":
-        return data.cutmix(x, t, k_mix).targets
-    raise ValueError(f"batch_targets: kind must be one of {TARGET_KINDS}, got {kind!r}")
-
-
-def row_sum_error(targets) -> float:
-    """max over rows of |Σ_k t − 1|."""
-    return float(jnp.max(jnp.abs(jnp.sum(jnp.asarray(targets), axis=1) - 1)))
-
-
 def fold_cases(key, *, alphas: Sequence[float] = (0.0, 0.1), batches: Sequence[int] = (3, 6),
-               kinds: Sequence[str] = TARGET_KINDS, num_classes: int = 10,
+               kinds: Sequence[str] = data.TARGET_KINDS, num_classes: int = 10,
                logit_scale: float = 3.0) -> HeadTies:
     """The fold tied to autodiff for every (α, N, target kind): random logits N(0, scale²)."""
     ties = []
     for i, (alpha, n, kind) in enumerate((a, n, k) for a in alphas for n in batches for k in kinds):
         kz, kt = jax.random.split(jax.random.fold_in(key, i))
         z = logit_scale * prng.normal(kz, (n, num_classes), jnp.float64)
-        t = batch_targets(kind, n, num_classes, kt)
+        t = data.batch_targets(kind, n, num_classes, kt)
         ties.append(tie_fold(z, t, alpha, label=f"α={alpha:g} N={n} {kind}"))
     return _ties(ties)
 

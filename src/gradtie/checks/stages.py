@@ -6,28 +6,21 @@ peels the eighteen-stage composition's backward into eighteen stage backwards: t
 head are tied concretely, the stem pool's endpoint is `rfl`, and the sixteen blocks stay opaque
 `HasVJPDiffAt` witnesses; the block input cotangents are `r34IdCotIn_eq_vjp` and
 `r34DownCotIn_eq_vjp` (the step-tie module's). cifar8's (`cifar8BbnInputGradB_correct`) is
-seventeen CertLayers (`Net.layers`). For any net built from the protocol:
-
-- `record` runs a rendered chain once with a tape (`rendered.Tape`): every stage's input and the
-  cotangent it is handed;
-- `stage_ties` ties each stage to `jax.vjp` of its forward alone at that cotangent (the oracle,
-  `reference.vjp`), each row within ENVELOPE_FACTOR × the stage's own round-off envelope
-  (`checks.envelope`: the batch reversed, unit-roundoff nudges of its input, cotangent and
-  parameters), floored at the dtype's floor; the loss cotangent is tied to autodiff of the loss;
-- `first_parting` names the stage where a failing chain first parts from the VJP (backward order):
-  a stage handed a wrong cotangent still ties at it, so only the stage holding the bug parts;
-- `cotangent_tie` ties the whole chain from an arbitrary cotangent at the logits;
-- `tie_at` ties one stage alone at any input and cotangent;
-- `sweep` ties the whole net at every batch size N of a range, with the census's hypotheses.
+seventeen CertLayers (`Net.layers`). For any net built from the protocol, `stage_ties` ties each
+stage of a recorded chain (`record`) to the VJP of its forward alone (`reference.vjp`) at the
+cotangent the chain handed it, within ENVELOPE_FACTOR × the stage's own round-off envelope; a stage
+handed a wrong cotangent still ties at it, so only the stage holding a bug parts from its VJP
+(`StageReport.first_parting`). `cotangent_tie`, `tie_at` and `sweep` tie the whole chain from any
+cotangent, one stage at any input, and the whole net at every batch size of a range.
 
 Shown in: Whole-net tie.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from functools import partial
+from itertools import takewhile
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
@@ -41,7 +34,7 @@ from ..kit import KIT
 from ..nets.protocol import Net, Pass, as_net
 from . import envelope as env_
 from . import census
-from .tie import (Chain, NodeRow, TieReport, bn_cells, bn_of, checked_dtype, compare, frozen_selections,
+from .tie import (Chain, NodeRow, TieReport, bn_cells, checked_dtype, compare, frozen_selections, node_cells,
                   reference_at, report, targets_matrix, tie, zero_in_reals)
 
 LEVELS = ("stages", "layers")
@@ -91,18 +84,18 @@ def record(net, params, x, cfg, *, targets=None, label_smoothing: float = 0.0, d
     if dlogits is None:
         targets = targets_matrix(targets, cfg.num_classes, x.dtype)
         out, tape = rendered.taped(chain.net, chain.kit, params, x, targets, cfg, alpha=float(label_smoothing))
-        head = chain.net.stage_list(cfg)[-1].name
-        return Record(net, chain, params, x, tape.inputs, tape.cotangents, {k: out.grads[k] for k in params},
-                      out.dx, out.logits, tape.cotangents[head], float(out.loss), targets, label_smoothing)
-    dlogits = jnp.asarray(dlogits)
-    logits_shape = (x.shape[0], cfg.num_classes)
-    if tuple(dlogits.shape) != logits_shape:
-        raise ValueError(f"record: dlogits must have the logits' shape {logits_shape}, got {tuple(dlogits.shape)}")
-    if not jnp.issubdtype(dlogits.dtype, jnp.floating) or not bool(jnp.all(jnp.isfinite(dlogits))):
-        raise ValueError("record: dlogits must hold finite floats")
-    logits, grads, dx, inputs, cotangents = _chain_from(chain.net, chain.kit, params, x, cfg, dlogits)
-    return Record(net, chain, params, x, inputs, cotangents, {k: grads[k] for k in params}, dx, logits,
-                  dlogits.astype(logits.dtype), None, None, label_smoothing)
+        logits, grads, dx, inputs, cotangents, loss = out.logits, out.grads, out.dx, *tape, float(out.loss)
+        dlogits = cotangents[chain.net.stage_list(cfg)[-1].name]
+    else:
+        dlogits, shape = jnp.asarray(dlogits), (x.shape[0], cfg.num_classes)
+        if tuple(dlogits.shape) != shape:
+            raise ValueError(f"record: dlogits must have the logits' shape {shape}, got {tuple(dlogits.shape)}")
+        if not jnp.issubdtype(dlogits.dtype, jnp.floating) or not bool(jnp.all(jnp.isfinite(dlogits))):
+            raise ValueError("record: dlogits must hold finite floats")
+        logits, grads, dx, inputs, cotangents = _chain_from(chain.net, chain.kit, params, x, cfg, dlogits)
+        dlogits, loss = dlogits.astype(logits.dtype), None
+    return Record(net, chain, params, x, inputs, cotangents, {k: grads[k] for k in params}, dx, logits, dlogits,
+                  loss, targets, label_smoothing)
 
 
 # ---- the oracle: each stage's VJP alone, and its envelope -------------------------------------------
@@ -135,16 +128,14 @@ def _tie_stages(net: Net, cfg, names, params, inputs, dys, got: dict, *, dtype: 
         labels.append(s.label)
     worst = env_.spread(ref, outputs)
     floor = tol.FLOORS[np.dtype(dtype).name]
-    kinds = {st.name: st for st in net.stage_list(cfg)}
     reports = []
-    for name in names:
-        stage = kinds[name]
+    for stage in (st for st in net.stage_list(cfg) if st.name in names):
+        name = stage.name
         (g_r, dx_r), (g_o, dx_o), (g_w, dx_w) = got[name], ref[name], worst[name]
         rows = compare({k: g_r[k] for k in stage.params}, {k: g_o[k] for k in stage.params},
                        envelope={**g_w, "input": dx_w}, factor=factor, floor=floor,
                        zero_nodes=zero_nodes & set(stage.params), dx=(dx_r, dx_o),
-                       cells={k: cells[k] for k in stage.params if k in cells},
-                       shapes={k: tuple(np.shape(params[k])) for k in stage.params} | {"input": tuple(np.shape(dx_o))})
+                       cells={k: cells[k] for k in stage.params if k in cells})
         cot = float(np.max(np.abs(np.asarray(dys[name], np.float64))))
         reports.append(TieReport(name, np.dtype(dtype).name, rows, 0.0, 0.0,
                                  meta={"kind": stage.kind, "lean": net.stage_lean.get(stage.kind, ""),
@@ -161,10 +152,8 @@ def _ties(net: Net, cfg, rec: Record, *, dtype: str, key, factor: float, selecti
     reports = _tie_stages(net, cfg, [s.name for s in stage_list], rec.params, rec.inputs, rec.cotangents, got,
                           dtype=dtype, key=key, selections=selections, cells=cells, factor=factor,
                           zero_nodes=zero_in_reals(rec.params), kit_at=kit_at, kit_args=kit_args)
-    cot = None
-    if rec.loss is not None:
-        cot = _cotangent_report(net, rec, dtype=dtype, key=jax.random.fold_in(key, 1), factor=factor)
-    return reports, cot
+    return reports, None if rec.loss is None else _cotangent_report(net, rec, dtype=dtype, factor=factor,
+                                                                    key=jax.random.fold_in(key, 1))
 
 
 def _cotangent_report(net: Net, rec: Record, *, dtype: str, key, factor: float) -> TieReport:
@@ -200,6 +189,9 @@ class Parting:
     def summary(self) -> str:
         return (f"rendered and VJP first part at {self.stage} ({self.kind}): {self.row.name} off by "
                 f"{self.row.ratio:.2g}× its limit")
+
+    def as_dict(self) -> dict[str, str]:
+        return {"stage": self.stage, "kind": self.kind, "node": self.row.name}
 
 
 @dataclass
@@ -243,9 +235,6 @@ class StageReport:
         """The input-cotangent rows of every stage of a kind (identity, downsample blocks …)."""
         return [t.row("input") for t in self.kind(kind)]
 
-    def rows(self) -> list[NodeRow]:
-        return [r for t in self.ties for r in t.rows]
-
     def worst(self) -> tuple[str, NodeRow]:
         """(stage, row) with the largest error over its limit."""
         return max(((t.net, r) for t in self.backward_order() for r in t.rows), key=lambda tr: tr[1].ratio)
@@ -273,8 +262,7 @@ class StageReport:
                  f"{'worst err/lim':>13}  ok")
         lines = [head_, "-" * len(head_)]
         for t in self.backward_order():
-            inp = t.row("input") if t.has("input") else t.rows[0]
-            cot = t.meta.get("cotangent_max")
+            inp, cot = t.row("input") or t.rows[0], t.meta.get("cotangent_max")
             lines.append(f"{t.net:<18} {t.meta.get('kind', ''):<13} {len(t.nodes):>5} "
                          f"{'-' if cot is None else f'{cot:9.1e}':>9} {inp.rel:9.1e} {inp.limit:9.1e} "
                          f"{t.worst().ratio:13.2g}  {'yes' if t.ok else 'NO'}")
@@ -283,35 +271,16 @@ class StageReport:
     def as_dict(self) -> dict[str, Any]:
         parting = self.first_parting()
         return {"net": self.net, "dtype": self.dtype, "level": self.level, "ok": self.ok, "summary": self.summary(),
-                "first_parting": None if parting is None else {"stage": parting.stage, "kind": parting.kind,
-                                                               "node": parting.row.name},
+                "first_parting": parting and parting.as_dict(),
                 "cotangent": None if self.cotangent is None else self.cotangent.as_dict(),
                 "stages": [t.as_dict() for t in self.ties]}
 
 
-def _cells(net: Net, params, x, cfg) -> tuple[dict, dict]:
-    """M per BatchNorm layer, and per node (its layer's M)."""
-    bn = bn_cells(net, params, x, cfg)
-    return bn, {name: bn[b] for name in params if (b := bn_of(name, bn)) is not None}
-
-
 def _point(net: Net, params, x, cfg):
     """σ at the float64 point (where a window ties at a positive maximum), and M per node."""
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-    x64 = to_device(x, np.float64)
+    p64, x64 = tree_to_device((params, x), np.float64)
     sel, ties = frozen_selections(net, p64, x64, cfg)
-    return sel, ties, _cells(net, p64, x64, cfg)[1]
-
-
-def _level(net: Net, level: str) -> Net:
-    if level not in LEVELS:
-        raise ValueError(f"level {level!r}: expected one of {', '.join(LEVELS)}")
-    if level == "layers":
-        if net.layers is None:
-            raise ValueError(f"level 'layers': {net.name} defines no finer stages (Net.layers); its pieces are "
-                             f"its stages (level 'stages')")
-        return net.layers
-    return net
+    return sel, ties, node_cells(params, bn_cells(net, p64, x64, cfg))
 
 
 def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
@@ -323,30 +292,28 @@ def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
         given = rec.inputs[stage.name]
         first = next(n for n in fine_names if fine.inputs[n].shape == given.shape
                      and bool(jnp.all(fine.inputs[n] == given)))
-        row = compare({"x": fine.handed_on(first).reshape(given.shape)}, {"x": rec.handed_on(stage.name)},
-                      floor=tol.FLOORS[dtype])[0]
-        rows.append(dataclasses.replace(row, name=f"{stage.name}.input"))
+        rows += compare({f"{stage.name}.input": fine.handed_on(first).reshape(given.shape)},
+                        {f"{stage.name}.input": rec.handed_on(stage.name)}, floor=tol.FLOORS[dtype])
     return rows
 
 
 def stage_ties(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, dlogits=None,
                level: str = "stages", chain: Optional[Chain] = None, key: Optional[jax.Array] = None,
                factor: float = tol.ENVELOPE_FACTOR, rec: Optional[Record] = None) -> StageReport:
-    """Tie every stage of a rendered chain of `net` to the VJP of that stage alone, at the cotangent
-    the chain hands it.
-
-    The chain (default: the net's own; a planted one runs its bug) starts from the loss's cotangent
-    (`targets`, `label_smoothing`; the loss cotangent is then tied too) or from any cotangent at the
-    logits (`dlogits`, targets None). level "layers": the net's finer stages (`Net.layers`), with
-    their composition checked against the stages. The chain runs in the dtype of params and x;
-    each stage's reference is its float64 VJP at the exactly widened input and cotangent. Where a
-    pool window ties at a positive maximum, every stage holding that pool is read frozen at σ =
-    argmax (the gather model), as the whole-net tie reads its input gradient.
-    """
+    """Tie every stage of a rendered chain of `net` (`record`'s) to the float64 VJP of that stage
+    alone at the cotangent the chain hands it, from the loss's cotangent (`targets`; the loss
+    cotangent is then tied too) or from `dlogits`. level "layers": the net's finer stages
+    (`Net.layers`), their composition checked against the stages. Where a pool window ties at a
+    positive maximum, the stages read it frozen at σ = argmax, as the whole-net tie does."""
     net = as_net(net)
     dtype = checked_dtype("stage_ties", x)
     key = jax.random.key(0) if key is None else key
-    fine_net = _level(net, level)
+    if level not in LEVELS:
+        raise ValueError(f"level {level!r}: expected one of {', '.join(LEVELS)}")
+    if level == "layers" and net.layers is None:
+        raise ValueError(f"level 'layers': {net.name} defines no finer stages (Net.layers); its pieces are "
+                         f"its stages (level 'stages')")
+    fine_net = net.layers if level == "layers" else net
     if chain is not None and level == "layers" and chain.net is not net:
         raise ValueError("stage_ties: a planted net definition has no finer stages; plant a kit bug instead")
     rec = rec or record(net, params, x, cfg, targets=targets, label_smoothing=label_smoothing, dlogits=dlogits,
@@ -363,14 +330,6 @@ def stage_ties(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, dl
                        meta={"input_model": "frozen" if sel is not None else "real", "tied_windows": ties})
 
 
-def first_parting(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
-                  key: Optional[jax.Array] = None) -> Optional[Parting]:
-    """Where a rendered chain of `net` (its own, or one with a planted bug) first parts from the
-    VJP, walking backward: the loss cotangent, then each stage at the cotangent it was handed. None
-    when every stage ties."""
-    return stage_ties(net, params, x, targets, cfg, chain=chain, label_smoothing=label_smoothing, key=key).first_parting()
-
-
 def whole_tie(rec: Record, cfg, *, key: Optional[jax.Array] = None, point=None) -> TieReport:
     """The whole-net tie (`tie.tie`'s verdict) of a recorded chain run from the loss's cotangent."""
     if rec.loss is None:
@@ -380,9 +339,11 @@ def whole_tie(rec: Record, cfg, *, key: Optional[jax.Array] = None, point=None) 
     return report(rec.chain.label, rec.params, (rec.loss, rec.grads, rec.dx), point)
 
 
-@partial(jax.jit, static_argnums=(0, 3))
-def _net_vjp(net: Net, params, x, cfg, dy, selections):
-    return reference.vjp(lambda p, a: net.forward(p, a, cfg, selections=selections)[0], params, x, cotangent=dy)
+@partial(jax.jit, static_argnums=(0, 4))
+def _net_vjp(net: Net, params, x, dy, cfg, alpha, selections):
+    """(0, grads, dx): the VJP of the forward at dy, as an envelope's oracle (`envelope.measure`)."""
+    return (0.0, *reference.vjp(lambda p, a: net.forward(p, a, cfg, selections=selections)[0], params, x,
+                                cotangent=dy))
 
 
 def cotangent_tie(net, params, x, dlogits, cfg, *, chain: Optional[Chain] = None, key: Optional[jax.Array] = None,
@@ -394,26 +355,14 @@ def cotangent_tie(net, params, x, dlogits, cfg, *, chain: Optional[Chain] = None
     at every loss cotangent dy, not only at the cross-entropy one."""
     net = as_net(net)
     dtype = checked_dtype("cotangent_tie", x)
-    key = jax.random.key(0) if key is None else key
     rec = rec or record(net, params, x, cfg, dlogits=dlogits, chain=chain)
     sel, ties, cells = _point(net, params, x, cfg)
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-    x64, d64 = to_device(x, np.float64), to_device(rec.dlogits, np.float64)
-    g_o, dx_o = _net_vjp(net, p64, x64, cfg, d64, sel)
-    values = {"params": p64, "x": x64, "dy": d64}
-    if sel is not None:
-        values["selections"] = sel
-    outputs = []
-    for s in env_.samples(values, dtype=dtype, key=key, nudged=("params", "x", "dy"),
-                          batched=("x", "dy", "selections")):
-        v = s.values
-        g, dx = _net_vjp(net, tree_to_device(v["params"]), to_device(v["x"]), cfg, to_device(v["dy"]),
-                         None if sel is None else tree_to_device(v["selections"]))
-        outputs.append((g, env_.unorder(dx, s.order)))
-    g_w, dx_w = env_.spread((g_o, dx_o), outputs)
-    rows = compare(rec.grads, {k: g_o[k] for k in params}, envelope={**g_w, "input": dx_w}, factor=factor,
-                   floor=tol.FLOORS[dtype], zero_nodes=zero_in_reals(params), dx=(rec.dx, dx_o), cells=cells,
-                   shapes={k: tuple(np.shape(v)) for k, v in params.items()} | {"input": tuple(np.shape(dx_o))})
+    p64, x64, d64 = tree_to_device((params, x, rec.dlogits), np.float64)
+    ref = _net_vjp(net, p64, x64, d64, cfg, 0.0, sel)
+    envelope = env_.measure(net, p64, x64, d64, cfg, ref, dtype=dtype, key=key, selections=sel, oracle=_net_vjp,
+                            nudged=("params", "x", "targets"))
+    rows = compare(rec.grads, {k: ref[1][k] for k in params}, envelope=envelope.nodes, factor=factor,
+                   floor=tol.FLOORS[dtype], zero_nodes=zero_in_reals(params), dx=(rec.dx, ref[2]), cells=cells)
     return TieReport(f"{rec.chain.label} at a given cotangent", dtype, rows, 0.0, 0.0,
                      meta={"input_model": "frozen" if sel is not None else "real", "tied_windows": ties,
                            "factor": factor})
@@ -437,7 +386,6 @@ def tie_at(net, params, stage: str, h, dy, cfg, *, key: Optional[jax.Array] = No
     rendered_side: (grads, dx) computed elsewhere, in place of the net's own stage backward."""
     net = as_net(net)
     dtype = checked_dtype("tie_at", h)
-    key = jax.random.key(0) if key is None else key
     names = [s.name for s in net.stage_list(cfg)]
     if stage not in names:
         raise ValueError(f"tie_at: stage {stage!r}: expected one of {', '.join(names)}")
@@ -451,13 +399,11 @@ def random_cotangent(key, shape, dtype=jnp.float64, kind: str = "normal") -> jax
     """A cotangent at the logits no loss of ours would hand the chain: "normal" (N(0,1) entries,
     rows not summing to 0), "spike" (one large entry per row), "scaled" (normal × 1e6)."""
     z = prng.normal(key, shape, dtype)
-    if kind == "normal":
-        return z
-    if kind == "scaled":
-        return 1e6 * z
     if kind == "spike":
         cls = prng.randint(jax.random.fold_in(key, 1), (shape[0],), 0, shape[1])
         return jax.nn.one_hot(cls, shape[1], dtype=dtype) * 1e3 + 1e-3 * z
+    if kind in ("normal", "scaled"):
+        return z if kind == "normal" else 1e6 * z
     raise ValueError(f"random_cotangent: kind {kind!r}: expected normal, spike or scaled")
 
 
@@ -490,12 +436,9 @@ class Sweep:
 
     def smallest(self, key: str) -> Optional[int]:
         """The smallest N from which on every N of the sweep keeps hypothesis `key` (and ties)."""
-        best = None
-        for r in sorted(self.rows, key=lambda r: -r.n):
-            if not (r.holds(key) and r.tie is not None and r.tie.ok):
-                break
-            best = r.n
-        return best
+        kept = list(takewhile(lambda r: r.holds(key) and r.tie is not None and r.tie.ok,
+                              sorted(self.rows, key=lambda r: -r.n)))
+        return kept[-1].n if kept else None
 
     def below(self, key: str) -> Optional[str]:
         """What fails at the largest N below `smallest(key)` (None when nothing below it fails)."""
@@ -505,19 +448,17 @@ class Sweep:
             return None
         r = max(under, key=lambda r: r.n)
         h = r.smooth.hypothesis(key)
-        if not h.holds:
-            return f"N = {r.n}: {h.summary()}"
-        return f"N = {r.n}: {h.name} holds, but the tie fails ({r.tie.summary() if r.tie else 'no tie'})"
+        return f"N = {r.n}: " + (h.summary() if not h.holds else
+                                 f"{h.name} holds, but the tie fails ({r.tie.summary() if r.tie else 'no tie'})")
 
     def table(self) -> str:
-        keys = [h.key for h in self.rows[0].smooth.hypotheses]
-        names = [self.rows[0].smooth.hypothesis(k).name for k in keys]
-        head_ = f"{'N':>3} " + " ".join(f"{n[:24]:>24}" for n in names) + f" {'tied':>9} {'worst err/lim':>13} {'min M':>6}"
-        lines = [head_]
+        hyps = self.rows[0].smooth.hypotheses
+        lines = [f"{'N':>3} " + " ".join(f"{h.name[:24]:>24}" for h in hyps) + f" {'tied':>9} {'worst err/lim':>13} "
+                 f"{'min M':>6}"]
         for r in self.rows:
             tied = "-" if r.tie is None else f"{sum(x.agrees for x in r.tie.nodes)}/{len(r.tie.nodes)}"
             small = r.tie.smallest_bn() if r.tie is not None else None
-            lines.append(f"{r.n:>3} " + " ".join(f"{'holds' if r.holds(k) else 'FAILS':>24}" for k in keys)
+            lines.append(f"{r.n:>3} " + " ".join(f"{'holds' if r.holds(h.key) else 'FAILS':>24}" for h in hyps)
                          + f" {tied:>9} {r.ratio:13.2g} {small[1] if small else '-':>6}")
         return "\n".join(lines)
 
@@ -534,13 +475,10 @@ def sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int
         raise ValueError(f"sweep: ns must be positive batch sizes, got {ns}")
     key = jax.random.key(0) if key is None else key
     labels = labels or (lambda n: (jnp.arange(n) * 3 + 1) % cfg.num_classes)
-    rows = []
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
+    rows, p64 = [], {k: to_device(v, np.float64) for k, v in params.items()}
     for n in ns:
         x = images(n)
         smooth = census.smoothness(net, p64, to_device(x, np.float64), cfg)
-        rep = None
-        if smooth.ok:
-            rep = tie(net, params, x, labels(n), cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, n))
-        rows.append(SweepRow(n, smooth, rep))
+        rows.append(SweepRow(n, smooth, tie(net, params, x, labels(n), cfg, label_smoothing=label_smoothing,
+                                            key=jax.random.fold_in(key, n)) if smooth.ok else None))
     return Sweep(net.name, rows)

@@ -39,7 +39,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import data as data_
 from .. import reference, train
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
@@ -474,13 +473,3 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
                                       "params": params_rows[1:], "running": running_rows}, moved))
     return StepTieReport(reference.net, recipe, optax_text(recipe), reference.lr, reference.label_smoothing,
                          len(start), len(movers), steps, None if control is None else control.name)
-
-
-# ---- the photos a user would step on ------------------------------------------------------------
-
-def photo_batches(steps: int, batch: int, image_size: int, *, seed: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-    """`steps` batches of photo crops (float64) with their labels, the photo each was cut from
-    (`data.photo_labels`, K = 7)."""
-    x, labels = data_.photo_labels(steps * batch, image_size, seed=seed, dtype=np.float64)
-    order = np.random.default_rng(seed).permutation(steps * batch)   # mix the photos across batches
-    return [(x[part], labels[part]) for part in np.split(order, steps)]

@@ -10,9 +10,9 @@ every row is held to the point's own round-off envelope (`checks.envelope`). Sho
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from functools import partial
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
@@ -21,24 +21,13 @@ import numpy as np
 from .. import parallel, rendered
 from .. import reference as reference_
 from .. import tolerances as tol
-from ..host import to_device
-from ..kit import KIT, Kit
+from ..host import to_device, tree_to_device
 from ..nets.layers import zero_in_reals
 from ..nets.protocol import Net, as_net
-from ..ops import head, maxpool
+from ..ops import maxpool
+from ..ops.head import targets_matrix
+from ..rendered import Chain
 from . import envelope as env_
-
-
-class Chain(NamedTuple):
-    """The rendered side of a check: a net definition run through a kit. `planted` names what is
-    wrong in it ("" for the real chain)."""
-    net: Net
-    kit: Kit = KIT
-    planted: str = ""
-
-    @property
-    def label(self) -> str:
-        return self.net.name + (f" + {self.planted}" if self.planted else "")
 
 
 @dataclass(frozen=True)
@@ -86,9 +75,7 @@ class NodeRow:
 
     @property
     def verdict(self) -> str:
-        if not self.ok:
-            return "FAILED"
-        return "ILL" if self.ill_conditioned else "tied"
+        return "FAILED" if not self.ok else "ILL" if self.ill_conditioned else "tied"
 
     @property
     def sensitivity(self) -> float:
@@ -96,28 +83,22 @@ class NodeRow:
         returned as node·(1 + δ) fails its limit for every δ above it, (limit·scale + err) / max|node|.
         Below (limit·scale − err) / max|node| it passes. A node 0 in ℝ is measured against the net's
         scale, so a relative error on it is invisible (a large figure says so)."""
-        if self.magnitude <= 0:
-            return float("inf")
-        return (self.limit * self.scale + self.err) / self.magnitude
+        return (self.limit * self.scale + self.err) / self.magnitude if self.magnitude > 0 else float("inf")
 
     def describe(self) -> str:
         if self.mismatch:
             return f"{self.name}: {self.mismatch}"
-        sign = "≤" if self.ok else ">"
-        return f"{self.name}, err {self.rel:.1e} {sign} limit {self.limit:.1e}"
+        return f"{self.name}, err {self.rel:.1e} {'≤' if self.ok else '>'} limit {self.limit:.1e}"
 
 
 def is_beta(name: str, shapes: dict[str, tuple[int, ...]]) -> bool:
     """A BN shift β: a `.bias` whose `.weight` (γ) is a vector; its node is Σ dy over (n,h,w)."""
-    gamma = name[: -len("bias")] + "weight"
-    return name.endswith(".bias") and len(shapes.get(gamma, ())) == 1
+    return name.endswith(".bias") and len(shapes.get(name[: -len("bias")] + "weight", ())) == 1
 
 
 def ratio_text(ratio: float) -> str:
     """err/limit for a table: fixed-width, scientific beyond 1e4 (a bug's ratio is 1e9, not 1000000000.00)."""
-    if not np.isfinite(ratio):
-        return "shape"
-    return f"{ratio:7.2f}" if ratio < 1e4 else f"{ratio:7.1e}"
+    return "shape" if not np.isfinite(ratio) else f"{ratio:7.2f}" if ratio < 1e4 else f"{ratio:7.1e}"
 
 
 @dataclass
@@ -151,11 +132,8 @@ class TieReport:
         """Every row within a limit that can tell a bug apart."""
         return all(r.agrees for r in self.rows)
 
-    def has(self, name: str) -> bool:
-        return any(r.name == name for r in self.rows)
-
-    def row(self, name: str) -> NodeRow:
-        return next(r for r in self.rows if r.name == name)
+    def row(self, name: str) -> Optional[NodeRow]:
+        return next((r for r in self.rows if r.name == name), None)
 
     def worst(self) -> NodeRow:
         return max(self.rows, key=lambda r: r.ratio)
@@ -164,10 +142,8 @@ class TieReport:
         """The rows in the order the rendered chain reaches them: the loss (the head's forward), then
         the parameters in reverse signature order (head first; within a conv→BN layer β, γ, then
         the conv), the input cotangent last."""
-        by_name = {r.name: r for r in self.rows}
-        first = [by_name["loss"]] if "loss" in by_name else []
-        last = [by_name["input"]] if "input" in by_name else []
-        return first + list(reversed(self.nodes)) + last
+        return ([r for r in self.rows if r.name == "loss"] + self.nodes[::-1]
+                + [r for r in self.rows if r.name == "input"])
 
     def first_failure(self) -> Optional[NodeRow]:
         """The first row, in backward order, over its limit (None when all are within)."""
@@ -192,26 +168,20 @@ class TieReport:
         return min(cells.items(), key=lambda kv: kv[1]) if cells else None
 
     def summary(self) -> str:
-        nodes = self.nodes
-        tied = sum(r.agrees for r in nodes)
-        line = f"tied {tied}/{len(nodes)} nodes ({self.dtype})"
-        if self.has("input"):
+        line = f"tied {sum(r.agrees for r in self.nodes)}/{len(self.nodes)} nodes ({self.dtype})"
+        if self.row("input"):
             line += f", input gradient {self.row('input').verdict}"
             if self.meta.get("input_model") == "frozen":
                 line += " (pools frozen at σ = argmax)"
-        if self.has("loss") and not self.row("loss").ok:
+        if self.row("loss") and not self.row("loss").ok:
             line += ", LOSS MISMATCH"
         w = self.worst()
-        if w.mismatch:
-            line += f"; {w.describe()}"
-        else:
-            line += f"; worst {w.ratio:.2g} of its limit ({w.describe()})"
-        widened = self.widened()
+        line += f"; {w.describe()}" if w.mismatch else f"; worst {w.ratio:.2g} of its limit ({w.describe()})"
+        widened, small = self.widened(), self.smallest_bn()
         if widened:
             wide = max(widened, key=lambda r: r.limit)
-            line += f"; {len(widened)} limits widened past the {self.rows[0].floor:.0e} floor by the point's round-off"
-            small = self.smallest_bn()
-            line += f" (widest {wide.limit:.1e} at {wide.name}"
+            line += (f"; {len(widened)} limits widened past the {self.rows[0].floor:.0e} floor by the point's round-off"
+                     f" (widest {wide.limit:.1e} at {wide.name}")
             line += f"; smallest BatchNorm reduction M = {small[1]} at {small[0]})" if small else ")"
         ill = self.ill_conditioned
         if ill:
@@ -238,35 +208,22 @@ class TieReport:
     def table(self) -> str:
         head_ = (f"{'node':<36} {'shape':<18} {'M':>7} {'envelope':>9} {'limit':>8} {'rel err':>9} "
                  f"{'err/lim':>7}  verdict")
-        lines = [head_, "-" * len(head_)]
-        for r in self.rows:
-            tag = " (0 in ℝ)" if r.zero_in_reals else ""
-            lines.append(f"{r.name + tag:<36} {str(r.shape):<18} {r.cells if r.cells else '-':>7} "
-                         f"{r.envelope:9.1e} {r.limit:8.1e} {r.rel:9.1e} {ratio_text(r.ratio)}  {r.verdict}")
-        return "\n".join(lines)
+        return "\n".join([head_, "-" * len(head_)] + [
+            f"{r.name + (' (0 in ℝ)' if r.zero_in_reals else ''):<36} {str(r.shape):<18} {r.cells or '-':>7} "
+            f"{r.envelope:9.1e} {r.limit:8.1e} {r.rel:9.1e} {ratio_text(r.ratio)}  {r.verdict}" for r in self.rows])
 
     def as_dict(self) -> dict[str, Any]:
         return {"net": self.net, "dtype": self.dtype, "ok": self.ok, "summary": self.summary(),
                 "loss": self.loss, "loss_oracle": self.loss_oracle, **self.meta,
-                "nodes": [{"name": r.name, "shape": list(r.shape), "err": r.err, "scale": r.scale,
-                           "rel": r.rel, "limit": r.limit, "envelope": r.envelope, "floor": r.floor,
-                           "limit_by": r.by, "cells": r.cells, "zero_in_reals": r.zero_in_reals,
-                           "bad": r.bad, "ok": r.ok, "ill_conditioned": r.ill_conditioned,
-                           "mismatch": r.mismatch}
-                          for r in self.rows]}
+                "nodes": [dict(asdict(r), shape=list(r.shape), limit_by=r.by, ok=r.ok,
+                               ill_conditioned=r.ill_conditioned) for r in self.rows]}
 
 
-def targets_matrix(targets: jax.Array, num_classes: int, dtype) -> jax.Array:
-    targets = jnp.asarray(targets)
-    if targets.ndim == 1:
-        return head.one_hot(targets, num_classes, dtype)
-    return targets.astype(dtype)
-
-
-def piece_of(net: Net, saved):
-    """The smooth piece of the loss a point lies in: every ReLU input's sign, every pool's choice."""
-    return ({k: z > 0 for k, z in net.preactivations(saved).items()},
-            {k: maxpool.select(r, net.pools[k]) for k, r in net.pool_inputs(saved).items()})
+def piece_of(net: Net, saved, stages=None):
+    """The smooth piece of the loss a point lies in: every ReLU input's sign, every pool's choice
+    (of `stages` only, when given: a suffix of the net run from its input)."""
+    return ({k: z > 0 for k, z in net.preactivations(saved, stages).items()},
+            {k: maxpool.select(r, net.pools[k]) for k, r in net.pool_inputs(saved, stages).items()})
 
 
 @partial(jax.jit, static_argnums=0)
@@ -284,8 +241,7 @@ def _tied_windows(net: Net, saved):
 def frozen_selections(net: Net, params, x, cfg) -> tuple[Optional[dict], int]:
     """(σ = argmax of every pool, windows tied at a positive maximum) when there are such ties, else
     (None, 0): the input gradient is then tied to the model frozen at σ."""
-    _, saved, _ = rendered.forward(net, params, x, cfg)
-    sel, ties = _tied_windows(net, saved)
+    sel, ties = _tied_windows(net, rendered.forward(net, params, x, cfg)[1])
     count = sum(int(v) for v in ties.values())
     return (sel, count) if count else (None, 0)
 
@@ -301,56 +257,49 @@ def bn_cells(net: Net, params, x, cfg) -> dict[str, int]:
 def bn_of(name: str, bn_names) -> Optional[str]:
     """The BatchNorm layer a node belongs to: its own (γ, β) or the one its conv feeds."""
     prefix = name.rsplit(".", 1)[0]
-    for cand in (prefix, re.sub(r"conv(\d*)$", r"bn\1", prefix), re.sub(r"downsample\.0$", "downsample.1", prefix)):
-        if cand in bn_names:
-            return cand
-    return None
+    return next((c for c in (prefix, re.sub(r"conv(\d*)$", r"bn\1", prefix),
+                             re.sub(r"downsample\.0$", "downsample.1", prefix)) if c in bn_names), None)
+
+
+def node_cells(names, cells: dict[str, int]) -> dict[str, int]:
+    """M per node: that of its BatchNorm layer (`bn_of`; cells: M per layer); nodes without one left out."""
+    return {name: cells[b] for name in names if (b := bn_of(name, cells)) is not None}
 
 
 # ---- the verdict -----------------------------------------------------------------------------------
 
-def _mismatch(name: str, got, want_shape, want_dtype) -> str:
-    shape = tuple(np.shape(got))
-    if want_shape is not None and shape != tuple(want_shape):
+def _mismatch(got, want_shape, want_dtype) -> str:
+    shape, dtype = tuple(np.shape(got)), np.dtype(jnp.result_type(got)).name
+    if shape != tuple(want_shape):
         return f"shape {shape}, its parameter's is {tuple(want_shape)}"
-    dtype = np.dtype(jnp.result_type(got)).name
-    if want_dtype is not None and dtype != want_dtype:
-        return f"dtype {dtype}, the checked dtype is {want_dtype}"
-    return ""
+    return f"dtype {dtype}, the checked dtype is {want_dtype}" if want_dtype not in (None, dtype) else ""
 
 
 def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict] = None,
             factor: float = tol.ENVELOPE_FACTOR, floor: float = tol.REL_F64, zero_nodes: set[str] = frozenset(),
             dx: Optional[tuple] = None, loss: Optional[tuple] = None, loss_envelope: float = 0.0,
-            cells: Optional[dict] = None, shapes: Optional[dict] = None, dtype: Optional[str] = None) -> list[NodeRow]:
+            cells: Optional[dict] = None, dtype: Optional[str] = None) -> list[NodeRow]:
     """One row per node: max error relative to max|oracle|, held to max(factor · envelope, floor).
 
     A node that is 0 in ℝ, or whose oracle is exactly 0, is measured against the net's largest
     gradient (tolerances.ZERO_NODE_SCALE), never against 1.0. `envelope`: node -> max |spread| (the
     point's round-off, `checks.envelope`); without it every limit is the floor. `loss`: (rendered,
-    oracle) losses, judged the same way. `cells`: node -> M of its BatchNorm layer. `shapes`,
-    `dtype`: what each rendered node must be (its parameter's shape, the checked dtype); a node
-    that is not fails, whatever its values (nothing is broadcast).
+    oracle) losses, judged the same way (a row "loss" first). `cells`: node -> M of its BatchNorm
+    layer. A rendered node whose shape is not its oracle's (its parameter's), or whose dtype is not
+    `dtype` (the checked one), fails whatever its values (nothing is broadcast).
     """
-    envelope = envelope or {}
+    envelope = dict(envelope or {}, loss=loss_envelope)
     cells = cells or {}
-    shapes = shapes or {}
     gmax = max((float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values()), default=0.0)
     net_scale = tol.ZERO_NODE_SCALE * gmax if gmax > 0 else 1.0
-    rows = []
-    if loss is not None:
-        lr, lo = float(loss[0]), float(loss[1])
-        scale = abs(lo) if lo != 0 else 1.0
-        env = loss_envelope / scale
-        limit = max(factor * env, floor)
-        rows.append(NodeRow("loss", (), abs(lr - lo), scale, abs(lr - lo) / scale, limit, False,
-                            int(abs(lr - lo) > limit * scale), env, floor))
-    pairs = [(k, rendered_grads[k], oracle_grads[k]) for k in oracle_grads]
+    pairs = [("loss", *loss)] if loss is not None else []
+    pairs += [(k, rendered_grads[k], oracle_grads[k]) for k in oracle_grads]
     if dx is not None:
         pairs.append(("input", dx[0], dx[1]))
+    rows = []
     for name, a, b in pairs:
         b64 = np.asarray(b, np.float64)
-        mismatch = _mismatch(name, a, shapes.get(name, np.shape(b64)), dtype)
+        mismatch = _mismatch(a, np.shape(b64), None if name == "loss" else dtype)
         a64 = np.asarray(a, np.float64)
         diff = np.abs(a64 - b64) if not mismatch else np.full(b64.shape, np.inf)
         err = float(np.max(diff)) if diff.size else 0.0
@@ -399,9 +348,7 @@ def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
     freeze_ties=False keeps the real net's input gradient even where pool windows tie."""
     net = as_net(net)
     dtype = checked_dtype("reference_at", x)
-    key = jax.random.key(0) if key is None else key
-    p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-    x64 = to_device(x, np.float64)
+    p64, x64 = tree_to_device((params, x), np.float64)
     t64 = targets_matrix(targets, cfg.num_classes, jnp.float64)
     alpha = float(label_smoothing)
     sel, ties = frozen_selections(net, p64, x64, cfg) if freeze_ties else (None, 0)
@@ -421,80 +368,57 @@ def report(label: str, params, rendered_side: tuple, point: Point, *, factor: fl
     if missing:
         raise ValueError(f"tie: the rendered chain returns no node for {missing[:4]}")
     g_r, g_o = ({name: g[name] for name in params} for g in (g_r, g_o))
-    cells = {name: point.bn_cells[b] for name in params if (b := bn_of(name, point.bn_cells)) is not None}
-    shapes = {name: tuple(np.shape(p)) for name, p in params.items()}
-    shapes["input"] = tuple(np.shape(dx_o))
     rows = compare(g_r, g_o, envelope=point.envelope.nodes, factor=factor, floor=tol.FLOORS[point.dtype],
                    zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
-                   loss_envelope=point.envelope.loss, cells=cells, shapes=shapes, dtype=point.dtype)
+                   loss_envelope=point.envelope.loss, cells=node_cells(params, point.bn_cells), dtype=point.dtype)
     meta = {"input_model": point.input_model, "tied_windows": point.tied_windows,
             "bn_cells": point.bn_cells, "envelope_evaluations": list(point.envelope.evaluations),
             "factor": factor, **(meta or {})}
-    return TieReport(net=label, dtype=point.dtype, rows=rows, loss=float(loss_r),
-                     loss_oracle=float(loss_o), meta=meta)
+    return TieReport(label, point.dtype, rows, float(loss_r), float(loss_o), meta)
 
 
 def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Optional[Chain] = None,
         point: Optional[Point] = None, key: Optional[jax.Array] = None, factor: float = tol.ENVELOPE_FACTOR,
-        freeze_ties: bool = True, how: Optional[str] = None) -> TieReport:
+        freeze_ties: bool = True, how: Optional[str] = None, replicas: int = 1,
+        counts: Optional[tuple[int, ...]] = None, sync_bn: bool = True, devices=None) -> TieReport:
     """Tie every parameter node, the input cotangent and the loss of a rendered chain to autodiff
-    of `net` at (params, x).
+    of `net` at (params, x), each row within max(factor × the point's envelope, the dtype's floor).
 
-    chain: the rendered side (default: `net` through the real kit); a planted bug is a `Chain` of
-    another kit or net definition (`checks.bugs.plant`). The chain runs in the dtype of params and
-    x (float64 or float32); the reference is the float64 oracle of `net` at the same (exactly
-    widened) point, so this needs `jax_enable_x64`. Each row is held to max(factor × the point's
-    envelope in that dtype, the dtype's floor). Where a pool window ties at a positive maximum, the
-    input cotangent is tied to the model frozen at σ = argmax (`freeze_ties=False`: to the real
-    net's autodiff even there, which is the derivative only where the ties are twins' — the
-    non-twin tie control). `point`: `reference_at`'s reference and envelope, when several ties share
-    them. how: "compiled", "quick" or "eager" (`rendered.run`; default: compiled for the real
-    chain, quick for a planted one).
+    chain: the rendered side (default: `net` through the real kit; `checks.bugs.plant` plants a
+    bug), run in the dtype of params and x (float64 or float32); the reference is `reference_at`'s
+    (`point`, when several ties share it; freeze_ties=False: the real net's input gradient even at
+    a tie, the non-twin tie control). how: `rendered.run`'s (default: compiled for the real chain,
+    quick for a planted one). replicas R > 1, or counts (n_1, …, n_R): the data-parallel step on a
+    mesh of R `devices` (default `jax.devices()`), replica r holding N = batch/R of x's rows, or n_r
+    (padded on the mesh), tied to the same single-device oracle at x (`r34_net_syncTiedB`: the
+    all-reduced nodes are the single-device nodes at N := R·N); sync_bn=False: per-replica
+    BatchNorm (the control that must fail).
     """
     net = as_net(net)
     chain = chain or Chain(net)
     dtype = checked_dtype("tie", x)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
+    if counts is not None:
+        counts = parallel.check_counts("tie", counts, len(tuple(counts)), int(x.shape[0]))
+        if replicas not in (1, len(counts)):
+            raise ValueError(f"tie: replicas {replicas} but {len(counts)} counts {counts}")
+        replicas = len(counts)
     if point is None:
         point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key, freeze_ties=freeze_ties)
     elif point.dtype != dtype:
         raise ValueError(f"tie: the shared point was measured for {point.dtype}, the chain runs in {dtype}")
-    how = how or ("compiled" if chain == Chain(net) else "quick")
-    out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing, how=how)
-    return report(chain.label, params, (out.loss, out.grads, out.dx), point, factor=factor)
-
-
-def tie_replicas(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, replicas: Optional[int] = None,
-                 label_smoothing: float = 0.0, point=None, sync_bn: bool = True,
-                 counts: Optional[tuple[int, ...]] = None, devices=None) -> TieReport:
-    """The data-parallel rendered step (R replicas of N = batch/R, synchronised BN) against the
-    single-device float64 oracle at batch R·N, through the same verdict as every tie
-    (`r34_net_syncTiedB`: the all-reduced nodes are the single-device nodes at N := R·N).
-
-    chain: the rendered side (a planted bug runs in every replica). counts (n_1, …, n_R): uneven
-    replica batches, x the concatenated valid batch (replica r holds n_r of its rows, padded to max
-    n_r on the mesh); the oracle is the single device at x. sync_bn=False: per-replica BatchNorm
-    (the control that must fail). devices: the mesh's devices (default `jax.devices()`)."""
-    net = as_net(net)
-    chain = chain or Chain(net)
-    if counts is not None:
-        counts = parallel.check_counts("tie_replicas", counts, len(tuple(counts)), int(x.shape[0]))
-        if replicas is not None and replicas != len(counts):
-            raise ValueError(f"tie_replicas: replicas {replicas} but {len(counts)} counts {counts}")
-        replicas = len(counts)
-    if replicas is None:
-        raise ValueError("tie_replicas: give replicas R (equal split) or counts (n_1, …, n_R)")
-    mesh = parallel.data_mesh(replicas, devices=devices)
-    if point is None:
-        point = reference_at(net, params, x, targets, cfg, label_smoothing=label_smoothing)
-    out = parallel.forward_backward(chain.net, params, x, targets, cfg, mesh=mesh, kit=chain.kit,
-                                    label_smoothing=label_smoothing, sync_bn=sync_bn, counts=counts, quick=True)
-    split = "+".join(map(str, counts)) if counts is not None else None
-    label = f"{chain.label} on {replicas} replicas" + (f" holding {split}" if split else "")
-    return report(label + ("" if sync_bn else " (per-replica BN)"),
-                  params, (out.loss, out.grads, out.dx), point,
-                  meta={"replicas": replicas, "per_replica": int(x.shape[0]) // replicas, "sync_bn": sync_bn,
-                        "counts": list(counts) if counts is not None else [int(x.shape[0]) // replicas] * replicas})
+    if replicas == 1:
+        out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
+                           how=how or ("compiled" if chain == Chain(net) else "quick"))
+        return report(chain.label, params, (out.loss, out.grads, out.dx), point, factor=factor)
+    out = parallel.forward_backward(chain.net, params, x, t, cfg, mesh=parallel.data_mesh(replicas, devices=devices),
+                                    kit=chain.kit, label_smoothing=label_smoothing, sync_bn=sync_bn, counts=counts,
+                                    quick=True)
+    label = f"{chain.label} on {replicas} replicas" + (f" holding {'+'.join(map(str, counts))}" if counts else "")
+    n = int(x.shape[0]) // replicas
+    return report(label + ("" if sync_bn else " (per-replica BN)"), params, (out.loss, out.grads, out.dx), point,
+                  factor=factor, meta={"replicas": replicas, "per_replica": n, "sync_bn": sync_bn,
+                                       "counts": list(counts) if counts is not None else [n] * replicas})
 
 
 def float32_view(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,

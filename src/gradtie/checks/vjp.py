@@ -25,11 +25,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import reference
+from .. import prng, reference
 from .. import tolerances as tol
 from . import envelope as env_
 from . import fd as fd_
-from .tie import NodeRow, compare
+from .tie import NodeRow, compare, need_x64
 
 KINK_STEPS = (1e-6, 1e-7, 1e-8)
 
@@ -76,14 +76,13 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
     """Tie the hand-written VJP of `f` at `args` to autodiff and to finite differences; raise
     `NotSmooth` at a kink and `VJPMismatch` on a wrong VJP. args: float arrays (float64, which
     needs `jax_enable_x64`). vjp: `(*args, ct)` -> one cotangent per argument, for a plain `f`."""
-    if not jax.config.jax_enable_x64:
-        raise ValueError("check_vjp: the oracle is float64: it needs jax_enable_x64")
+    need_x64("check_vjp")
     if not args:
         raise ValueError("check_vjp: give the point, one array per argument of f")
     args = tuple(jnp.asarray(a, jnp.float64) for a in args)
     primal, hand = _hand_vjp(f, vjp)
     key = jax.random.key(0) if key is None else key
-    rng = env_.host_rng(key)
+    rng = prng.host_rng(key)
     ct = jnp.asarray(rng.standard_normal(np.shape(primal(*args))))
     v = [jnp.asarray(rng.standard_normal(a.shape)) for a in args]
     norm = float(np.sqrt(sum(float(jnp.vdot(d, d)) for d in v)))
@@ -113,8 +112,7 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
                for s in env_.samples({"args": list(args), "ct": ct}, dtype="float64",
                                      key=jax.random.fold_in(key, 1), nudged=("args", "ct"))]
     rows = compare(dict(zip(names, got)), dict(zip(names, ref)), factor=factor,
-                   envelope=dict(zip(names, env_.spread(list(ref), outputs))),
-                   shapes={n: tuple(a.shape) for n, a in zip(names, args)}, dtype="float64")
+                   envelope=dict(zip(names, env_.spread(list(ref), outputs))), dtype="float64")
     if any(r.mismatch for r in rows):
         raise VJPMismatch("check_vjp: the hand VJP's cotangents are not its arguments': "
                           + "; ".join(r.describe() for r in rows if r.mismatch))

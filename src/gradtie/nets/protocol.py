@@ -295,20 +295,20 @@ class Net:
         cfg = self.cfg(cfg)
         return summary(self.stage_list(cfg), params, cfg, x_shape or self.default_shape)
 
-    # -- reading `saved`: the stages' own readers, merged in forward order --
-    def _read(self, reader: str, saved) -> dict:
+    # -- reading `saved`: the stages' own readers (of `stages`, default all), merged in forward order --
+    def _read(self, reader: str, saved, stages=None) -> dict:
         out = {}
-        for stage in self.stage_list(self.config()):
+        for stage in self.stage_list(self.config()) if stages is None else stages:
             out.update(getattr(stage, reader)(saved[stage.name]))
         return out
 
-    def preactivations(self, saved) -> dict[str, jax.Array]:
+    def preactivations(self, saved, stages=None) -> dict[str, jax.Array]:
         """Every ReLU's input, by layer name, in forward order."""
-        return self._read("relu_inputs", saved)
+        return self._read("relu_inputs", saved, stages)
 
-    def pool_inputs(self, saved) -> dict[str, jax.Array]:
+    def pool_inputs(self, saved, stages=None) -> dict[str, jax.Array]:
         """Each max pool's (post-ReLU) input, by pool name."""
-        return self._read("pool_inputs", saved)
+        return self._read("pool_inputs", saved, stages)
 
     def bn_layers(self, saved) -> dict[str, "Any"]:
         """Each BatchNorm layer's saved record (its input c and batch statistics), by layer name."""

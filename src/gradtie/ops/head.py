@@ -27,12 +27,17 @@ def check_targets(op: str, logits: jax.Array, targets: jax.Array) -> None:
     _validate.finite(op, "targets", targets)
     if not isinstance(targets, jax.core.Tracer):
         tol = ROW_SUM_TOL.get(jnp.dtype(targets.dtype), 1e-2)
-        # NumPy, not jnp: a concrete array captured by a traced function must not become a tracer
-        worst = float(np.max(np.abs(np.sum(np.asarray(targets, np.float64), axis=1) - 1)))
+        worst = row_sum_error(targets)
         if worst > tol:
             raise ValueError(f"{op}: every target row must sum to 1 (the smoothed-loss cotangent "
                              f"assumes it); targets {tuple(targets.shape)}: the worst row is off by "
                              f"{worst:.3g}")
+
+
+def row_sum_error(targets) -> float:
+    """max over rows of |Σ_k t − 1|, in NumPy float64 (a concrete array captured by a traced function
+    must not become a tracer)."""
+    return float(np.max(np.abs(np.sum(np.asarray(targets, np.float64), axis=1) - 1)))
 
 
 def one_hot(labels: jax.Array, num_classes: int, dtype=jnp.float32) -> jax.Array:
@@ -45,6 +50,12 @@ def one_hot(labels: jax.Array, num_classes: int, dtype=jnp.float32) -> jax.Array
         if lo < 0 or hi >= num_classes:
             raise ValueError(f"one_hot: labels must lie in 0…{num_classes - 1}, got {lo}…{hi}")
     return jax.nn.one_hot(labels, num_classes, dtype=dtype)
+
+
+def targets_matrix(targets, num_classes: int, dtype) -> jax.Array:
+    """Int labels [N] as one-hot rows [N,K], or rows as they are, in `dtype` (`as_targets` checks them)."""
+    targets = jnp.asarray(targets)
+    return one_hot(targets, num_classes, dtype) if targets.ndim == 1 else targets.astype(dtype)
 
 
 def as_targets(net: str, targets, n: int, num_classes: int, dtype=None) -> jax.Array:
@@ -127,11 +138,15 @@ def cotangent(logits: jax.Array, targets: jax.Array, alpha: float = 0.0, divisor
     batch; a data-parallel step over uneven replicas divides by the global count).
     """
     check_targets("head.cotangent", logits, targets)
+    return fold(logits, targets, alpha, divisor)[-1]
+
+
+def fold(logits: jax.Array, targets: jax.Array, alpha: float = 0.0, divisor=None) -> tuple[jax.Array, ...]:
+    """`cotangent`'s six ops with every intermediate, (p, d0, a, d1, d2, dy); the rows not checked."""
     n, k = logits.shape
-    n = n if divisor is None else divisor
     p = softmax_row(logits)
     d0 = sub(p, targets)
     a = scale(alpha, targets)
     d1 = add(d0, a)
     d2 = shift(d1, alpha / k)
-    return div_const(d2, n)
+    return p, d0, a, d1, d2, div_const(d2, n if divisor is None else divisor)

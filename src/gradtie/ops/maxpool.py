@@ -151,6 +151,13 @@ def select(x: jax.Array, spec: PoolSpec = POOL2) -> jax.Array:
     return jnp.argmax(windows(x, spec), axis=-1)  # argmax returns the first maximal index
 
 
+def last_max(x: jax.Array, spec: PoolSpec = POOL2) -> jax.Array:
+    """Per window the index of its LAST maximal cell in row-major order: `select`'s mirror, where a
+    tie routes the other way (the selection a control reroutes a window to). [N,C,H',W']."""
+    win = windows(x, spec)
+    return win.shape[-1] - 1 - jnp.argmax(win[..., ::-1], axis=-1)
+
+
 def gather(x: jax.Array, sigma: jax.Array, spec: PoolSpec = POOL2) -> jax.Array:
     """The gather model: the pool frozen at σ, y = x[σ] — a linear map of x."""
     return jnp.take_along_axis(windows(x, spec), sigma[..., None], axis=-1)[..., 0]

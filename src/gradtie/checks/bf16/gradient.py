@@ -29,7 +29,7 @@ from ...nets.protocol import Pass, as_net
 from ...ops import conv, maxpool
 from .. import bugs, stages
 from .. import envelope as env_
-from ..tie import Chain, NodeRow, compare, need_x64, targets_matrix
+from ..tie import Chain, NodeRow, bn_cells, compare, need_x64, node_cells, targets_matrix
 from .kinds import U_BF16, U_F32, ErasureReport, chain_erasure
 from .sites import SiteRow, conv_sites, site_rows
 
@@ -103,12 +103,12 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
     sites, out, tape = ran or conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing)
     kit_args = (None, None) if r == "identity" else _recorded(sites)
     p64, i64, k64 = tree_to_device((params, tape.inputs, kit_args), np.float64)
-    bn, cells = stages._cells(net, p64, to_device(x, np.float64), cfg)
+    bn = bn_cells(net, p64, to_device(x, np.float64), cfg)
     rec = stages.Record(net, chain, params, x, tape.inputs, tape.cotangents, out.grads, out.dx, out.logits,
                         tape.cotangents[net.stage_list(cfg)[-1].name], float(out.loss), t, label_smoothing)
     ties, cot = stages._ties(net, cfg, rec, dtype="float32", key=jax.random.key(0) if key is None else key,
-                             factor=factor, selections=_selections(net, cfg, p64, i64, k64) or None, cells=cells,
-                             kit_at=_frozen_kit, kit_args=kit_args)
+                             factor=factor, selections=_selections(net, cfg, p64, i64, k64) or None,
+                             cells=node_cells(params, bn), kit_at=_frozen_kit, kit_args=kit_args)
     return stages.StageReport(chain.label, "bf16", "stages", ties, cot, meta={
         "loss": float(out.loss), "bn_cells": bn, "factor": factor, "rounding": r if isinstance(r, str) else r.__name__})
 
@@ -234,14 +234,12 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
     the bf16 chain in turn and tied stage by stage at the same point (each planted chain runs op by
     op: the entries share their ops, not their programs)."""
     net = as_net(net)
-    chosen = [b for b in bugs.entries(net, replicas=False, cfg=cfg) if names is None or b.name in names]
+    chosen = bugs.chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], cfg=cfg)
     (params, x, t), cfg = float32_point(params, x, targets, cfg), replace(cfg, bf16=True)
     # a stage with a bf16 conv site sees a bug from about one unit roundoff on (below: in its rounding)
     rounded = {s.name for s in net.stage_list(cfg) if any(np.ndim(params[k]) == 4 for k in s.params)}
     out = []
     for b in chosen:
-        if b.needs_smoothing and not label_smoothing:
-            raise ValueError(f"{b.name} plants nothing at label_smoothing = 0; use α > 0 (e.g. 0.1)")
         chain = bugs.plant(b.name, net, cfg)
         ran = conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing, how="eager")
         report = stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing, key=key, ran=ran)
