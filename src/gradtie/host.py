@@ -9,7 +9,7 @@ way, in the dtype JAX gives the host array (float64 needs `jax_enable_x64`, as w
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Optional
 
 import jax
 import numpy as np
@@ -25,3 +25,12 @@ def to_device(a: Any, dtype: Any = None) -> jax.Array:
 def tree_to_device(tree: Any, dtype: Any = None) -> Any:
     """`to_device` on every leaf of a tree (a dict of parameters, a selection per pool)."""
     return jax.tree.map(lambda a: to_device(a, dtype), tree)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of memory available now (Linux's MemAvailable), or None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        return None

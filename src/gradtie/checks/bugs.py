@@ -29,9 +29,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import kit as kit_
+from .. import kit as kit_, nets
 from ..kit import KIT, Call
-from .. import nets
 from ..nets import protocol
 from ..nets.protocol import SMOOTHED_CE, Net, as_net
 from ..ops import batchnorm, conv, head, maxpool
@@ -148,18 +147,14 @@ def _bn_nodes_reduced_twice(name, saved, weight, bias, dy):
 # ---- max pool ----------------------------------------------------------------------------------
 
 def _pool_overwrite(name, saved: maxpool.PoolSaved, dy, sigma=None):
-    # planted: each window's cotangent is WRITTEN onto its cell (scatter .set); where overlapping
-    # windows pick the same cell, one write wins instead of the two adding
+    # planted: each window's cotangent is WRITTEN onto its cell (scatter .set): where overlapping
+    # windows pick the same cell, the last write wins instead of the two adding
     x, spec = saved
-    n, c, h, w = x.shape
-    sigma = maxpool.select(x, spec) if sigma is None else sigma
-    # the flat input index (row-major over H, W) of the cell σ picks in each window; h·w in padding
-    row = spec.stride * jnp.arange(sigma.shape[2])[:, None] - spec.pad + sigma // spec.size
-    col = spec.stride * jnp.arange(sigma.shape[3])[None, :] - spec.pad + sigma % spec.size
-    idx = jnp.where((row >= 0) & (row < h) & (col >= 0) & (col < w), row * w + col, h * w).reshape(n, c, -1)
-    ni, ci = jnp.arange(n)[:, None, None], jnp.arange(c)[None, :, None]
-    flat = jnp.zeros((n, c, h * w + 1), dy.dtype).at[ni, ci, idx].set(dy.reshape(n, c, -1))
-    return flat[:, :, :h * w].reshape(n, c, h, w)
+    sigma, out = maxpool.select(x, spec) if sigma is None else sigma, jnp.zeros(x.shape, dy.dtype)
+    for cell in range(spec.size ** 2):   # one cell index at a time: no two windows collide within it
+        part = maxpool.scatter(sigma, jnp.where(sigma == cell, dy, 0), x.shape, spec)
+        out = jnp.where(part != 0, part, out)
+    return out
 
 
 def _pool_offset(name, saved: maxpool.PoolSaved, dy, sigma=None):

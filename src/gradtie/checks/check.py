@@ -24,8 +24,7 @@ import numpy as np
 from .. import data as data_
 from .. import nets, parallel, prng, rendered, train
 from .. import tolerances as tol
-from ..host import to_device
-from ..nets import protocol
+from ..host import available_memory, to_device
 from ..nets.protocol import Net, as_net
 from ..progress import compile_clock, phase
 from . import bugs, census, fd, stages
@@ -194,32 +193,17 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
 CHECK_MEMORY_FACTOR = 6
 
 
-def memory_estimate(net: Net, batch: int, image_size: int, dtype: str = "float64") -> int:
-    """Bytes a check at this batch and size needs, from the forward's saved record at abstract
-    shapes (nothing is allocated or compiled): CHECK_MEMORY_FACTOR × batch × the saved floats of
-    one example × 8 bytes (the reference is float64 whatever the chain's dtype), plus the weights."""
-    params, x = protocol.abstract_inputs(net, net.config(), (1, net.channels, image_size, image_size))
-    _, saved = jax.eval_shape(lambda p, a: net.forward(p, a, net.config()), params, x)
-    per_example = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(saved))
-    weights = sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(params))
+def memory_estimate(net: Net, batch: int, image_size: int) -> int:
+    """Bytes a check at this batch and size needs, from shapes alone (nothing allocated or compiled):
+    CHECK_MEMORY_FACTOR × batch × one example's saved floats, plus the weights (4 copies), at 8
+    bytes (the reference is float64 whatever the chain's dtype)."""
+    per_example, weights = net.floats(image_size)
     return 8 * (CHECK_MEMORY_FACTOR * batch * per_example + 4 * weights)
 
 
-def available_memory() -> Optional[int]:
-    """Bytes of memory available now (Linux's MemAvailable), or None where it cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
-
-
-def _positive(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} {value!r}: expected a positive integer")
+def _integer(name: str, value, least: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise ValueError(f"{name} {value!r}: expected a {'positive' if least else 'non-negative'} integer")
     return int(value)
 
 
@@ -242,14 +226,12 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     which the census must refuse (exit code 2).
     """
     net = nets.load(net)
-    batch = _positive("batch", batch)
-    replicas = _positive("replicas", replicas)
+    batch, replicas, seed = _integer("batch", batch), _integer("replicas", replicas), _integer("seed", seed, 0)
     if dtype not in ("float64", "float32"):
         raise ValueError(f"dtype {dtype!r}: expected float64 or float32")
-    if plant_tie and data not in (None, "flat"):
-        raise ValueError(f"plant_tie builds its point on flat images; got data {data!r} (use flat)")
-    if plant_tie and not smoothness:
-        raise ValueError("plant_tie needs the smoothness census (it exists to be refused by it)")
+    if plant_tie and (data not in (None, "flat") or not smoothness):
+        raise ValueError(f"plant_tie builds its point on flat images (got data {data!r}) for the smoothness "
+                         f"census to refuse (smoothness {smoothness})")
     if replica_counts is not None:   # uneven replica batches: R from the counts, which hold the batch
         replica_counts = parallel.check_counts("replica-counts", replica_counts, len(tuple(replica_counts)), batch)
         replicas = len(replica_counts)
@@ -261,9 +243,7 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     image_size = (32 if net.suite else net.default_size) if image_size is None else image_size
     if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or not net.size_ok(image_size):
         raise ValueError(f"image-size {image_size!r}: {net.name} takes {net.size_rule}")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed {seed!r}: expected a non-negative integer")
-    need, have = memory_estimate(net, batch, image_size, dtype), available_memory()
+    need, have = memory_estimate(net, batch, image_size), available_memory()
     if have is not None and need > have:
         raise ValueError(f"batch {batch} at {image_size} px: the check needs about {need / 2**30:.1f} GiB, this "
                          f"machine has {have / 2**30:.1f} GiB available; use a smaller --batch or --image-size")

@@ -32,8 +32,7 @@ from .. import tolerances as tol
 from ..host import to_device, tree_to_device
 from ..kit import KIT
 from ..nets.protocol import Net, Pass, as_net
-from . import envelope as env_
-from . import census
+from . import census, envelope as env_
 from .tie import (Chain, NodeRow, TieReport, bn_cells, checked_dtype, compare, frozen_selections, node_cells,
                   reference_at, report, targets_matrix, tie, zero_in_reals)
 

@@ -18,8 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import parallel, rendered
-from .. import reference as reference_
+from .. import parallel, reference as reference_, rendered
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
 from ..nets.layers import zero_in_reals

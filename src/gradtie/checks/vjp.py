@@ -27,8 +27,7 @@ import numpy as np
 
 from .. import prng, reference
 from .. import tolerances as tol
-from . import envelope as env_
-from . import fd as fd_
+from . import envelope as env_, fd as fd_
 from .tie import NodeRow, compare, need_x64
 
 KINK_STEPS = (1e-6, 1e-7, 1e-8)

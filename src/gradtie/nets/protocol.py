@@ -237,6 +237,15 @@ class Net:
         """Every BatchNorm layer, in forward order (read off the stages at abstract shapes)."""
         return _bn_names(self, self.cfg(cfg))
 
+    def floats(self, image_size: int, cfg=None) -> tuple[int, int]:
+        """(floats one example's saved record holds, floats of the weights) at this image size, read
+        at abstract shapes (nothing is allocated or compiled): what a run's memory grows with."""
+        cfg = self.cfg(cfg)
+        params, x = abstract_inputs(self, cfg, (1, self.channels, image_size, image_size))
+        _, saved = jax.eval_shape(lambda p, a: self.forward(p, a, cfg), params, x)
+        count = lambda tree: sum(math.prod(leaf.shape) for leaf in jax.tree.leaves(tree))  # noqa: E731
+        return count(saved), count(params)
+
     def init_running(self, params: Mapping, cfg=None) -> dict[str, jax.Array]:
         """Running statistics before the first step: mean 0, variance 1 (PyTorch's)."""
         return running_init(params, self.bn_names(cfg))
