@@ -11,6 +11,7 @@ Most calls run `cli.main` in-process (one JAX start-up, shared compilations); th
 `--replicas` and one planted tie run `python -m gradtie` in a subprocess from the repository root.
 """
 
+import io
 import json
 import re
 import subprocess
@@ -47,6 +48,27 @@ def test_photos_batch_is_tied(capsys):
     assert "smooth point:" in out and agree and agree[1] == agree[2] and int(agree[1]) >= 38
     assert "[weights drawn]" in out and "exit 0: tied" in out
     assert code == EXIT_TIED
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_progress_shows_each_phase_in_a_terminal_only(capsys, monkeypatch):
+    # a terminal's stderr sees the phase bar and the finite differences' bar over the nodes
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    assert cli.main(QUICK + ["--data", "photos"]) == EXIT_TIED
+    shown = terminal.getvalue()
+    for phase in ("census", "reference + envelope", "tie", "finite differences"):
+        assert phase in shown, shown[-2000:]
+    # tqdm redraws at most every 0.1 s, so the inner bar may be cleared before it draws 39/39
+    assert re.search(r"finite differences: +\d+%.* \d+/39 ", shown), shown[-2000:]
+    # stderr that is not a terminal (a notebook, a pipe) sees nothing
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    assert cli.main(QUICK + ["--data", "photos", "--no-fd"]) == EXIT_TIED
+    assert sys.stderr.getvalue() == ""
 
 
 def test_float32_chain_ties_within_the_float32_envelope(capsys):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -45,8 +46,14 @@ def key() -> str:
     return h.hexdigest()[:16]
 
 
-def pip(python: Path, *args: str) -> None:
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *args], check=True)
+def pip(python: Path, *args: str, quiet: bool = True) -> None:
+    subprocess.run([str(python), "-m", "pip", "install", *(["-q"] if quiet else []), *args], check=True)
+
+
+def requirement_names() -> list[str]:
+    """The names requirements.txt pins, in its order (what the first build says it installs)."""
+    lines = (line.split("#")[0].strip() for line in (ROOT / "requirements.txt").read_text().splitlines())
+    return [re.split(r"[<>=!~\[; ]", line, maxsplit=1)[0] for line in lines if line]
 
 
 def shared_venv() -> Path:
@@ -56,14 +63,16 @@ def shared_venv() -> Path:
     with open(CACHE / f"{deps.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not (deps / COMPLETE).is_file():
-            print(f"installing requirements.txt into {deps} (once for this interpreter and requirements.txt)")
+            names = requirement_names()
+            print(f"installing the {len(names)} requirements of requirements.txt ({', '.join(names)}) and what they "
+                  f"need into {deps}: a minute or two, once for this interpreter and requirements.txt", flush=True)
             shutil.rmtree(deps, ignore_errors=True)
             subprocess.run([sys.executable, "-m", "venv", str(deps)], check=True)
             python = deps / "bin" / "python"
             pip(python, "--upgrade", "pip", "setuptools")
             # byte code only for what the tests and the book import (pip's compiling of all of it
             # took 50 s more), here so that every clone shares it; the rest compiles on first import
-            pip(python, "--no-compile", "-r", str(ROOT / "requirements.txt"))
+            pip(python, "--no-compile", "-r", str(ROOT / "requirements.txt"), quiet=False)   # pip's progress
             env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
             subprocess.run([str(python), "-c", f"import {', '.join(WARM)}"], check=True, env=env,
                            stdout=subprocess.DEVNULL)

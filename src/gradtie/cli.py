@@ -32,7 +32,7 @@ def _check(args: argparse.Namespace) -> int:
                        dtype=args.dtype, bf16=args.bf16, seed=args.seed, weights=args.weights,
                        label_smoothing=args.label_smoothing, plant_tie=args.plant_tie,
                        plant_bug=args.plant_bug, replicas=args.replicas, replica_counts=args.replica_counts,
-                       finite_differences=not args.no_fd)
+                       finite_differences=not args.no_fd, progress=not args.json)
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=float))
     else:
@@ -263,7 +263,10 @@ def parser() -> argparse.ArgumentParser:
         epilog="examples:\n  gradtie bench --net cifar8 --batch 32 128\n"
                "  gradtie bench --suite cpu --out benchmarks/results/cpu.json\n"
                "  JAX_COMPILATION_CACHE_DIR=~/.cache/jax gradtie bench --suite gpu --warm-cache --out gpu.json\n"
-               "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB")
+               "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB\n\n"
+               "exit codes:\n  0  measured (with --abstract: every computation fits the profile's memory)\n"
+               "  1  with --abstract: some computation needs more memory than the profile's device has\n"
+               "  3  invalid input (one line on stderr)")
     be.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
     be.add_argument("--batch", type=_positive, nargs="+", default=[32], help="per-replica batch size(s)")
     be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32")

@@ -31,13 +31,17 @@ def bar(iterable: Optional[Iterable[T]] = None, *, desc: str, total: Optional[in
 
 
 @contextmanager
-def phase(timings: dict, name: str):
-    """Adds the wall seconds of the block to timings[name]."""
+def phase(timings: dict, name: str, shown: Optional[tqdm] = None):
+    """Adds the wall seconds of the block to timings[name]; names the block on the bar `shown`, if any."""
+    if shown is not None:
+        shown.set_description_str(name)
     start = time.perf_counter()
     try:
         yield
     finally:
         timings[name] = timings.get(name, 0.0) + time.perf_counter() - start
+        if shown is not None:
+            shown.update()
 
 
 @contextmanager

@@ -26,7 +26,7 @@ from .. import nets, parallel, prng, rendered, train
 from .. import tolerances as tol
 from ..host import available_memory, to_device
 from ..nets.protocol import Net, as_net
-from ..progress import compile_clock, phase
+from ..progress import bar, compile_clock, phase
 from . import bugs, census, fd, stages
 from .bf16 import check as bf16_check
 from .tie import Chain, need_x64, reference_at, targets_matrix, tie
@@ -120,14 +120,14 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
           chain: Optional[Chain] = None, smoothness: bool = True, finite_differences: bool = True,
           replicas: int = 1, counts: Optional[tuple[int, ...]] = None, bf16: bool = False,
           key: Optional[jax.Array] = None, settings: Optional[dict] = None,
-          timings: Optional[dict] = None) -> CheckReport:
+          timings: Optional[dict] = None, progress: bool = False) -> CheckReport:
     """Census, tie and finite differences of a rendered chain of `net` at (params, x, targets).
 
     net: a `Net` (yours or the book's). plant_bug: a catalogue entry (`checks.bugs`) planted in the
     chain; chain: any rendered side (`tie.Chain`) instead. replicas R > 1 (or counts): the
     data-parallel step on R host devices at R·N = batch, tied to one device. bf16: the chain's conv
     sites as bf16 kinds, judged stage by stage (`checks.bf16`). The reference is float64: needs
-    `jax_enable_x64`. Returns the report; `report.exit_code` is `gradtie check`'s."""
+    `jax_enable_x64`. progress: bars on stderr, in a terminal. Returns the report (`.exit_code`)."""
     net = as_net(net)
     cfg = net.cfg(cfg)
     need_x64("check")
@@ -148,10 +148,11 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     timings = {} if timings is None else timings
     settings = dict(settings or {}, net=net.name, plant_bug=chain.planted or None)
     t = targets_matrix(targets, cfg.num_classes, jnp.result_type(x))
-    smooth = None
-    with compile_clock(timings):
+    smooth, parting, fd_rows, run_fd = None, None, [], finite_differences and dtype == "float64" and single
+    phases = smoothness + (1 if bf16 else 2 + run_fd)   # census; bf16, or reference, tie, differences
+    with compile_clock(timings), bar(desc="check", total=phases, enabled=progress) as steps:
         if smoothness:
-            with phase(timings, "census"):
+            with phase(timings, "census", steps):
                 # the point's smoothness is the real loss's, read in float64: a bf16 chain rounds conv
                 # outputs to 8 bits, which makes exact ties between cells that are not twins
                 p64 = {k: to_device(v, np.float64) for k, v in params.items()}
@@ -159,23 +160,22 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
             if not smooth.ok:
                 return CheckReport(None, [], smooth, settings, timings)
         if bf16:   # a bf16 chain does not tie to float64 autodiff: its stages do, within a bf16 envelope
-            with phase(timings, "bf16 check"):
+            with phase(timings, "bf16 check", steps):
                 rep = bf16_check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                   key=jax.random.fold_in(key, 2))
             return CheckReport(rep, [], smooth, settings, timings)
-        with phase(timings, "reference + envelope"):
+        with phase(timings, "reference + envelope", steps):
             point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, 3))
-        with phase(timings, "tie"):
+        with phase(timings, "tie", steps):
             result = tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain,
                          replicas=replicas, counts=counts)
-        parting = None
         if single and result.failed:
-            with phase(timings, "first parting"):
+            steps.total += 1
+            with phase(timings, "first parting", steps):
                 parting = stages.stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                             key=jax.random.fold_in(key, 4)).first_parting()
-        fd_rows = []
-        if finite_differences and dtype == "float64" and single:
-            with phase(timings, "finite differences"):
+        if run_fd:
+            with phase(timings, "finite differences", steps):
                 out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
                                    how="compiled" if not chain.planted else "quick")
                 # the input row only where the real loss has an input gradient (no tie at a positive max)
@@ -183,7 +183,7 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
                 fd_rows = fd.derivatives(net, params, x, t, cfg, out.grads, reference_grads=point.reference[1],
                                          key=jax.random.fold_in(key, 2), label_smoothing=label_smoothing,
                                          loss_roundoff=point.envelope.loss, dx=out.dx if real_input else None,
-                                         reference_dx=point.reference[2] if real_input else None)
+                                         reference_dx=point.reference[2] if real_input else None, progress=progress)
     return CheckReport(result, fd_rows, smooth, settings, timings, parting)
 
 
@@ -212,7 +212,7 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
               label_smoothing: Optional[float] = None, smoothness: bool = True, plant_tie: bool = False,
               weights: str = "drawn", plant_bug: Optional[str] = None, replicas: int = 1,
               replica_counts: Optional[tuple[int, ...]] = None,
-              finite_differences: bool = True, x: Optional[jax.Array] = None) -> CheckReport:
+              finite_differences: bool = True, x: Optional[jax.Array] = None, progress: bool = False) -> CheckReport:
     """Build a point and `check` it: what `gradtie check` runs.
 
     net: "cifar8", "resnet34", or `path.py:NAME` / `module:NAME` (a `Net` of your own). weights:
@@ -273,4 +273,4 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     return check(net, params, x, targets_matrix(labels, cfg.num_classes, jnp.dtype(dtype)), cfg,
                  label_smoothing=label_smoothing, plant_bug=plant_bug, smoothness=smoothness,
                  finite_differences=finite_differences, replicas=replicas if replica_counts is None else 1,
-                 counts=replica_counts, bf16=bf16, key=key, settings=settings)
+                 counts=replica_counts, bf16=bf16, key=key, settings=settings, progress=progress)

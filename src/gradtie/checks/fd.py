@@ -28,6 +28,7 @@ from .. import tolerances as tol
 from ..host import to_device
 from ..nets.protocol import Net, Pass, as_net, fold_forward
 from ..ops import maxpool
+from ..progress import bar
 from .tie import piece_of, targets_matrix
 
 
@@ -118,12 +119,12 @@ def _suffix_probe(net: Net, start: int, params, h, cfg, targets, alpha, here):
 
 def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: dict, key, names=None,
                 label_smoothing: float = 0.0, loss_roundoff: float = 0.0, dx=None, reference_dx=None,
-                factor: float = tol.FD_FACTOR) -> list[FDRow]:
+                factor: float = tol.FD_FACTOR, progress: bool = False) -> list[FDRow]:
     """One `row` per node in `names` (default: all, then "input" when `dx` is given): D(h) along a
     random unit direction (drawn on the host) against ⟨rendered node, v⟩ (grads, dx), scaled by the
     oracle's (reference_grads, reference_dx), at the `best_step` from FD_STEP (or twice the last
     node's: a point's nodes keep to similar radii), each end one probe from the node's stage on.
-    loss_roundoff: ε_L, the loss's round-off spread at the point (`Envelope.loss`). targets: [N,K]."""
+    loss_roundoff: ε_L, the loss's round-off spread (`Envelope.loss`). targets: [N,K]. progress: a bar."""
     net = as_net(net)
     names = list(params) + (["input"] if dx is not None else []) if names is None else list(names)
     params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
@@ -145,7 +146,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: d
     rendered_of, reference_of = dict(grads, input=dx), dict(reference_grads, input=reference_dx)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in reference_grads.values())
     rows, h, rng = [], tol.FD_STEP, prng.host_rng(key)
-    for name in names:
+    for name in bar(names, desc="finite differences", enabled=progress):
         start, base = entry_of[name], np.asarray(x if name == "input" else params[name])
         v = rng.standard_normal(base.shape)
         v = v / np.linalg.norm(v)
