@@ -68,7 +68,7 @@ from gradtie.nets import cifar8, resnet34
 # %% tags=["parameters"]
 net: str = "resnet34"  # the suite's data-parallel net; "cifar8" runs it beyond the suite
 batch: int = 2        # the largest N (examples per replica) of the R·N sweep
-replicas: int = 2     # the largest R of the sweep (R = 2, 4, …; at most 8 host devices; cpu profile: 8)
+replicas: int = 2     # the largest R of the sweep (2, 4, … up to it; at most 8 host devices; cpu profile: 8)
 image_size: int = 32
 head_width: int = 64  # cifar8 only: 64 is the narrow head, 512 the wide one
 seed: int = 0

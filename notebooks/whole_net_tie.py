@@ -69,7 +69,7 @@ resnet_batch: int = 4  # ResNet-34 examples
 num_classes: int = 10  # ResNet-34 classes K (1000 for ImageNet)
 label_smoothing: float = 0.1  # alpha, for both nets (smoothed targets, SPEC §1)
 fd_nodes: int = 4      # ResNet-34 nodes checked by finite differences (0: all 110)
-weights: str = "drawn"  # the only choice: at the initial weights (γ = 1, β = 0) some backward bugs hide
+weights: str = "drawn"  # the only choice: some backward bugs hide at the initial weights, where every γ is 1 and β 0
 every_n: bool = False  # the N sweep: every N of 1…8 (False: 1, 2, 4, 8)
 seed: int = 0
 
@@ -320,7 +320,7 @@ print(f"float64: {sum(r.ok for r in flat_tie.nodes)}/{len(flat_tie.nodes)} nodes
       f"{'tied' if flat_tie.row('input').ok else 'FAILED'} (model: {flat_tie.meta['input_model']}); smallest "
       f"BatchNorm reduction M = {small[1]} ({small[0]})")
 print(f"  limits widened past the 1e-10 floor: more than half the rows: {len(widened) > len(flat_tie.rows) // 2}; "
-      f"widest at least 1e-8: {max(r.limit for r in widened) >= 1e-8}")
+      f"widest at least ten times the floor: {max(r.limit for r in widened) >= 1e-9}")
 print(f"float32: rows too ill-conditioned to judge: every parameter node: "
       f"{all(r.ill_conditioned for r in flat_f32.nodes)}; nodes it can judge: "
       f"{sum(not r.ill_conditioned for r in flat_f32.nodes)}")
@@ -329,7 +329,11 @@ print(book.glue("r34_m2", (small[1], sum(r.ok for r in flat_tie.nodes), len(flat
                 "M = {}: float64 {}/{} nodes tied with limits widened by the point's envelope; "
                 "float32: {} nodes too ill-conditioned to judge"))
 assert flat_tie.ok and small == ("layer4.0.bn1", 2) and flat_tie.meta["input_model"] == "frozen"
-assert len(widened) > len(flat_tie.rows) // 2 and max(r.limit for r in widened) >= 1e-8
+# the widest limit varies with the seed (8.0e-9 at seed 3); the band is the prose's "1e-9 and
+# more", ten times the floor
+assert len(widened) > len(flat_tie.rows) // 2 and max(r.limit for r in widened) >= 1e-9, (
+    f"M = 2 point: expected more than half the rows widened and the widest at least 1e-9, got "
+    f"{len(widened)}/{len(flat_tie.rows)} widest {max(r.limit for r in widened):.1e}")
 assert all(r.ill_conditioned for r in flat_f32.nodes)
 
 # %%

@@ -57,7 +57,7 @@ from gradtie.nets import cifar8, resnet34
 
 # %% tags=["parameters"]
 batch: int = 4       # cifar8 photo crops
-resnet_batch: int = 2  # ResNet-34 flat images: at 32 px, layer4's BN then averages over M = 2 cells
+resnet_batch: int = 2  # ResNet-34 flat images: at 32 px layer4's BN then averages over this many cells
 image_size: int = 32  # ResNet-34's image side
 replicas: int = 2    # the synchronised-BN entries: R replicas on host devices
 seed: int = 0

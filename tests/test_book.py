@@ -320,6 +320,12 @@ def test_every_chapter_parameter_is_typed_and_validated():
         for name, (kind, default, _) in cell.items():
             assert kind in ("int", "float", "str", "bool") and type(default).__name__ == kind, (c.name, name)
             assert book.PARAMETERS[name](name, default) == default
+        # papermill reads the same cell: every line parses (an "=" in a comment breaks its parser,
+        # and the parameter then shows no type under --help-notebook)
+        from papermill.translators import PythonTranslator
+        source = "\n".join(f"{n}: {k} = {d!r}  # {comment}" for n, (k, d, comment) in cell.items())
+        seen = {p.name: p.inferred_type_name for p in PythonTranslator.inspect({"source": source})}
+        assert seen == {n: k for n, (k, _, _) in cell.items()}, (c.name, seen)
 
 
 def test_an_unknown_injected_parameter_names_the_chapter_s_parameters(monkeypatch):

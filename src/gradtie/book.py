@@ -24,6 +24,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Optional
 
+from .assertions import explain_asserts
 from .progress import bar
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,7 +228,9 @@ def parameters_table() -> str:
 
 def validated(**params) -> SimpleNamespace:
     """Check each chapter parameter by name; raise ValueError naming the first bad one, and naming
-    any parameter papermill was handed that the chapter does not have (papermill itself only warns)."""
+    any parameter papermill was handed that the chapter does not have (papermill itself only warns).
+    In a kernel, every later failing assert then names its values and these parameters
+    (`assertions.explain_asserts`)."""
     unknown = [name for name in _injected() if name not in params]
     if unknown:
         raise ValueError(f"unknown parameter(s) {', '.join(map(repr, unknown))} for this chapter; its parameters "
@@ -237,6 +240,7 @@ def validated(**params) -> SimpleNamespace:
         if name not in PARAMETERS:
             raise ValueError(f"unknown chapter parameter {name!r}; known: {', '.join(sorted(PARAMETERS))}")
         out[name] = PARAMETERS[name](name, value)
+    explain_asserts(out)
     return SimpleNamespace(**out)
 
 
