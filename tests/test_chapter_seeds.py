@@ -2,7 +2,7 @@
 
 A chapter's bands state what holds for every valid parameter set; a band that holds at seed 0 only
 is a defect this finds (the pools chapter's margin at seed 3 was one). Each run is a whole chapter
-under papermill, so the sweep belongs to `make test-all` (about 25 minutes on a 2-core CPU, README).
+under papermill, so the sweep belongs to `make test-all` (about 20 minutes on a 2-core CPU, README).
 """
 
 import pytest
