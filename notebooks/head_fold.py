@@ -172,8 +172,11 @@ controls = head_checks.control_cases(z6, t6, 0.1)
 print(controls.table())
 
 # %% tags=["nbval-check-output"]
-print(book.glue("fold_controls", controls.summary()))
-assert controls.rows[0].ok and not any(r.ok for r in controls.rows[1:])
+fold, planted = controls.rows[0], controls.rows[1:]
+red = [r.name for r in planted if not r.ok]
+print(book.glue("fold_controls", f"the fold tied at rel err ≤ {fold.limit:.0e}; {len(red)}/{len(planted)} planted "
+                                 f"controls red: {', '.join(red)}"))
+assert fold.ok and len(red) == len(planted), f"head-fold controls: expected the fold tied and every control red, got {controls.summary()}"
 
 # %%
 plots.head_fold.fold_ties({"case": cases, "α=0.1 N=6 mixup": controls}, tolerances.REL_F64)
