@@ -269,14 +269,14 @@ assert walk8.fd_converges and forgot_walk.fd_verdict == "fails"
 # %% [markdown]
 # The other way a verdict goes wrong is by saying "converges" with nothing to go on. We move one
 # BatchNorm shift β of bn8 so that a ReLU input sits close to 0 — on its own side of it, so the
-# census still calls the point smooth — with its kink at a tenth of the step below which round-off
+# census still calls the point smooth — with its kink at a hundredth of the step below which round-off
 # alone exceeds 1 % of the node. Whatever steps fit inside the kink (at some seeds none does) are
 # drowned in round-off, and a step that crosses the kink is never judged: the verdict must be
 # "no evidence".
 
 # %%
 near_key = jax.random.fold_in(jax.random.fold_in(key, 2), 7)
-near_params = germs.near_kink(net8, params8, x8, cfg8, "bn8", key=near_key, radius=walk8.roundoff_edge / 10)
+near_params = germs.near_kink(net8, params8, x8, cfg8, "bn8", key=near_key, radius=walk8.roundoff_edge / 100)
 near_census = census.smoothness(net8, near_params, x8, cfg8)
 near = germs.germ(net8, near_params, x8, targets, cfg8, germs.rendered_nodes(net8, near_params, x8, targets, cfg8),
                   "bn8", key=near_key, label="c8Z8, kink close")

@@ -18,8 +18,13 @@ class _RewriteAsserts(ast.NodeTransformer):
 
     def visit(self, node: ast.AST) -> ast.AST:
         from _pytest.assertion.rewrite import rewrite_asserts   # pytest is pinned: the tests use it
-        if isinstance(node, ast.Module):
+        if isinstance(node, ast.Module) and any(isinstance(n, ast.Assert) for n in ast.walk(node)):
             rewrite_asserts(node, b"", None, None)
+            # the imports it inserts carry the first statement's line and no end: after a cell's
+            # leading comments that is an end before the start, which compile() refuses
+            for n in ast.walk(node):
+                if getattr(n, "lineno", None) is not None and (getattr(n, "end_lineno", None) or 0) < n.lineno:
+                    n.end_lineno, n.end_col_offset = n.lineno, n.col_offset
         return node
 
 

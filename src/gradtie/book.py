@@ -366,21 +366,26 @@ def strip_volatile(nb) -> None:
             cell.metadata.pop(key, None)
 
 
+def source_notebook(name: str, dst: Path) -> Path:
+    """Write notebooks/<name>.py (jupytext py:percent, the reviewed source), unexecuted, to `dst`."""
+    import jupytext
+    import nbformat
+
+    nb = jupytext.read(NOTEBOOKS / f"{name}.py")
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata.pop("jupytext", None)
+    nbformat.write(nb, dst)
+    return dst
+
+
 def refresh(name: str) -> Path:
     """notebooks/<name>.py (jupytext py:percent, the reviewed source) -> executed notebooks/<name>.ipynb.
 
     The executed notebook, at the ci defaults, is what nbval compares against in `make test`.
     """
-    import jupytext
-    import nbformat
     import papermill
 
-    src = NOTEBOOKS / f"{name}.py"
-    dst = NOTEBOOKS / f"{name}.ipynb"
-    nb = jupytext.read(src)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nb.metadata.pop("jupytext", None)
-    nbformat.write(nb, dst)
+    dst = source_notebook(name, NOTEBOOKS / f"{name}.ipynb")
     papermill.execute_notebook(str(dst), str(dst), kernel_name="python3", cwd=str(NOTEBOOKS),
                                progress_bar=False)
     chapter = next((c for c in CHAPTERS if c.name == name), Chapter(name, name))
