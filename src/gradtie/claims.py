@@ -125,7 +125,8 @@ SUITE: tuple[Claim, ...] = (
           "strict or tied only between twins (`R34LossSmoothAtB`); any loss L of the logits with gradient g",
           (_s("whole_net_tie", "The tie in float64", "r34_nodes_tied"),
            _s("whole_net_tie", "The M = 2 point: limits widen, float32 cannot tell", "r34_m2"),
-           _s("whole_net_tie", "Each node is the derivative of the whole loss", "r34_fd_nodes"))),
+           _s("whole_net_tie", "Each node is the derivative of the whole loss", "r34_fd_nodes"),
+           _s("whole_net_tie", "Every loss cotangent", "cotangent_ties"))),
     Claim("r34_net_tiedB", "`r34_net_tiedB`: the 110 raw gradient nodes of ResNet-34's train step (146 at "
           "`convBias := true`)",
           "none (no smoothness clause): each node at the cotangent the render's chain delivers; N a binder; "
