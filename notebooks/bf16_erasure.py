@@ -19,9 +19,12 @@
 # each node stated as `ConvWTiedBAt bf16` / `ConvStridedWTiedBAt bf16` (bf16 := false the f32 node,
 # bf16 := true the bf16 one), read over ℝ at the identity rounding: **`Bf16Erasure`**, at the
 # identity rounding the bf16 kind denotes what its f32 peer does. Under sharding, what the bf16
-# weight-gradient kinds do is **`DataParallel.SyncBf16`**. That is the suite's scope, and this chapter
-# shows it numerically: erasure at identity, and the weight-gradient nodes at the cotangents the
-# chain hands them.
+# weight-gradient kinds do is **`DataParallel.SyncBf16`**, which states the all-reduced node's
+# difference from the rounded sum exactly and bounds nothing. That is the suite's scope: it reads
+# the bf16 nodes only at the identity rounding. This chapter shows it numerically: erasure at
+# identity, kind by kind and along both whole chains, so that the conv weight nodes on the bf16
+# switch read the same derivative as the f32 ones (`cifar8Bbn_net_lossGrad`'s
+# `convWAt_hasGradAt`); and `SyncBf16`'s formula on a replica split.
 #
 # The book's nets go further, and **everything marked "beyond the suite" below is ours, not a
 # statement of the suite**: they can round every conv site — the forward conv and the input backward
@@ -40,14 +43,17 @@
 #
 # - **erasure** (`Bf16Erasure`): at `rnd = identity` the kind computes exactly what its f32 peer
 #   computes, bit for bit, for each of the six kinds and along both nets' whole rendered chains;
-# - **rounding**: with bf16 round-to-nearest-even the node is rnd(f32 node at rounded operands);
+# - **rounding** (beyond the suite, which reads bf16 nodes at the identity rounding only): with
+#   bf16 round-to-nearest-even the node is rnd(f32 node at rounded operands);
 # - **the bound** (beyond the suite): each output's error against the exact value, relative to the
-#   magnitude sum Σ|a|·|b| of its products, stays under SPEC §7's bound at its contraction length n;
-# - **the whole gradient, stage by stage** (`ConvWTiedBAt bf16`, and beyond the suite for the other
-#   sites): every stage of the bf16 chain — its nodes and the cotangent it hands on — is the VJP of
-#   that stage at the input and cotangent the chain hands it, and every catalogue bug planted in the
-#   bf16 chain parts from it;
-# - the replica sum (`SyncBf16`), and a compiler that is allowed to delete casts (beyond the suite).
+#   magnitude sum Σ|a|·|b| of its products, stays under the mixed-precision bound B(n) at its
+#   contraction length n;
+# - **the whole gradient, stage by stage, at real rounding** (beyond the suite: `ConvWTiedBAt bf16`
+#   is read at the identity rounding): every stage of the bf16 chain — its nodes and the cotangent
+#   it hands on — is the VJP of that stage at the input and cotangent the chain hands it, and every
+#   catalogue bug planted in the bf16 chain parts from it;
+# - the replica sum (`SyncBf16`: its exact formula; the 2u·M bound on it is ours, beyond the
+#   suite), and a compiler that is allowed to delete casts (beyond the suite).
 #
 # Exact values are float64, so the first cell turns it on; the bf16 chains themselves run in
 # float32.
@@ -150,6 +156,11 @@ assert all(report.ok for report in erasure.values())
 # %% [markdown]
 # ## With bf16 rounding: node = rnd(f32 node at rounded operands)
 #
+# ```{admonition} Beyond the suite
+# :class: attention
+# Real bf16 rounding: the suite reads its bf16 nodes at the identity rounding only (`Bf16Erasure`).
+# ```
+#
 # With real rounding the kind is not its f32 peer, but it is the f32 peer run on rounded operands
 # and rounded once. The nets' default rounding keeps the operands bf16-typed, so the conv itself
 # reads bf16 and accumulates into float32; the reference runs the f32 op on the same values held
@@ -196,11 +207,16 @@ assert not any(row.equal for row in wrong.values())
 # %% [markdown]
 # ## The bound (beyond the suite)
 #
+# ```{admonition} Beyond the suite
+# :class: attention
+# No statement of the suite bounds the bf16 rounding error: the bound below is ours.
+# ```
+#
 # Take one output s = Σ_{i≤n} a_i·b_i. Rounding the operands gives â = a(1+α), b̂ = b(1+β) with
 # |α|, |β| ≤ u = 2⁻⁸ (bf16 keeps 8 significant bits), so |Σ âb̂ − Σ ab| ≤ (2u + u²)·M with the
 # **magnitude sum** M = Σ|a|·|b|. The products âb̂ of two bf16 values are exact in float32, and a
-# float32 sum of n terms, in any order, errs by at most ((1+v)^(n−1) − 1)·Σ|âb̂|, v = 2⁻²⁴; SPEC
-# keeps the exponent n+1, which also covers rounded products. Together
+# float32 sum of n terms, in any order, errs by at most ((1+v)^(n−1) − 1)·Σ|âb̂|, v = 2⁻²⁴; we
+# keep the exponent n+1, which also covers rounded products. Together
 #
 #     |ŝ − s| ≤ B(n)·M,    B(n) = ((1+2⁻²⁴)^(n+1) − 1)(1+2⁻⁸)² + 2·2⁻⁸ + 2⁻¹⁶,
 #
@@ -209,14 +225,18 @@ assert not any(row.equal for row in wrong.values())
 # not. The contraction length n is C·k² for the forward, O·k² for the input backward (the stride-1
 # correlation of the zero-upsampled cotangent: the zeros are exact) and N·H'·W' for the weight
 # gradient, whose batch sum is inside the one contraction. For ResNet-34's 7×7 and 3×3 forward
-# convs, n = 147 … 4608 and B(n) runs from 0.0078 to 0.0081: the float32 term is small next to the
-# operand rounding until n reaches the weight gradients of large batches and images.
+# convs, n = 147 … 4608, and B(n) stays just above 2u = 0.0078 over that range (the cell below
+# computes both ends and asserts they lie within 0.0078 … 0.0082): the float32 term is small next
+# to the operand rounding until n reaches the weight gradients of large batches and images.
 #
 # As a control, a forward that accumulates in bf16 — every partial sum rounded — on positive
 # operands, where each step can lose u of a growing sum: its error grows like n·u.
 
 # %% tags=["nbval-check-output"]
-print(f"B(147) = {float(bf16.accumulation_bound(147)):.4f}, B(4608) = {float(bf16.accumulation_bound(4608)):.4f}")
+b_short, b_long = float(bf16.accumulation_bound(147)), float(bf16.accumulation_bound(4608))
+print(f"B(147) = {b_short:.4f}, B(4608) = {b_long:.4f}")
+assert 2 * bf16.U_BF16 < b_short < b_long < 0.0082, \
+    f"B(147) = {b_short:.5f}, B(4608) = {b_long:.5f}: expected 2u = {2 * bf16.U_BF16:.5f} < B(147) < B(4608) < 0.0082"
 for name, rows in site_rows.items():
     inside = sum(r.ratio <= 1 for r in rows)
     print(f"{name}: {inside}/{len(rows)} conv nodes under the bound")
@@ -250,11 +270,19 @@ plots.bf16_erasure.bf16_bound(site_rows, controls=[acc])
 plt.show()
 
 # %% [markdown]
-# ## The whole gradient, stage by stage
+# ## The whole gradient, stage by stage (beyond the suite)
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# These ties run the bf16 chain at real rounding. The suite's bf16 node tie (`ConvWTiedBAt bf16`) is
+# read at the identity rounding, where the erasure above makes it the f32 node; at real rounding
+# the node ties below are ours.
+# ```
 #
 # The suite's statement about the bf16 gradient is a node tie: each weight-gradient node, at the
-# cotangent the rendered chain threads to it, is the derivative of its op (`ConvWTiedBAt bf16`; the
-# book's nets round the other conv sites too, beyond the suite, and so the cotangents themselves).
+# cotangent the rendered chain threads to it, is the derivative of its op (`ConvWTiedBAt bf16`, at
+# the identity rounding; the book's nets round the other conv sites too, and so the cotangents
+# themselves).
 # A tie that only looks at the conv nodes cannot see a wrong cotangent: a BatchNorm backward that
 # forgets γ hands every conv below it a wrong cotangent, and each conv node is still its own op's
 # derivative at that wrong cotangent. So we tie the bf16 chain stage by stage, as the Whole-net tie
@@ -286,6 +314,9 @@ for name, report in ties.items():
           f"{'tied' if report.cotangent.ok else 'FAILED'}; {sum(r.ok for r in rows)}/{len(rows)} rows within "
           f"{report.meta['factor']:g}× the envelope")
     assert report.ok
+print(book.glue("bf16_stage_ties", tuple(x for r in ties.values() for x in (sum(t.ok for t in r.ties), len(r.ties))),
+                "bf16 chains at real rounding, stage by stage: cifar8 {}/{} stages, ResNet-34 {}/{} stages tied "
+                "to their VJP"))
 
 # %%
 # the measured figures below depend on the machine's round-off, so nbval does not compare them
@@ -337,6 +368,11 @@ plt.show()
 # a wrong one, at which they are still right.
 #
 # ## Beyond the suite: how far the bf16 gradient sits from the f32 one
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# A description of the bf16 gradient at real rounding, not a statement of the suite.
+# ```
 #
 # The stage-by-stage verdict is needed because the whole bf16 gradient is not close to the f32 gradient at
 # such a point, nor to itself: rounding to 8 bits flips ReLU masks, and BatchNorm over few cells
@@ -402,8 +438,15 @@ plt.show()
 #
 #     (1/R)·Σ_r rnd(S_r),   not   rnd(Σ_r S_r)/R,
 #
-# the difference being exactly (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)]: R + 1 roundings, each moving a
-# value by at most u of its size, so at most 2u·M. At `rnd = identity` it is 0. We split the batch
+# the difference being exactly (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)]: that formula is what `SyncBf16`
+# states, and at `rnd = identity` it is 0.
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# A bound on the difference, and the rounding itself: R + 1 roundings, each moving a value by at most
+# u of its size, so at most 2u·M. `SyncBf16` gives the difference exactly and no bound.
+# ```
+# We split the batch
 # into explicit shards at every weight-gradient site of cifar8, run each replica's kind, and compute
 # both sides in float64 (where R bf16 values and R float32 values add exactly).
 
@@ -427,6 +470,11 @@ plt.show()
 
 # %% [markdown]
 # ## What a compiler does to a cast round-trip (beyond the suite)
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# What a compiler keeps of a rounding is no statement of the suite.
+# ```
 #
 # A rounding written as a cast round-trip, `x.astype(bf16).astype(f32)`, is a pair of `convert`
 # ops, and a compiler allowed to keep excess precision may delete the pair: XLA's GPU backend does
@@ -473,14 +521,15 @@ for facts in (cast.text, typed.text):
 # ## Summary
 #
 # At `rnd = identity` every bf16 kind, and both nets' whole chains, are their f32 peers bit for
-# bit: the kinds add rounding and nothing else (`Bf16Erasure`). With bf16 rounding every conv node
-# of both nets is rnd(f32 node at rounded operands), and — beyond the suite — its error against the
-# exact value stays under SPEC §7's bound relative to the magnitude sum of its products, with room
-# to spare. Every stage of the bf16 chain — its nodes and the cotangent it hands on — is the VJP of
-# that stage at the input, cotangent and rounding decisions the chain hands it, to within the
-# point's envelope (`ConvWTiedBAt bf16` for the weight-gradient nodes), and every catalogue bug
-# planted in the bf16 chain, a wrong cotangent included, parts from it at its own stage; the whole
-# bf16 gradient, beyond the suite, sits as far from the f32 one as a 2⁻⁸ nudge moves it. The
+# bit: the kinds add rounding and nothing else (`Bf16Erasure`), so the suite's bf16 nodes, read at
+# the identity rounding, are the f32 ones. Beyond the suite, at real rounding: every conv node of
+# both nets is rnd(f32 node at rounded operands), and its error against the exact value stays under
+# the bound B(n) relative to the magnitude sum of its products, with room to spare; every stage of
+# the bf16 chain — its nodes and the cotangent it hands on — is the VJP of that stage at the input,
+# cotangent and rounding decisions the chain hands it, to within the point's envelope, and every
+# catalogue bug planted in the bf16 chain, a wrong cotangent included, parts from it at its own
+# stage; the whole bf16 gradient sits as far from the f32 one as a 2⁻⁸ nudge moves it. The
 # all-reduced bf16 weight gradient is the mean of rounded replica nodes, off from the rounded sum by
-# at most 2u·M and by nothing at identity (`SyncBf16`); and a bf16 rounding meant to survive a
-# compiler is written as bf16-typed operands or as integer arithmetic, never as a cast round-trip.
+# exactly `SyncBf16`'s formula, by nothing at identity, and (our bound, beyond the suite) by at most
+# 2u·M; and a bf16 rounding meant to survive a compiler is written as bf16-typed operands or as
+# integer arithmetic, never as a cast round-trip.

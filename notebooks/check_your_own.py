@@ -92,6 +92,11 @@ assert smooth.ok and [h.key for h in smooth.hypotheses] == [census.PARAMETERS]
 # %% [markdown]
 # ## Every node, tied
 #
+# ```{admonition} Beyond the suite
+# :class: attention
+# A net the suite does not name: no statement covers these ties.
+# ```
+#
 # `gradtie.check` runs the census, the tie and the finite differences, as the command line does.
 # Every node — the depthwise conv's weight included, whose node comes from our own backward — is
 # tied to autodiff of the forward within ten times the point's round-off envelope, and to finite
@@ -119,6 +124,11 @@ assert st.ok and len(st.ties) == 5
 
 # %% [markdown]
 # ## Planted bugs: the catalogue and our own
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# Evidence that the check can fail on this net; not a statement of the suite.
+# ```
 #
 # A catalogue entry applies to a net when the net's chain calls the kit op it replaces; the
 # catalogue reads that off the chain itself. Our net has no overlapping pool and no square dense

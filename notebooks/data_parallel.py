@@ -21,21 +21,26 @@
 #   examples and run the rendered ResNet-34 step with synchronised BatchNorm. Each divides its loss
 #   by its own N, and the nodes are all-reduced by mean. The all-reduced gradient nodes ARE the
 #   single-device nodes at N := R·N, for every R and N.
-#   - Its hypotheses are those of the single-device step tie (`r34_net_tiedB`) at the global batch:
-#     a smooth point (no ReLU input exactly 0, every stem-pool window dead, strict or tied only
-#     between twins), with every replica holding the same N.
+#   - Its hypotheses are 0 < R and 0 < N, with every replica holding the same N. Like the
+#     single-device step tie (`r34_net_tiedB`), whose chain at the global batch is its right-hand
+#     side, it carries **no smoothness clause**: it is an equality of gradient nodes at the
+#     cotangents the chains deliver, and holds at kinks too. (That those nodes are the derivative of
+#     the loss is `r34_net_lossGrad`'s statement, under its own smooth-point hypothesis.)
 #   - It carries the precision flag: at bf16 := false it is about the f32 nodes, at bf16 := true
 #     about the bf16 weight-gradient kinds.
 # - **`DataParallel.SyncBf16`**: at the bf16 flag, each replica r rounds its own weight-gradient
-#   contraction S_r once. The all-reduced node is (1/R)·Σ_r rnd(S_r), not rnd(Σ_r S_r)/R.
+#   contraction S_r once. The all-reduced node is (1/R)·Σ_r rnd(S_r), not rnd(Σ_r S_r)/R; the
+#   statement gives their difference exactly, and no bound on it.
 #
 # We tie at drawn weights (γ ~ U(0.5, 1.5), β and biases nonzero), on crops of real photos, and
-# take the smoothness census of every point we tie at. Beyond the suite, and marked as such where
-# they come:
+# take the smoothness census of every point we tie at (the parameter-gradient hypothesis of
+# `r34_net_lossGrad`: the node tie itself needs none, but a point where it holds is one where the
+# tied nodes are also the loss's gradient). Beyond the suite, and marked as such where they come:
 #
 # - the input-gradient row of the mesh tie (the suite's input-gradient tie is single-device);
 # - replicas holding different numbers of examples, with the "plain mean of replica means" bug;
 # - per-replica BatchNorm, the counterexample;
+# - a bound on `SyncBf16`'s difference (2u·M);
 # - Chan's combine against one E[x²] round;
 # - cifar8 on a mesh (the suite's cifar8 has no data-parallel render).
 #
@@ -80,7 +85,7 @@ assert 2 <= p.replicas <= 8, "the sweep runs on the 8 host devices this chapter 
 nets = {"cifar8": (cifar8, cifar8.Config(head_width=p.head_width)),
         "resnet34": (resnet34, resnet34.Config(num_classes=10))}
 model, cfg = nets[p.net]
-alpha = 0.1 if p.net == "resnet34" else 0.0          # label smoothing: SPEC §1's defaults
+alpha = 0.1 if p.net == "resnet34" else 0.0          # label smoothing: ResNet-34's render bakes 0.1, cifar8 runs 0
 params = {k: v.astype(jnp.float64) for k, v in model.init(jax.random.key(p.seed), cfg, weights="drawn").items()}
 devices = jax.devices("cpu")                         # the fake host devices
 print(f"{p.net}: {len(params)} parameter tensors at drawn weights; {len(devices)} host devices"
@@ -141,14 +146,24 @@ plots.data_parallel.figure_sweep(sweep)
 plt.show()
 
 # %% [markdown]
-# Every split ties, at every global batch, inside the envelope of its own point. The input
-# gradient row ties as well; it goes beyond the suite, whose input-gradient tie
-# (`r34InputGradB_correct`) is single-device. The same check runs in the test suite with two
+# Every split ties, at every global batch, inside the envelope of its own point.
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# The input-gradient row of the mesh tie: the suite's input-gradient tie (`r34InputGradB_correct`)
+# is single-device, so this row ties beyond it.
+# ```
+# The same check runs in the test suite with two
 # processes on one host (`jax.distributed`, CPU collectives over gloo). There the replicas live in
 # different processes and the all-reduces cross process boundaries.
 
 # %% [markdown]
 # ## The counterexample: per-replica BatchNorm goes red
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# Every ResNet-34 data-parallel render synchronises BatchNorm; per-replica BatchNorm is the control.
+# ```
 #
 # Without synchronisation each replica normalises with its own N examples' statistics. That is a
 # different function of the parameters, not a rounding of the same one. So its gradient differs
@@ -176,6 +191,11 @@ assert worst.rel > tolerances.ILL_CONDITIONED_REL
 
 # %% [markdown]
 # ## Uneven replica batches (beyond the suite)
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# `r34_net_syncTiedB` has every replica hold the same N: uneven counts are our extension.
+# ```
 #
 # The last batch of an epoch rarely splits evenly. Here replica 1 holds 2N − 1 examples and
 # replica 2 holds one. On a mesh every replica's arrays have one shape, so each replica's rows are
@@ -264,9 +284,15 @@ assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 #
 # So the all-reduced node is (1/R)·Σ_r rnd(S_r), while rnd(Σ_r S_r)/R is what one device computes
 # at R·N (for R a power of two, dividing by R commutes with rounding). The two differ by exactly
-# (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)]. That is at most 2u·M (u = 2⁻⁸, M = Σ|x|·|dy| of the node),
-# because each of the R + 1 roundings moves a value by at most u of its size. At the identity
-# rounding it vanishes.
+# (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)], which is what `SyncBf16` states: the difference exactly, with
+# no bound. At the identity rounding it vanishes.
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# A bound on that difference: it is at most 2u·M (u = 2⁻⁸, M = Σ|x|·|dy| of the node), because each
+# of the R + 1 roundings moves a value by at most u of its size. The suite states no bound; this one
+# is ours, and so is every check of it below.
+# ```
 #
 # We run the data-parallel ResNet-34 step with the bf16 flag on (float32 weights, synchronised
 # BN) on R = 2 host devices. We read every replica's weight-gradient operands and node from the
@@ -277,7 +303,7 @@ assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 #   GPU's kernels do, and there the identity holds to the bound only.
 # - The all-reduced node is the mean of the replica nodes, up to the float32 all-reduce's own
 #   rounding (R − 1)·2⁻²⁴ of the sum's magnitude.
-# - Its distance from rnd(Σ_r S_r)/R is the formula, and at most 2u·M.
+# - Its distance from rnd(Σ_r S_r)/R is the formula (`SyncBf16`), and at most 2u·M (beyond the suite).
 # - At the identity rounding each replica's kind is its f32 peer, so the difference is 0.
 #
 # The control: had the all-reduce returned rnd(Σ_r S_r)/R, the formula check would fail.
@@ -307,11 +333,16 @@ plt.show()
 
 # %% [markdown]
 # At every conv weight node the all-reduced bf16 gradient is the mean of the replicas' rounded
-# nodes. It differs from the rounded sum somewhere in every node, by the formula and never by more
-# than its bound.
+# nodes. It differs from the rounded sum somewhere in every node, by the formula (`SyncBf16`), and
+# never by more than the 2u·M bound (beyond the suite).
 
 # %% [markdown]
 # ## Combining variances: Chan's formula against one E[x²] round (beyond the suite)
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# The suite states the synchronised step, not how its variances are combined in floats.
+# ```
 #
 # A cheaper-looking synchronised BatchNorm exchanges E_r[x] and E_r[x²] in one all-reduce and
 # sets σ² = E[x²] − μ². Both terms are about μ² + σ². In float32 each is rounded at u·μ²
@@ -353,6 +384,11 @@ plt.show()
 
 # %% [markdown]
 # ## cifar8 on a mesh (beyond the suite)
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# The suite's cifar8 has no data-parallel render: no statement covers this tie.
+# ```
 #
 # The suite's cifar8 has no data-parallel render. Still, the same argument holds for any net whose
 # only example-coupling layer is BatchNorm. We tie cifar8 (narrow head, drawn weights) at R = 2

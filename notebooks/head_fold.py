@@ -34,8 +34,10 @@
 #   | 6 | `divConstB` | dy = d2 / N |
 #
 # - **`cifar8Bbn_net_lossGrad_CE`**: `cifar8Bbn_net_lossGrad` holds for any loss of the logits with
-#   gradient g at them; `_CE` instantiates it at the smoothed cross-entropy, with the fold's
-#   cotangent as g (cifar8's artifacts run α = 0, the plain cross-entropy).
+#   gradient g at them; `_CE` instantiates it at the smoothed cross-entropy, at the artifacts' own
+#   cotangent (cifar8's runs use α = 0, the plain cross-entropy). The step-tie module documents
+#   the six-op fold for ResNet-34's render only; the book computes cifar8's cotangent with the same six kit ops, and
+#   what this chapter shows of it is that the result is ∂/∂z of the smoothed cross-entropy.
 # - **`r34HeadBHasVJP`**, ResNet-34's head (global average pool, then one dense layer): the one
 #   place in that net whose certified backward comes with **no hypothesis at all**, since both maps
 #   are linear and taken example by example.
@@ -184,6 +186,11 @@ plt.show()
 
 # %% [markdown]
 # ## Where the smoothed loss bottoms out (beyond the suite)
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# The suite states the cotangent, not where the loss it is the gradient of bottoms out.
+# ```
 #
 # The smoothed loss of one example is a cross-entropy, so it splits as
 # −Σ t̃ log p = H(t̃) + KL(t̃ ‖ p) ≥ H(t̃), with equality exactly when p = t̃, i.e. z = log t̃ + c.

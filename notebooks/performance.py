@@ -21,8 +21,8 @@
 # configuration of `benchmarks/`, and that XLA compiles it with no more temporary memory. The
 # committed results below are held to both limits configuration by configuration, and the count
 # that passes is printed. Upstream's render was the other way round: 1.04× slower
-# than plain JAX when data-bound and 1.42× slower when compute-bound (SPEC §10, upstream's
-# figures).
+# than plain JAX when data-bound and 1.42× slower when compute-bound (upstream's own figures,
+# quoted as theirs).
 #
 # Statements shown: none of the suite's. Speed and memory are beyond what it states: it proves what
 # the rendered step computes, not how fast.

@@ -50,7 +50,7 @@ def init64(net, cfg, weights="drawn"):
 def setup(name, n=GLOBAL_BATCH):
     net, cfg = NETS[name]
     x, t = data.photo_batch(n, 32, cfg.num_classes)
-    # label smoothing where SPEC §1 has it (ResNet-34), none for cifar8
+    # label smoothing where the render has it (ResNet-34), none for cifar8
     return net, cfg, init64(net, cfg), x, t, 0.1 if name == "resnet34" else 0.0
 
 

@@ -135,7 +135,14 @@ def test_the_maps_lean_names_are_spelled_as_the_seeds_spell_them():
         pytest.skip("the upstream suite's module docs (shared/seeds) are not beside this checkout")
     cited = {name for c in claims.SUITE for name in re.findall(r"`([^`]+)`", c.statement + " " + c.hypotheses)}
     assert len(cited) > 20
-    assert sorted(n for n in cited if n not in seeds) == []
+    assert sorted(n for n in cited if n not in seeds and n not in UPSTREAM_ONLY) == []
+
+
+# Hypothesis bundles the seeds do not spell out, read from the upstream statements themselves:
+# `r34IdCotIn_eq_vjp`/`r34DownCotIn_eq_vjp` (ResNet34StepTieB.lean) take `hq : R34IdPos p`/`R34DownPos p`
+# and `hs : R34IdSmoothAt …`/`R34DownSmoothAt …`; `r34_net_lossGrad` (ResNet34ParamGrad) takes
+# `hq : R34PosB w` and `hx : R34LossSmoothAtB N w x`.
+UPSTREAM_ONLY = {"R34IdPos", "R34DownPos", "R34IdSmoothAt", "R34DownSmoothAt", "R34PosB", "R34LossSmoothAtB"}
 
 
 def test_glue_formats_and_returns_the_text_and_stores_it_only_in_a_kernel(monkeypatch):

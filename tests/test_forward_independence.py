@@ -73,7 +73,7 @@ def conv_case(k, stride, h, w, bias):
 
 
 def planted_conv_applies(name, k, stride, h, w) -> bool:
-    """Whether the planted conv reads other windows than SPEC's at this shape."""
+    """Whether the planted conv reads other windows than the render's at this shape."""
     if name == "flipped_kernel":
         return k > 1
     if name == "same_padding_strided":   # 'SAME' is asymmetric only on strided convs of even sides

@@ -17,7 +17,7 @@ from gradtie.nets.protocol import Net, ParamSpec, Pass, Stage
 from gradtie.ops import batchnorm, dense, maxpool
 
 OPTAX_TOL = 1e-12     # float64: the two sides differ only in the order of a few roundings
-TIE_TOL = 1e-10       # float64 relative error, rendered step vs autodiff step (SPEC §6)
+TIE_TOL = 1e-10       # float64 relative error, rendered step vs autodiff step (the float64 floor)
 
 
 # ---- update rules against optax ------------------------------------------------------------------
@@ -539,7 +539,7 @@ def test_nudge_ulp_moves_each_nonzero_entry_one_ulp():
         assert b in (np.nextafter(a, np.float32(np.inf)), np.nextafter(a, np.float32(-np.inf)))
 
 
-# ---- cifar8 (SPEC §3): rendered steps on digits ------------------------------------------------------
+# ---- cifar8: rendered steps on digits ------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def c8():
@@ -567,7 +567,7 @@ def test_cifar8_rendered_step_equals_autodiff_step_and_tracks_running_stats_f64(
 
     Each node is compared on its update Δθ = −lr·g. The conv biases sit behind BN, so their
     gradient is 0 in ℝ and both sides carry round-off only: for them the bar is the tie tolerance
-    times the net's largest update (SPEC §6's absolute floor), and they must be that small.
+    times the net's largest update (the tie's absolute floor), and they must be that small.
     """
     opt = train.sgd()
     params = {k: v.astype(jnp.float64) for k, v in c8.net.init(jax.random.key(0), c8.cfg).items()}

@@ -6,8 +6,8 @@ images with large flat regions (horse, page, upsampled digits), which give many 
 conv→BN→ReLU. Loaders return host NumPy arrays, NCHW, pixels in [0,1]; the batch transforms
 (`mixup`, `cutmix`, `augment_flip`) are JAX functions that also run under `jit`.
 
-Targets are rows summing to 1 (SPEC §1): one-hot rows, or the convex combinations mixup and cutmix
-make. Shown in: Pools, Whole-net tie, Training with the rendered step.
+Targets are rows summing to 1 (the head fold's hypothesis): one-hot rows, or the convex combinations mixup and
+cutmix make. Shown in: Pools, Whole-net tie, Training with the rendered step.
 """
 
 from __future__ import annotations
@@ -230,7 +230,7 @@ def flat_images(n: int, size: int, *, seed: int = 0, dtype=np.float32) -> np.nda
     Image i comes from `FLAT_NAMES[i % 3]`: a random square crop (scale ≥ 0.3) of the binary horse
     silhouette or of the scanned page, nearest-neighbour resampled; or a random sklearn digit
     upsampled by `np.kron` (nearest neighbour). Resampling never interpolates, so equal pixels stay
-    bit-equal: their zero-padded receptive fields are twins (SPEC §5). Deterministic for a seed.
+    bit-equal: their zero-padded receptive fields are twins (chapter Pools). Deterministic for a seed.
     """
     op = "data.flat_images"
     n, size = _positive_int(op, "n", n), _positive_int(op, "size", size)
@@ -479,7 +479,7 @@ def mixup(x, targets, key: Seed, *, alpha: float = 0.2, lam=None) -> Mixed:
     """Mixup: x̃ = λ·x + (1−λ)·x[π], t̃ = λ·t + (1−λ)·t[π], π a random permutation of the batch.
 
     λ ~ Beta(α, α) from the key unless `lam` is given. t̃'s rows sum to 1 whenever t's do, which is
-    all the head cotangent assumes (SPEC §2.1). Deterministic for a key, int seed or Generator.
+    all the head cotangent assumes (chapter Head fold). Deterministic for a key, int seed or Generator.
     """
     op = "data.mixup"
     x, targets = _mix_inputs(op, x, targets)

@@ -169,7 +169,7 @@ def replica_config(cfg, sync_bn: bool):
 
 def reducing(params, reduce: Callable = lax.pmean) -> Callable:
     """The data-parallel step's `after_stage`: each stage's nodes all-reduced (in the parameters'
-    dtype: float32 under bf16 convs, SPEC §7) as soon as the chain has produced them, while the
+    dtype: float32 under bf16 convs) as soon as the chain has produced them, while the
     stages below still run — what a hand-written backward knows and `value_and_grad` does not. The
     next stage's backward is made to read the reduced nodes (a NaN in any of them poisons its
     cotangent, as it would poison the update): without that data dependence XLA's all-reduce

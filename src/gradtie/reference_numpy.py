@@ -3,7 +3,7 @@
 The autodiff oracle (`gradtie.reference`) differentiates the project's own forward, so a bug in that
 forward would sit on both sides of every tie. This module is the independent forward the project's
 is tied to. It imports nothing from gradtie: it reads only a params dict with PyTorch state_dict
-names and layouts (SPEC §3–§4) and NCHW images, and computes from the formulas of SPEC §1.
+names and layouts (PyTorch state_dict) and NCHW images, and computes from the formulas alone.
 
 Two levels:
 
@@ -40,10 +40,10 @@ from typing import Callable, Mapping, NamedTuple, Optional
 import numpy as np
 
 EPS64 = float(np.finfo(np.float64).eps)   # 2⁻⁵², counted per rounding (twice the unit roundoff)
-BN_EPS = 1e-5                             # SPEC §1
+BN_EPS = 1e-5                             # the render's ε
 CIFAR8_CONVS = 8
 CIFAR8_IMAGE = 32
-RESNET34_LAYERS = (3, 4, 6, 3)            # basic blocks per layer (SPEC §4)
+RESNET34_LAYERS = (3, 4, 6, 3)            # basic blocks per layer
 
 
 def gamma_n(n: int) -> float:
@@ -202,7 +202,7 @@ def _conv(x, w, b, stride: int, pads: tuple[int, int], ho: int, wo: int) -> np.n
 
 
 def conv2d(x, weight, bias=None, *, stride: int = 1) -> np.ndarray:
-    """The conv of SPEC §1 (symmetric (k−1)//2 zero padding, correlation, OIHW): im2col by index
+    """The render's conv (symmetric (k−1)//2 zero padding, correlation, OIHW): im2col by index
     arithmetic, one einsum over (c, kh, kw). x [N,C,H,W], W [O,C,k,k] -> [N,O,H',W']."""
     x, w, b = _conv_operands("conv2d", x, weight, bias)
     p = (w.shape[2] - 1) // 2
@@ -237,7 +237,7 @@ def _bn_axes(x: np.ndarray, per_example: bool) -> tuple[tuple[int, ...], int]:
 def batchnorm(x, weight, bias, *, eps: float = BN_EPS, per_example: bool = False,
               correction: int = 0) -> np.ndarray:
     """y = γ(x − μ)/√(σ² + ε) + β, μ and σ² = Σ(x−μ)²/(M − correction) over the channel's M cells
-    ((N,H,W), or (H,W) per example). SPEC's BN is the population variance: correction 0."""
+    ((N,H,W), or (H,W) per example). The render's BN is the population variance: correction 0."""
     x, g, b = _bn_operands("batchnorm", x, weight, bias)
     axes, m = _bn_axes(x, per_example)
     mu = x.mean(axis=axes, keepdims=True)
@@ -283,7 +283,7 @@ def maxpool(x, *, size: int, stride: int, pad: int = 0) -> np.ndarray:
 
 
 def flatten(x) -> np.ndarray:
-    """[N,C,H,W] -> [N, C·H·W] in (C,H,W) order (SPEC §3)."""
+    """[N,C,H,W] -> [N, C·H·W] in (C,H,W) order (the render's flatten)."""
     x = np.asarray(x, dtype=np.float64)
     return x.reshape(x.shape[0], -1)
 
@@ -351,7 +351,7 @@ def _bn_layer(ops: NumpyOps, sig: Signal, params, name: str, eps: float, per_exa
 
 
 def _relu(sig: Signal) -> Signal:
-    # first order, as the whole envelope: the error passes where the derivative is 1 (pre > 0, SPEC's
+    # first order, as the whole envelope: the error passes where the derivative is 1 (pre > 0, the render's
     # mask) and stops where it is 0; a cell within round-off of the kink moves by at most its own error
     value = np.maximum(sig.value, 0.0)
     return Signal(value, None if sig.var is None else np.where(sig.value > 0, sig.var, 0.0))
@@ -393,7 +393,7 @@ def _image(net: str, x, rule: str, ok: Callable[[int], bool]) -> np.ndarray:
 
 def cifar8_forward(params: Mapping, x, *, eps: float = BN_EPS, bn: str = "batch",
                    ops: NumpyOps = OPS, envelope: bool = True) -> Forward:
-    """cifar8-BN logits, train mode (SPEC §3): four stages of two conv3×3→BN→ReLU and a 2×2/s2 pool,
+    """cifar8-BN logits, train mode: four stages of two conv3×3→BN→ReLU and a 2×2/s2 pool,
     flatten (C,H,W), fc1 → ReLU → fc2 → ReLU → fc3. Conv biases are used when params hold them;
     bn "batch" normalises over (N,H,W), "example" over each image's (H,W). envelope=False skips the
     round-off envelope (about two thirds of the work)."""
@@ -431,7 +431,7 @@ def _resnet34_names() -> list[str]:
 
 def resnet34_forward(params: Mapping, x, *, eps: float = BN_EPS, ops: NumpyOps = OPS,
                      envelope: bool = True) -> Forward:
-    """ResNet-34 logits, train mode (SPEC §4): conv 7×7/s2 → BN → ReLU → max pool 3×3/s2 pad 1;
+    """ResNet-34 logits, train mode: conv 7×7/s2 → BN → ReLU → max pool 3×3/s2 pad 1;
     [3,4,6,3] basic blocks (the first of layers 2–4 strided, with a 1×1/s2 conv + BN projection);
     global average pool; fc. Conv biases are used when params hold them. envelope=False skips the
     round-off envelope."""
@@ -463,7 +463,7 @@ def resnet34_forward(params: Mapping, x, *, eps: float = BN_EPS, ops: NumpyOps =
 # ---- planted mistakes: each must differ from the project's forward beyond the tie's limit -----------
 
 def _conv_pads(ops_pads: Callable[[int, int, int, int], tuple[int, int]]):
-    """A conv that reads the output grid of SPEC's conv through other paddings (lo, hi)."""
+    """A conv that reads the output grid of the render's conv through other paddings (lo, hi)."""
     def planted(x, weight, bias=None, *, stride: int = 1):
         x, w, b = _conv_operands("conv2d", x, weight, bias)
         k = w.shape[2]

@@ -1,13 +1,13 @@
 """Every tolerance the tie kit uses, named, with where it comes from.
 
 A verdict's limit is never one fixed number: it is a stated multiple of the round-off envelope
-measured at the point itself (`checks.envelope`), floored at SPEC's figure. The sections below the
+measured at the point itself (`checks.envelope`), floored at a fixed figure. The sections below the
 tie kit's hold each claim's own constants.
 """
 
 # ---- the tie: rendered node vs autodiff node (checks/envelope.py, checks/tie.py) ------------------
 
-# SPEC §6's float64 figure, the floor of every float64 limit: rendered and autodiff round at
+# The float64 figure, the floor of every float64 limit: rendered and autodiff round at
 # ~1.1e-16 per op; a well-conditioned point keeps chains of a few hundred ops many orders below it.
 REL_F64 = 1e-10
 # The floor of a float32 limit, relative to the node's scale: float32's unit roundoff 6e-8 times
@@ -39,7 +39,7 @@ F32_DRAWS = ENVELOPE_NUDGES + 1
 # only round-off: their scale is ZERO_NODE_SCALE × the net's largest gradient, never 1.0. Their
 # value is a Σ over the M = N·H·W cells of a BN input cotangent that cancels to 0, so its round-off
 # grows with M (cifar8's conv1.bias at a photo batch of 4, M = 4,096: 3e-15·max|g| on each side);
-# SPEC §6's example, 1e-5·max|g|, sits below float64's own round-off of such a sum.
+# A fixed 1e-5·max|g|, sits below float64's own round-off of such a sum.
 ZERO_NODE_SCALE = 1.0
 
 # ---- finite differences (checks/fd.py) ------------------------------------------------------------
@@ -177,7 +177,7 @@ SPEED_RATIO_LIMIT = 0.95
 # A chapter's gpu profile must fit one accelerator with room to spare: an H200 holds ~139 GiB; the
 # abstract compile's footprint (arguments + outputs + temporaries) must stay under this.
 GPU_FIT_GIB = 120.0
-# Upstream's rendered/autodiff ratios (SPEC §10, quoted as upstream's): data-bound and compute-bound.
+# Upstream's rendered/autodiff ratios (quoted as upstream's): data-bound and compute-bound.
 UPSTREAM_RATIOS = {"data-bound": 1.04, "compute-bound (batch 256)": 1.42}
 
 # ---- data parallel (gradtie/parallel.py, the Data-parallel tie chapter) ---------------------------

@@ -6,7 +6,7 @@ backward reads; the cotangent at the logits is the loss's own. The autodiff step
 reader compares against: the same forward, differentiated through `gradtie.reference`. Shown in:
 Training with the rendered step.
 
-| optimizer  | update (SPEC §9)                                                        | written   |
+| optimizer  | update                                                                  | written   |
 |------------|-------------------------------------------------------------------------|-----------|
 | sgd        | θ ← θ − lr·g                                                            | here      |
 | nesterov   | v ← μv + g; θ ← θ − lr·(g + μv), μ = 0.9                                | here      |
@@ -145,7 +145,7 @@ def adamw(b1: float = 0.9, b2: float = 0.999, eps: float = 1e-8, weight_decay: f
 OPTIMIZERS: dict[str, Callable[..., Optimizer]] = {
     "sgd": sgd, "nesterov": nesterov, "heavy-ball": heavy_ball, "adamw": adamw}
 
-# upstream's learning rates for cifar8 (SPEC §9); heavy ball is the ResNet-34 ImageNet recipe's
+# upstream's learning rates for cifar8; heavy ball is the ResNet-34 ImageNet recipe's
 DEFAULT_LR = {"sgd": 0.1, "nesterov": 0.02, "heavy-ball": 0.1, "adamw": 1e-3}
 
 
@@ -296,7 +296,7 @@ def make_step(net, cfg, opt: Optimizer, *, grads: str = "rendered", label_smooth
 
 def _in_order_of(tree, template):
     """`tree` with every dict's keys in `template`'s order: jit hands dicts back sorted by key, and
-    `list(params)` is the signature order (SPEC §1)."""
+    `list(params)` is the signature order."""
     if isinstance(template, tuple) and hasattr(template, "_fields"):
         return type(template)(*(_in_order_of(a, b) for a, b in zip(tree, template)))
     if isinstance(template, Mapping):
@@ -558,7 +558,7 @@ class FitConfig:
 
 
 def default_label_smoothing(net) -> float:
-    """α = 0.1 for ResNet-34 (the ImageNet recipe), 0 for cifar8 (SPEC §1)."""
+    """α = 0.1 for ResNet-34 (the ImageNet recipe), 0 for cifar8 (the book's convention)."""
     return 0.1 if as_net(net).name == "resnet34" else 0.0
 
 
@@ -938,7 +938,7 @@ def _reconcile_metrics(file: Path, history: list) -> None:
 # random), over a few draws. A gradient that differs by round-off stays inside it at every step;
 # one that differs by a bug leaves it at the first. The free runs are shown beside it.
 #
-# One kind of step is not judged: a point where no gradient exists (SPEC §5). On digits a live pool
+# One kind of step is not judged: a point where no gradient exists (chapter Pools). On digits a live pool
 # window can hold two cells that are equal in float32 without being twins, or a pre-activation can
 # be exactly 0; the rendered backward then takes the first maximal cell (`maxPoolBackB`), autodiff
 # of the max splits the cotangent between the tied cells, and both are legal one-sided answers. A

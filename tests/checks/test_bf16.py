@@ -1,6 +1,6 @@
 """bf16 erasure on the nets: a whole rendered chain at rnd = identity is the f32 chain bit for bit;
 every conv site of a chain (read through a recording kit, named by its layer) is rnd(f32 node at
-rounded operands) and under SPEC §7's bound; every stage of the bf16 chain ties to its own VJP at
+rounded operands) and under the bound B(n); every stage of the bf16 chain ties to its own VJP at
 the chain's input, cotangent and rounding decisions within the point's envelope, and planted
 catalogue bugs — BatchNorm, head and conv backwards — fail it; the replica sum, by hand and on a
 mesh; the compiler facts on CPU; `gradtie check --bf16`. Each claim with a control that fails.

@@ -1,6 +1,6 @@
 """The catalogue of planted backward bugs: every entry goes red on both nets where it applies, at
-drawn weights, and the real chain ties at the same point; two entries hide at init weights; SPEC
-§6's controls (`bugs.CONTROLS`) go red first at the node where their bug enters the chain; a node
+drawn weights, and the real chain ties at the same point; two entries hide at init weights; the
+Whole-net tie's controls (`bugs.CONTROLS`) go red first at the node where their bug enters the chain; a node
 of the wrong shape is caught by its shape; planting is data (a kit or a net definition), so
 nothing is patched and the real chain runs beside a planted one.
 
@@ -157,7 +157,7 @@ def test_a_bias_node_of_shape_1_by_out_is_caught_by_its_shape(points):
     assert not rep.ok and rep.as_dict()["nodes"][[r.name for r in rep.rows].index("fc3.bias")]["mismatch"]
 
 
-# ---- SPEC §6's controls, where they first go red ---------------------------------------------------------
+# ---- the Whole-net tie's controls, where they first go red ---------------------------------------------------------
 
 CONTROLS8 = [n for n in bugs.CONTROLS if bugs.CATALOGUE[n].applies(NET8)]
 CONTROLS34 = [n for n in bugs.CONTROLS if n not in CONTROLS8]

@@ -1,4 +1,4 @@
-"""The smooth-point census (SPEC §5): dead / strict / twin tie / non-twin tie, zero pre-activations,
+"""The smooth-point census (chapter Pools): dead / strict / twin tie / non-twin tie, zero pre-activations,
 and the verdicts of the suite's three smooth-point hypotheses.
 
 Constructed windows first (the classifier on hand-made pre-activations and weight draws), then the

@@ -1,4 +1,4 @@
-"""The germ kit (SPEC §5, "Stage germs"; Lean: `c8_germ_stageₖ`): S and G bit for bit below δ and
+"""The germ kit (chapter Stage germs; Lean: `c8_germ_stageₖ`): S and G bit for bit below δ and
 apart beyond it, δ predicted by the margins to second order along straight and curved paths, finite
 differences judged against an independently measured round-off level, and the controls: a wrong
 node (×2, ×0) rejected, a close kink giving "no evidence", a non-twin tie giving no germ.

@@ -1,4 +1,4 @@
-"""The head fold (SPEC §2.1) against autodiff, and its planted bugs: each goes red where it should
+"""The head fold (chapter Head fold) against autodiff, and its planted bugs: each goes red where it should
 and hides exactly where the maths says it must (a control is only as good as its point).
 """
 

@@ -1,7 +1,7 @@
 """Selection σ, the gather model and selScatter: the rendered pool backward IS scatter(select(x)).
 
-SPEC §5: at σ = argmax (the first maximal cell in row-major window order) selScatter equals the
-rendered pool backward at every point, ties included, for the 2×2/s2 pool (`maxPoolBackB`) and the
+At σ = argmax (the first maximal cell in row-major window order) selScatter equals the rendered
+pool backward at every point, ties included, for the 2×2/s2 pool (`maxPoolBackB`) and the
 overlapping 3×3/s2 pad-1 pool (`maxPool3s2BackB`). Two oracles stand apart from the kernels: a
 NumPy loop written from the definition, and XLA's own select-and-scatter (the vjp of
 `lax.reduce_window` max, which also takes the first maximal cell).

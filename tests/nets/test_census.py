@@ -1,4 +1,4 @@
-"""Census: tensor and float counts of both nets (SPEC §3, §4, §6), from shapes only."""
+"""Census: tensor and float counts of both nets (chapter Whole-net tie), from shapes only."""
 
 import jax
 import pytest

@@ -224,7 +224,7 @@ def test_backward_makes_every_op_call_through_its_kit(params, tie_point):
 
 
 def test_planted_kit_breaks_exactly_the_nodes_it_replaces(params, tie_point):
-    """`bn_swap_dgamma_dbeta` (SPEC §6's γ↔β control) is another kit for the same net: every BN's γ
+    """`bn_swap_dgamma_dbeta` (the Whole-net tie's γ↔β control) is another kit for the same net: every BN's γ
     and β node goes red and nothing else does, while the real kit, called the same way, ties."""
     cfg, saved, dlogits, grads_ref = tie_point
     chain = bugs.plant("bn_swap_dgamma_dbeta", NET)

@@ -20,7 +20,7 @@ from gradtie.checks.tie import compare, zero_in_reals as zero_nodes
 from gradtie.nets.protocol import as_net
 
 # These tests run both sides unjitted, op by op, where rendered and autodiff agree to round-off even
-# at a BatchNorm over M = 2 cells: every row is held to the float64 floor (SPEC §6,
+# at a BatchNorm over M = 2 cells: every row is held to the float64 floor (
 # `tolerances.REL_F64`) through the tie kit's row builder, `checks.tie.compare` (nodes that are 0 in ℝ
 # against the net's scale, `tolerances.ZERO_NODE_SCALE`).
 

@@ -1,5 +1,5 @@
 """The bf16 kinds of conv (forward, input backward, weight grad, strides 1 and 2): erasure at
-rnd = identity, the rounding identity node = rnd(f32 node at rounded operands), SPEC §7's bound
+rnd = identity, the rounding identity node = rnd(f32 node at rounded operands), the bound B(n)
 against float64, and the rounding functions themselves; each claim with a control that fails.
 
 The bound and the exact values are computed here, independently of `gradtie.checks.bf16`. Each case
@@ -23,7 +23,7 @@ OPS = ("forward", "backward", "grad_weight")
 
 
 def node_bound(n: int) -> float:
-    """SPEC §7: B(n) = ((1+v)^(n+1) − 1)(1+u)² + 2u + u², plus u(1 + B(n)) for the result's rounding."""
+    """The bound: B(n) = ((1+v)^(n+1) − 1)(1+u)² + 2u + u², plus u(1 + B(n)) for the result's rounding."""
     b = ((1 + V) ** (n + 1) - 1) * (1 + U) ** 2 + 2 * U + U ** 2
     return b + U * (1 + b)
 
@@ -187,7 +187,7 @@ def test_control_bf16_accumulation_breaks_the_bound():
 
 
 def test_spec_bound_values_for_resnet_forward_convs():
-    """SPEC §7: B(n) is about 0.0078–0.0081 for ResNet-34's forward convs, n = 147 … 4608."""
+    """B(n) is about 0.0078–0.0081 for ResNet-34's forward convs, n = 147 … 4608."""
     b = lambda n: ((1 + V) ** (n + 1) - 1) * (1 + U) ** 2 + 2 * U + U ** 2
     assert (round(b(147), 4), round(b(4608), 4)) == (0.0078, 0.0081)
 

@@ -14,7 +14,7 @@ A bug that is equivalent to the correct chain at every smooth point is not an en
 `>=` instead of `>` differs only where a pre-activation is exactly 0, where the census already
 refuses the point (the op tests pin the render's convention at exact zeros).
 
-The Whole-net tie chapter's controls (SPEC §6) are the entries in `CONTROLS`; the non-twin tie
+The Whole-net tie chapter's controls are the entries in `CONTROLS`; the non-twin tie
 control is a point, not a bug (`non_twin_tie`). Shown in: Would the check catch it?, Whole-net tie.
 """
 
@@ -247,7 +247,7 @@ def _mask_from_conv_output(stage) -> Callable:
 # ---- the head's six ops, one wrong -------------------------------------------------------------
 
 def _head_cotangent(*, over_others: bool = False, divided: bool = True):
-    """The head's six kit ops (SPEC §2.1) with one wrong: α spread over the K−1 other classes
+    """The head's six kit ops (chapter Head fold) with one wrong: α spread over the K−1 other classes
     (`over_others`), or divConstB (÷N) left out (not `divided`)."""
     def cotangent(logits, targets, alpha: float = 0.0, divisor=None):
         n, k = logits.shape
@@ -387,7 +387,7 @@ _ENTRIES = [
         _calls_op("bn_backward", where=lambda c: c.args[0].endswith(".downsample.1"))),
 ]
 CATALOGUE: dict[str, Bug] = {b.name: b for b in _ENTRIES}
-# SPEC §6's must-fail controls of the Whole-net tie, by their catalogue names
+# The must-fail controls of the Whole-net tie, by their catalogue names
 CONTROLS = ("bn_swap_dgamma_dbeta", "head_no_batch_divisor", "head_smoothing_wrong_k", "pool2x2_backward_on_3x3",
             "same_padding_strided")
 

@@ -2,7 +2,7 @@
 read off which of the Lean suite's three smooth-point hypotheses holds.
 
 Each window of a pool, per example and channel, is read from the pre-activations z that feed
-ReLU → pool (SPEC §5):
+ReLU → pool (chapter Pools):
 
 - dead: every cell has z ≤ 0 and reads 0 after the ReLU (z < 0: the pooled 0 stays nearby, whatever
   cell is chosen; a z exactly 0 is flagged on its own); strict: the maximum is above every other cell;
@@ -15,12 +15,12 @@ The suite states three different smooth-point hypotheses, and one census reads a
 
 | hypothesis | Lean | windows allowed | ReLU inputs off 0 |
 |---|---|---|---|
-| parameter gradients | `cifar8Bbn_net_lossGrad` (`Cifar8BbnLossSmoothAt`, C8PoolTwin₁…₄), `r34_net_tiedB` | dead, strict, twin tie | every one |
+| parameter gradients | `cifar8Bbn_net_lossGrad` (`Cifar8BbnLossSmoothAt`, C8PoolTwin₁…₄), `r34_net_lossGrad` (`R34LossSmoothAtB`) | dead, strict, twin tie | every one |
 | ResNet-34 input gradient | `r34InputGradB_correct` (`h_stem`, `h_pool`: `StemPoolSmoothAt`) | dead (all zero), strict | the stem's (`h_stem`); the blocks' sit inside their `HasVJPDiffAt` witnesses hb₁…hb₁₆ |
 | cifar8 input gradient | `cifar8BbnInputGradB_correct` (`Cifar8BbnSmoothAt`, `MaxPool2Smooth`) | strict only (a dead window ties its zeros) | c8Z₁…c8Z₈ and the two head pre-activations |
 
-`SmoothReport.ok` is the parameter-gradient hypothesis (`gradtie check` exits 2 on it); a net the
-suite does not name gets that one only. Shown in: Pools, Stage germs.
+`SmoothReport.ok` is the parameter-gradient hypothesis (`gradtie check` exits 2 on it); a net the suite
+does not name gets that one only. Node ties (`r34_net_tiedB`, …) carry none. Shown in: Pools, Stage germs.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ class SmoothReport:
                           tuple(listed))
 
         # the parameter-gradient hypothesis of each suite: its Lean statement, and where its windows lie
-        lean, where = {"resnet34": ("r34_net_tiedB", " (stem pool)"), "cifar8": ("cifar8Bbn_net_lossGrad",
+        lean, where = {"resnet34": ("r34_net_lossGrad", " (stem pool)"), "cifar8": ("cifar8Bbn_net_lossGrad",
                        " (C8PoolTwin₁…₄)")}.get(self.suite, ("the loss differentiable in every parameter", ""))
         out = [Hypothesis(PARAMETERS, "parameter gradients", lean, (
             windows(f"no non-twin tie{where}", "every window dead, strict or tied only between twins",

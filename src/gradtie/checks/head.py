@@ -1,7 +1,7 @@
 """Head fold: the six kit ops step by step, their tie to autodiff, planted head bugs, the smoothed
 loss's minimum, and the linear head (GAP + dense) tied to its oracle.
 
-The fold (SPEC §2.1): p = softmaxRow(z); d0 = p − t; a = α·t; d1 = d0 + a; d2 = d1 − α/K;
+The fold (ResNet34RenderB's six kit ops): p = softmaxRow(z); d0 = p − t; a = α·t; d1 = d0 + a; d2 = d1 − α/K;
 dy = d2 / N, i.e. dy = (p − t̃)/N with t̃ = (1−α)t + α/K. It is ∂/∂z of the mean smoothed
 cross-entropy when every row of t sums to 1. The oracle is `gradtie.reference` (autodiff of the
 loss written as users write it); nothing here borrows the fold to build the oracle.

@@ -14,15 +14,15 @@ its envelope, 1e-10): the spread (`envelope.spread`) of the reference run itself
 gradients taken at an `envelope.samples` point instead (the batch reversed; parameters and images
 nudged by one unit roundoff, fresh every step), each such run going to the last step.
 
-| recipe     | `gradtie.train` (SPEC §9)               | optax                                                   |
+| recipe     | `gradtie.train`                         | optax                                                   |
 |------------|-----------------------------------------|---------------------------------------------------------|
 | sgd        | θ ← θ − lr·g                            | `sgd(lr)`                                               |
 | nesterov   | v ← μv + g; θ ← θ − lr·(g + μv)         | `sgd(lr, momentum=0.9, nesterov=True)`                  |
 | heavy-ball | g ← g + wd·θ; v ← μv + g; θ ← θ − lr·v  | `chain(add_decayed_weights(wd), sgd(lr, momentum=0.9))` |
 
 optax's `trace` forms the buffer as g + μ·t and, with `nesterov`, the update as g + μ·(new buffer):
-SPEC's formulas term by term, so on the same gradients the two rules agree bit for bit
-(`rule_difference`). AdamW is not tied: its step is blind to the gradient's scale (SPEC §11).
+our formulas term by term, so on the same gradients the two rules agree bit for bit
+(`rule_difference`). AdamW is not tied: its step is blind to the gradient's scale (its first step ≈ lr·sign(g)).
 
 Shown in: Training with the rendered step.
 """
@@ -49,7 +49,7 @@ from . import envelope as env_
 from .tie import NodeRow, bn_cells, bn_of, compare, is_beta, need_x64, zero_in_reals
 
 RECIPES = ("sgd", "nesterov", "heavy-ball")
-# SPEC §1, written out here apart from `gradtie.train`: running ← 0.99·running + 0.01·batch, and
+# The book's convention, written out here apart from `gradtie.train`: running ← 0.99·running + 0.01·batch, and
 # the first step copies the batch's statistics (biased variance)
 RUNNING_MOMENTUM = 0.01
 GROUP_NAMES = {"loss": "loss", "momentum": "momentum buffer", "params": "updated tensor",
@@ -61,12 +61,12 @@ GROUP_NAMES = {"loss": "loss", "momentum": "momentum buffer", "params": "updated
 def _check_recipe(recipe: str) -> train.Optimizer:
     if recipe not in RECIPES:
         raise ValueError(f"recipe {recipe!r}: expected one of {', '.join(RECIPES)} (the momentum-free "
-                         f"and momentum SGD rules of SPEC §9; AdamW is not tied)")
+                         f"and momentum SGD rules of `gradtie.train`; AdamW is not tied)")
     return train.make_optimizer(recipe)
 
 
 def optax_recipe(recipe: str, lr: float) -> optax.GradientTransformation:
-    """The optax transformation that is SPEC §9's `recipe` at learning rate lr, with `gradtie.train`'s
+    """The optax transformation that is `gradtie.train`'s `recipe` at learning rate lr, with `gradtie.train`'s
     hyperparameters (μ = 0.9, heavy ball's wd = 1e-4)."""
     h = _check_recipe(recipe).hyper
     sgd = optax.sgd(lr, momentum=h.get("momentum"), nesterov=recipe == "nesterov")
@@ -181,7 +181,7 @@ def _planted_rule(recipe: str, name: str, skip: str) -> train.Optimizer:
 @dataclass(frozen=True, eq=False)
 class UnbiasedRunningVariance(Net):
     """A net definition whose batch statistics hand the running average the unbiased variance
-    M/(M − 1)·σ² (PyTorch's convention for `running_var`) instead of SPEC §1's biased one; its
+    M/(M − 1)·σ² (PyTorch's convention for `running_var`) instead of the book's biased one; its
     stages, forward and backward are those of the net it is made from."""
 
     def batch_stats(self, saved) -> dict:
@@ -218,7 +218,7 @@ def control(net, recipe: str, name: str, *, skip: Optional[str] = None) -> StepC
 # ---- the reference run: optax on autodiff gradients ---------------------------------------------
 
 def _reference_running(running, bn_inputs, count, per_example: bool):
-    """SPEC §1 from the BatchNorm inputs c: mean and biased variance over (n, h, w) (per example over
+    """The running statistics from the BatchNorm inputs c: mean and biased variance over (n, h, w) (per example over
     (h, w), then averaged over the examples), copied on the first step, else averaged in at 0.01."""
     out = {}
     for name, c in bn_inputs.items():

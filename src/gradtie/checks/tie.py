@@ -42,7 +42,7 @@ class NodeRow:
     zero_in_reals: bool
     bad: int = 0        # entries off by more than limit·scale (for a β row: the channels wrong)
     envelope: float = 0.0   # the point's round-off envelope of this node, / scale
-    floor: float = 0.0      # the dtype's floor (SPEC's figure)
+    floor: float = 0.0      # the dtype's floor (`tolerances.FLOORS`)
     cells: Optional[int] = None  # M: the cells its BatchNorm layer averages over (None: no BN)
     mismatch: str = ""  # the rendered node's shape or dtype is not its parameter's: a failure whatever its values
     magnitude: float = 0.0  # max |rendered node|

@@ -96,7 +96,7 @@ def _stage_forward(k: int, params, x, cfg: Config, how: Pass):
     return y, StageSaved(layer1, n1, layer2, n2, r2, sigma)
 
 
-# dv names the cotangent leaving node v's backward (SPEC §4): dn2 = bnBack(c2; dr2) sits at c2.
+# dv names the cotangent leaving node v's backward (the render's names): dn2 = bnBack(c2; dr2) sits at c2.
 def _stage_backward(k: int, params, s: StageSaved, dy, cfg: Config, kit):
     a, b = _layers(k)
     bn1, bn2 = bn_saved(s.layer1, cfg), bn_saved(s.layer2, cfg)

@@ -101,7 +101,7 @@ def _stem_forward(params, x, cfg: Config, how: Pass):
     return y, StemSaved(layer, n1, r1, sigma)
 
 
-# dv names the cotangent leaving node v's backward (SPEC §4): dn1 = bnBack(c1; dr1) sits at c1.
+# dv names the cotangent leaving node v's backward (the render's names): dn1 = bnBack(c1; dr1) sits at c1.
 def _stem_backward(params, s: StemSaved, dy, cfg: Config, kit):
     bn1 = bn_saved(s.layer, cfg)
     dp = pool_input(kit, "stem.pool", POOLS["stem.pool"], s.r1, s.sigma, dy)  # overlapping windows accumulate

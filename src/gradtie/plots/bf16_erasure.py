@@ -14,7 +14,7 @@ BF16_OP_MARKERS = {"forward": "o", "backward": "s", "grad_weight": "^"}
 
 
 def bf16_bound(rows_by_net: dict, controls: list = (), title: str = "Every bf16 conv node sits under "
-                                                                    "SPEC §7's bound at its contraction length") -> plt.Figure:
+                                                                    "the bound B(n) at its contraction length") -> plt.Figure:
     """Max |node − exact| / Σ|a|·|b| per conv node against its contraction length n (log–log), one
     marker per kind, one colour per net ({"cifar8": [SiteRow], …}); the bound with and without the
     result's rounding as curves; control nodes (e.g. bf16 accumulation) in red."""

@@ -1,6 +1,6 @@
 """bf16 erasure, one module per claim: `kinds` (erasure at identity, Lean `Bf16Erasure`; what a
 compiler keeps), `sites` (every conv site of a chain is rnd(f32 node at rounded operands), under
-SPEC §7's bound), `gradient` (every stage ties to its VJP; `gradtie check --bf16`; the catalogue
+the bound B(n)), `gradient` (every stage ties to its VJP; `gradtie check --bf16`; the catalogue
 under bf16), `replicas` (`SyncBf16`). Exact values need float64. Shown in: bf16 erasure.
 """
 

@@ -174,7 +174,7 @@ class Bf16Report:
 def check(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
           key: Optional[jax.Array] = None) -> Bf16Report:
     """The bf16 chain (`chain`, default the net's own; cfg.bf16_rounding at every conv site), run in
-    float32: everything but the conv sites stays float32 (SPEC §7); errors are measured against
+    float32: everything but the conv sites stays float32 (chapter bf16 erasure); errors are measured against
     float64."""
     net = as_net(net)
     chain, (params, x, t), cfg = chain or Chain(net), float32_point(params, x, targets, cfg), replace(cfg, bf16=True)

@@ -42,7 +42,7 @@ class ReplicaRow:
     differing: float        # fraction of entries where G ≠ rnd(Σ_r S_r)/R (the formula is nonzero)
     identity_zero: bool     # at rnd = identity every replica's kind is S_r bit for bit: formula 0
     control_ratio: float    # the control: the formula check with G replaced by rnd(Σ_r S_r)/R (> 1: red)
-    node_ratio: float       # max_r |node_r − exact_r| / (node_bound(n)·M_r): SPEC §7's bound per node (≤ 1)
+    node_ratio: float       # max_r |node_r − exact_r| / (node_bound(n)·M_r): the bound B(n) per node (≤ 1)
 
     @property
     def ok(self) -> bool:
@@ -107,7 +107,7 @@ def _row(s: Site, rnd, g=None) -> tuple[ReplicaRow, dict]:
     The formula's rnd(S_r) are the replica nodes, what the step did: where the kind sums in its own
     order (patches · weights with bf16-typed operands) rnd(S_r) recomputed in the reference's order
     may sit a bf16 ulp from the node, which no all-reduce rounding explains. The nodes themselves are
-    held to rnd(S_r) bit for bit where the sums agree (`same_computation`), and each to SPEC §7's
+    held to rnd(S_r) bit for bit where the sums agree (`same_computation`), and each to the B(n)
     bound against its exact value everywhere."""
     num, ident = jax.tree.map(lambda a: np.asarray(a, np.float64), _shard_numbers(replace(s, node=None), rnd))
     replicas = len(s.a)

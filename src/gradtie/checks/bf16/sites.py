@@ -1,4 +1,4 @@
-"""Every conv site of a chain: node = rnd(f32 node at rounded operands), under SPEC §7's bound.
+"""Every conv site of a chain: node = rnd(f32 node at rounded operands), under the bound B(n).
 
 Bit for bit where the backend runs the kind's and the reference's sums alike (`same_computation`);
 the error against the exact value, relative to the magnitude sum M = Σ|a|·|b| of its n products,
@@ -27,7 +27,7 @@ from .kinds import OP_LABELS, OPS, U_BF16, U_F32, Site, same_bits
 #
 # One output s = Σ_{i≤n} a_i·b_i. Rounded operands â = a(1+α), b̂ = b(1+β), |α|, |β| ≤ u = 2⁻⁸, give
 # |Σ âb̂ − Σ ab| ≤ (2u + u²)·M. The products âb̂ of two bf16 values are exact in float32; a float32
-# sum of n of them, in any order, errs by at most ((1+v)^(n−1) − 1)(1+u)²·M, v = 2⁻²⁴ (SPEC keeps
+# sum of n of them, in any order, errs by at most ((1+v)^(n−1) − 1)(1+u)²·M, v = 2⁻²⁴ (the book keeps
 # (n+1), which also covers rounded products). So |ŝ − s| ≤ B(n)·M, B(n) = ((1+v)^(n+1) − 1)(1+u)²
 # + 2u + u², and the result's single rounding adds u(1 + B)·M. n counts zero terms too (adding an
 # exact 0 is exact): C·k·k (forward), O·k·k (input backward: the stride-1 correlation of the
