@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import jax
 
-from .. import data, parallel
-from ..nets.protocol import as_net
-from ..progress import bar
-from . import census as census_
-from .tie import TieReport, bn_cells, degenerate, reference_at, tie
+from . import data, parallel
+from .checks import census as census_
+from .checks.tie import TieReport, bn_cells, degenerate, reference_at, tie
+from .nets.protocol import as_net
+from .progress import bar
 
 
 def splits(largest_replicas: int, largest_per_replica: int) -> list[tuple[int, int]]:
@@ -81,4 +81,4 @@ def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, labe
         x, t, point = points[b]
         ties.append(tie(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
                         devices=list(jax.devices()) if devices is None else devices))
-    return SweepReport(net.name, ties, smooth_at, points, flat)
+    return SweepReport(net.name, ties, smooth_at, degenerate=flat, points=points)
