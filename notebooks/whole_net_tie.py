@@ -653,8 +653,8 @@ for sw, hyps in ((sw8, (census.PARAMETERS, census.C8_INPUT)), (sw34, (census.PAR
         print(f"  smallest N keeping {sw.rows[0].smooth.hypothesis(k).name}: {sw.smallest(k)}"
               f"{'' if sw.below(k) is None else '; at ' + sw.below(k).split(';')[0]}")
 flat_ns = [r.n for r in sw34.rows if r.degenerate]
-print(book.glue("n_sweep", (", ".join(map(str, ns)), ", ".join(str(r.n) for r in sw34.rows if r.tie is not None),
-                            p.image_size, ", ".join(map(str, flat_ns)) or "none", sw8.smallest(census.PARAMETERS),
+print(book.glue("n_sweep", (", ".join(map(str, ns)), p.image_size, ", ".join(str(r.n) for r in sw34.rows if r.tie is not None),
+                            ", ".join(map(str, flat_ns)) or "none", sw8.smallest(census.PARAMETERS),
                             sw34.smallest(census.PARAMETERS), sw34.smallest(census.R34_INPUT)),
                 "cifar8 tied at N = {}; ResNet-34 at {} px tied at N = {}, degenerate (M = 1, not judged) at N = {}; "
                 "smallest N keeping the parameter hypothesis and tied: cifar8 {}, ResNet-34 {}; keeping h_stem and "
