@@ -32,7 +32,7 @@ jax.config.update("jax_enable_x64", True)
 
 from gradtie import data  # noqa: E402
 from gradtie.checks import bugs  # noqa: E402
-from gradtie.checks import data_parallel as dp  # noqa: E402
+from gradtie import sync_sweep as dp  # noqa: E402
 from gradtie.checks.tie import reference_at, targets_matrix  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402
 

@@ -24,7 +24,8 @@ from gradtie import cli, nets
 from gradtie.checks import bugs, check
 from gradtie.checks.check import EXIT_FAILED, EXIT_NOT_SMOOTH, EXIT_TIED
 from gradtie.checks.fd import FDRow
-from gradtie.checks.tie import NodeRow, TieReport
+from gradtie.checks.tie import NodeRow, TieReport, degenerate
+from gradtie.nets import protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICK = ["check", "--net", "cifar8", "--batch", "2"]
@@ -286,6 +287,39 @@ def test_float32_at_the_degenerate_point_cannot_be_judged_and_says_so(capsys):
     out = capsys.readouterr().out
     assert code == EXIT_NOT_SMOOTH, out[-3000:]
     assert "too ill-conditioned to judge" in out and "smallest BatchNorm reduction is M = 2" in out
+
+
+def test_resnet_at_n1_and_32px_is_degenerate_exit_2_naming_the_layer(capsys):
+    """At 32 px layer4's maps are 1×1: at N = 1 its BatchNorm averages M = 1 value, x̂ = 0, and every
+    node upstream is 0 in ℝ. Reported as degenerate (exit 2, the layer and M named), never tied; and
+    a size other than the statement's literal 224 px says so, in the text and in the JSON."""
+    code = cli.main(["check", "--net", "resnet34", "--batch", "1", "--image-size", "32"])
+    out = capsys.readouterr().out
+    assert code == EXIT_NOT_SMOOTH, out[-3000:]
+    assert "degenerate point: BatchNorm layer4.0.bn1 normalises M = 1 value per channel" in out
+    assert "tied" not in out.replace("not judged", "")
+    assert "resnet34 at 32 px: the same architecture beyond the statement's literal 224-px resolution" in out
+    code = cli.main(["check", "--net", "resnet34", "--batch", "1", "--image-size", "32", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == report["exit_code"] == EXIT_NOT_SMOOTH and report["tie"] is None
+    assert report["degenerate"] == {"bn_layer": "layer4.0.bn1", "cells": 1}
+    assert "beyond the statement's literal 224-px" in report["settings"]["beyond_literal_resolution"]
+
+
+def test_the_resolution_label_is_empty_only_at_the_literal_resolution():
+    assert protocol.resolution_note(nets.load("resnet34"), 224) == ""
+    assert "beyond the statement's literal 224-px resolution" in protocol.resolution_note(nets.load("resnet34"), 64)
+    assert protocol.resolution_note(nets.load("cifar8"), 32) == ""
+
+
+def test_a_bn_layer_with_one_cell_anywhere_is_degenerate():
+    """Generalised: any BatchNorm layer with M = 1, the first in forward order named; M = 2 is not."""
+    assert degenerate({"bn1": 2048, "layer4.0.bn1": 1, "layer4.0.bn2": 1}) == ("layer4.0.bn1", 1)
+    assert degenerate({"bn1": 2048, "layer4.0.bn1": 2}) is None
+    rows = [NodeRow("loss", (), 0.0, 1.0, 0.0, 1e-10, False)]
+    flat = TieReport("net", "float64", rows, 0.0, 0.0, {"bn_cells": {"stage1.bn": 1}})
+    assert flat.ok and not flat.tied and flat.summary().startswith("degenerate point: BatchNorm stage1.bn")
+    assert TieReport("net", "float64", rows, 0.0, 0.0, {"bn_cells": {"stage1.bn": 3}}).tied
 
 
 # ---- a net of your own: examples/bottleneck.py, from the repository root -------------------------------------

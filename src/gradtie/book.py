@@ -167,6 +167,7 @@ PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
     "bf16": _Rule("True / False", _bool),
     "conv_bias": _Rule("True / False", _bool),
     "resnet_batch": _int(1, 4096),     # ResNet-34 examples where a chapter runs both nets
+    "statement_batch": _int(1, 4096),  # ResNet-34 examples at the statements' own 224 px
     "tie_batch": _int(1, 4096),        # examples per step in a step tie (Training)
     "fd_nodes": _int(0, 100_000),      # nodes checked by finite differences (0: every node)
     "cifar10_path": _Rule("'' or a folder", _folder_or_empty),  # CIFAR-10 files; '' skips them

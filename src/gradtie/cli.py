@@ -36,6 +36,8 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report.as_dict(), indent=1, default=float))
     else:
+        if report.settings.get("beyond_literal_resolution"):
+            print(report.settings["beyond_literal_resolution"])
         if report.smooth is not None:
             print(report.smooth.table())
             for v in report.smooth.violations:
@@ -204,7 +206,8 @@ def parser() -> argparse.ArgumentParser:
                     "floored at 1e-10 (float64) or 1e-5 (float32).",
         epilog="exit codes:\n  0  every node tied at a verified smooth point\n"
                "  1  a node failed (the first in backward order is named)\n"
-               "  2  the point is not smooth (the report names layer, example, channel, window), or so\n"
+               "  2  the point is not smooth (the report names layer, example, channel, window), degenerate\n"
+               "     (a BatchNorm layer averages M = 1 value per channel: the layer is named), or so\n"
                "     ill-conditioned that round-off hides a 1% bug (the report names the layer)\n"
                "  3  invalid input (the message says what was expected)\n\n"
                "examples:\n  gradtie check --net cifar8\n"
@@ -218,7 +221,8 @@ def parser() -> argparse.ArgumentParser:
                         "NAME in a Python file or an importable module (default cifar8)")
     c.add_argument("--batch", type=_positive, default=4, help="examples in the batch, R·N with --replicas (default 4)")
     c.add_argument("--image-size", type=_positive, default=None,
-                   help="image side in pixels: 32 for cifar8, a multiple of 32 for resnet34 (default 32)")
+                   help="image side in pixels: 32 for cifar8, a multiple of 32 for resnet34 (default 32; "
+                        "its statements fix 224, other sizes are labelled beyond that literal resolution)")
     c.add_argument("--data", choices=("randn", "photos", "flat"), default=None,
                    help="standard normal pixels, crops of shipped photos (the default), or flat images "
                         "full of twins")

@@ -403,13 +403,12 @@ def test_sync_bf16_on_a_mesh_judges_patches_sites_on_their_replica_nodes():
 MESH_R34 = """
 import json, dataclasses, jax, jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
-from gradtie import parallel
-from gradtie.checks import data_parallel as dp
+from gradtie import data, parallel
 from gradtie.checks.bf16 import replicas
 from gradtie.nets import resnet34
 cfg = resnet34.Config(num_classes=10)
 params = {k: jnp.asarray(v, jnp.float32) for k, v in resnet34.NET.init(jax.random.key(0), cfg, weights="drawn").items()}
-x, t = dp.photo_batch(4, 32, cfg.num_classes, seed=0)
+x, t = data.photo_batch(4, 32, cfg.num_classes, seed=0)
 rep = replicas.mesh_replica_sum(resnet34.NET, params, x.astype(jnp.float32), t.astype(jnp.float32),
                                 dataclasses.replace(cfg, bf16=True), mesh=parallel.data_mesh(2), label_smoothing=0.1)
 print(json.dumps({"ok": rep.ok, "control_red": rep.control_red, "replicas": rep.replicas,

@@ -226,6 +226,18 @@ def test_sweep_ties_every_n_and_states_the_smallest(params8):
     assert all(0 < r.ratio <= 1 for r in sw.rows)
 
 
+def test_sweep_reports_resnet_at_n1_and_32px_as_degenerate_never_tied():
+    """At 32 px and N = 1 layer4's BatchNorm averages M = 1 value: the row is degenerate, carries no
+    tie, counts neither as tied nor against `ok`, and stops the smallest N from reaching 1."""
+    net, cfg = resnet34.NET, resnet34.Config(num_classes=10)
+    params = {k: v.astype(jnp.float64) for k, v in net.init(jax.random.key(0), cfg, weights="drawn").items()}
+    sw = stages.sweep(net, params, cfg, lambda n: photos(n), [1], label_smoothing=ALPHA)
+    (row,) = sw.rows
+    assert row.degenerate == ("layer4.0.bn1", 1) and row.tie is None and row.smooth.ok
+    assert sw.ok and sw.smallest(census.PARAMETERS) is None
+    assert "degenerate point: BatchNorm layer4.0.bn1" in sw.below(census.PARAMETERS) and "degenerate" in sw.table()
+
+
 def test_sweep_refuses_a_batch_size_below_one(params8):
     with pytest.raises(ValueError, match="positive"):
         stages.sweep(NET8, params8, CFG8, photos, [0])

@@ -6,8 +6,9 @@ Exit codes, one meaning each:
   1  a tie row (judgeable or not) over its limit, or a finite difference that FAILED: a wrong chain
      (the first node in backward order is named);
   2  the point cannot be judged: not smooth (the census names the hypothesis, layer, example,
-     channel and window), or a row so ill-conditioned that round-off hides a 1 % bug (the layer is
-     named). A finite difference with no evidence never changes the code.
+     channel and window), degenerate (a BatchNorm layer averaging M = 1 cell: the layer is named),
+     or a row so ill-conditioned that round-off hides a 1 % bug (the layer is named). A finite
+     difference with no evidence never changes the code.
 By default the point is drawn weights (γ ≠ 1, β and biases ≠ 0), where a backward that confuses γ,
 β or a bias cannot hide.
 """
@@ -25,11 +26,11 @@ from .. import data as data_
 from .. import nets, parallel, prng, rendered, train
 from .. import tolerances as tol
 from ..host import available_memory, to_device
-from ..nets.protocol import Net, as_net
+from ..nets.protocol import Net, as_net, resolution_note
 from ..progress import bar, compile_clock, phase
 from . import bugs, census, fd, stages
 from .bf16 import check as bf16_check
-from .tie import Chain, need_x64, reference_at, targets_matrix, tie
+from .tie import Chain, bn_cells, degenerate, degenerate_text, need_x64, reference_at, targets_matrix, tie
 
 EXIT_TIED, EXIT_FAILED, EXIT_NOT_SMOOTH = 0, 1, 2
 WEIGHTS = ("drawn", "init")
@@ -43,6 +44,7 @@ class CheckReport:
     settings: dict[str, Any] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     parting: Optional[Any] = None         # a failing tie: the stage where rendered and VJP first part
+    degenerate: Optional[tuple] = None    # (BN layer, M = 1): a point no tie can judge (`tie.degenerate`)
 
     @property
     def ill_conditioned(self) -> list:
@@ -78,7 +80,8 @@ class CheckReport:
     def summary(self) -> str:
         lines = [] if self.smooth is None else [self.smooth.summary()]
         if self.tie is None:
-            lines.append("no tie reported: the loss is not differentiable at this point")
+            lines.append(f"{degenerate_text(self.degenerate)}: not judged (exit 2)" if self.degenerate else
+                         "no tie reported: the loss is not differentiable at this point")
             return "\n".join(lines)
         s = self.settings
         where = f"weights {s.get('weights', '?')}" + (f", planted bug {s['plant_bug']}" if s.get("plant_bug") else "")
@@ -108,6 +111,7 @@ class CheckReport:
 
     def as_dict(self) -> dict[str, Any]:
         return {"exit_code": self.exit_code, "settings": self.settings, "timings": self.timings,
+                "degenerate": self.degenerate and {"bn_layer": self.degenerate[0], "cells": self.degenerate[1]},
                 "tie": None if self.tie is None else self.tie.as_dict(),
                 "first_parting": self.parting and self.parting.as_dict(),
                 "finite_differences": [dict(r.__dict__, verdict=r.verdict) for r in self.fd_rows],
@@ -150,6 +154,9 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     t = targets_matrix(targets, cfg.num_classes, jnp.result_type(x))
     smooth, parting, fd_rows, run_fd = None, None, [], finite_differences and dtype == "float64" and single
     phases = smoothness + (1 if bf16 else 2 + run_fd)   # census; bf16, or reference, tie, differences
+    flat = degenerate(bn_cells(net, params, x, cfg))   # M = 1 somewhere: nothing to judge, nothing to run
+    if flat:
+        return CheckReport(None, [], None, settings, timings, degenerate=flat)
     with compile_clock(timings), bar(desc="check", total=phases, enabled=progress) as steps:
         if smoothness:
             with phase(timings, "census", steps):
@@ -268,8 +275,8 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     labels = prng.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
     settings = dict(batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16, seed=seed,
                     label_smoothing=label_smoothing, plant_tie=plant_tie,
-                    weights=weights if weights in WEIGHTS else str(weights),
-                    replicas=replicas, replica_counts=replica_counts)
+                    weights=weights if weights in WEIGHTS else str(weights), replicas=replicas,
+                    replica_counts=replica_counts, beyond_literal_resolution=resolution_note(net, image_size))
     return check(net, params, x, targets_matrix(labels, cfg.num_classes, jnp.dtype(dtype)), cfg,
                  label_smoothing=label_smoothing, plant_bug=plant_bug, smoothness=smoothness,
                  finite_differences=finite_differences, replicas=replicas if replica_counts is None else 1,

@@ -33,8 +33,8 @@ from ..host import to_device, tree_to_device
 from ..kit import KIT
 from ..nets.protocol import Net, Pass, as_net
 from . import census, envelope as env_
-from .tie import (Chain, NodeRow, TieReport, bn_cells, checked_dtype, compare, frozen_selections, node_cells,
-                  reference_at, report, targets_matrix, tie, zero_in_reals)
+from .tie import (Chain, NodeRow, TieReport, bn_cells, checked_dtype, compare, degenerate, degenerate_text,
+                  frozen_selections, node_cells, reference_at, report, targets_matrix, tie, zero_in_reals)
 
 LEVELS = ("stages", "layers")
 LOSS_COTANGENT = "loss cotangent"
@@ -412,7 +412,8 @@ def random_cotangent(key, shape, dtype=jnp.float64, kind: str = "normal") -> jax
 class SweepRow:
     n: int
     smooth: Any                     # census.SmoothReport
-    tie: Optional[TieReport]        # None where the parameter-gradient hypothesis fails
+    tie: Optional[TieReport]        # None where the parameter-gradient hypothesis fails, or degenerate
+    degenerate: Optional[tuple] = None   # (BN layer, M = 1): not judged (`tie.degenerate`), never "tied"
 
     def holds(self, key: str) -> bool:
         return self.smooth.hypothesis(key).holds
@@ -431,7 +432,7 @@ class Sweep:
     @property
     def ok(self) -> bool:
         """Every N where the parameter-gradient hypothesis holds ties."""
-        return all(r.tie is not None and r.tie.ok for r in self.rows if r.smooth.ok)
+        return all(r.tie is not None and r.tie.ok for r in self.rows if r.smooth.ok and not r.degenerate)
 
     def smallest(self, key: str) -> Optional[int]:
         """The smallest N from which on every N of the sweep keeps hypothesis `key` (and ties)."""
@@ -447,6 +448,8 @@ class Sweep:
             return None
         r = max(under, key=lambda r: r.n)
         h = r.smooth.hypothesis(key)
+        if r.degenerate:
+            return f"N = {r.n}: {degenerate_text(r.degenerate)}; not judged"
         return f"N = {r.n}: " + (h.summary() if not h.holds else
                                  f"{h.name} holds, but the tie fails ({r.tie.summary() if r.tie else 'no tie'})")
 
@@ -455,8 +458,9 @@ class Sweep:
         lines = [f"{'N':>3} " + " ".join(f"{h.name[:24]:>24}" for h in hyps) + f" {'tied':>9} {'worst err/lim':>13} "
                  f"{'min M':>6}"]
         for r in self.rows:
-            tied = "-" if r.tie is None else f"{sum(x.agrees for x in r.tie.nodes)}/{len(r.tie.nodes)}"
-            small = r.tie.smallest_bn() if r.tie is not None else None
+            tied = "degenerate" if r.degenerate else "-" if r.tie is None else \
+                f"{sum(x.agrees for x in r.tie.nodes)}/{len(r.tie.nodes)}"
+            small = r.degenerate or (r.tie.smallest_bn() if r.tie is not None else None)
             lines.append(f"{r.n:>3} " + " ".join(f"{'holds' if r.holds(h.key) else 'FAILS':>24}" for h in hyps)
                          + f" {tied:>9} {r.ratio:13.2g} {small[1] if small else '-':>6}")
         return "\n".join(lines)
@@ -478,6 +482,7 @@ def sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int
     for n in ns:
         x = images(n)
         smooth = census.smoothness(net, p64, to_device(x, np.float64), cfg)
+        flat = degenerate(bn_cells(net, p64, x, cfg))
         rows.append(SweepRow(n, smooth, tie(net, params, x, labels(n), cfg, label_smoothing=label_smoothing,
-                                            key=jax.random.fold_in(key, n)) if smooth.ok else None))
+                                            key=jax.random.fold_in(key, n)) if smooth.ok and not flat else None, flat))
     return Sweep(net.name, rows)

@@ -128,8 +128,13 @@ class TieReport:
 
     @property
     def tied(self) -> bool:
-        """Every row within a limit that can tell a bug apart."""
-        return all(r.agrees for r in self.rows)
+        """Every row within a limit that can tell a bug apart, at a point that is not degenerate."""
+        return all(r.agrees for r in self.rows) and not self.degenerate
+
+    @property
+    def degenerate(self) -> Optional[tuple[str, int]]:
+        """(BN layer, 1) where a BatchNorm layer averages M = 1 cell per channel (`degenerate`)."""
+        return degenerate(self.meta.get("bn_cells") or {})
 
     def row(self, name: str) -> Optional[NodeRow]:
         return next((r for r in self.rows if r.name == name), None)
@@ -168,6 +173,8 @@ class TieReport:
 
     def summary(self) -> str:
         line = f"tied {sum(r.agrees for r in self.nodes)}/{len(self.nodes)} nodes ({self.dtype})"
+        if self.degenerate:
+            line = f"{degenerate_text(self.degenerate)}; not judged: {line}"
         if self.row("input"):
             line += f", input gradient {self.row('input').verdict}"
             if self.meta.get("input_model") == "frozen":
@@ -251,6 +258,19 @@ def bn_cells(net: Net, params, x, cfg) -> dict[str, int]:
     per_ex = getattr(cfg, "bn", "batch") == "example"
     return {name: (1 if per_ex else layer.c.shape[0]) * layer.c.shape[2] * layer.c.shape[3]
             for name, layer in net.bn_layers(saved).items()}
+
+
+def degenerate(cells: dict[str, int]) -> Optional[tuple[str, int]]:
+    """The first BatchNorm layer whose channels average M = 1 cell (cells: M per layer, `bn_cells`),
+    or None. There x̂ = 0 exactly, the layer outputs β whatever its input, and every node upstream
+    of it is 0 in ℝ: both sides are round-off, and no tie can judge the point (ResNet-34 at 32 px and
+    N = 1: layer4's 1×1 maps)."""
+    return next(((name, m) for name, m in cells.items() if m == 1), None)
+
+
+def degenerate_text(where: tuple[str, int]) -> str:
+    return (f"degenerate point: BatchNorm {where[0]} normalises M = {where[1]} value per channel (x̂ = 0), so "
+            f"every node upstream of it is 0 in ℝ")
 
 
 def bn_of(name: str, bn_names) -> Optional[str]:
@@ -387,8 +407,8 @@ def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Op
     bug), run in the dtype of params and x (float64 or float32); the reference is `reference_at`'s
     (`point`, when several ties share it; freeze_ties=False: the real net's input gradient even at
     a tie, the non-twin tie control). how: `rendered.run`'s (default: compiled for the real chain,
-    quick for a planted one). replicas R > 1, or counts (n_1, …, n_R): the data-parallel step on a
-    mesh of R `devices` (default `jax.devices()`), replica r holding N = batch/R of x's rows, or n_r
+    quick for a planted one). replicas R > 1, counts (n_1, …, n_R), or devices: the data-parallel step
+    on a mesh of R `devices` (default `jax.devices()`; R = 1 too), replica r holding N = batch/R of x's rows, or n_r
     (padded on the mesh), tied to the same single-device oracle at x (`r34_net_syncTiedB`: the
     all-reduced nodes are the single-device nodes at N := R·N); sync_bn=False: per-replica
     BatchNorm (the control that must fail).
@@ -406,7 +426,7 @@ def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Op
         point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key, freeze_ties=freeze_ties)
     elif point.dtype != dtype:
         raise ValueError(f"tie: the shared point was measured for {point.dtype}, the chain runs in {dtype}")
-    if replicas == 1:
+    if replicas == 1 and counts is None and devices is None:
         out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
                            how=how or ("compiled" if chain == Chain(net) else "quick"))
         return report(chain.label, params, (out.loss, out.grads, out.dx), point, factor=factor)

@@ -551,6 +551,16 @@ def with_backwards(net: Net, wrap: Callable[[Stage], Optional[Callable]], name: 
     return dataclasses.replace(net, stage_list=stage_list, name=name or net.name)
 
 
+def resolution_note(net, size: int) -> str:
+    """The label a figure at `size` px carries: "" at the resolution a suite net's statements fix as a
+    literal (its `default_size`: ResNet-34's 224 px, where N is the only binder)."""
+    net = as_net(net)
+    if net.suite is None or int(size) == net.default_size:
+        return ""
+    return (f"{net.name} at {size} px: the same architecture beyond the statement's literal "
+            f"{net.default_size}-px resolution")
+
+
 def as_net(net) -> Net:
     """A `Net`, or a net module holding one as `NET` (`gradtie.nets.cifar8`): the net value."""
     value = getattr(net, "NET", net)

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..checks.bf16.kinds import U_BF16
 from ..checks.bf16.replicas import MeshReplicaReport
-from ..checks.data_parallel import SweepReport
+from ..sync_sweep import SweepReport
 from ..checks.tie import TieReport
 from ..tolerances import CHAN_FACTOR
 from ..parallel import UNIT_ROUNDOFF, DriftReport

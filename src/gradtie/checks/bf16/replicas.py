@@ -57,7 +57,9 @@ class ReplicaReport:
     replicas: int
     per_replica: int
     rows: list[ReplicaRow]
-    arrays: dict = field(default_factory=dict)   # name -> {"diff", "formula", "mag"} (float64)
+    # name -> {"diff", "formula", "mag", "g": G, "sum": Σ_r S_r, "replica_rounded": Σ_r rnd(S_r),
+    # "rounded_sum": rnd(Σ_r S_r)}, each float64
+    arrays: dict = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -135,7 +137,8 @@ def _row(s: Site, rnd, g=None) -> tuple[ReplicaRow, dict]:
                      float((np.abs(formula[live]) / m[live]).max(initial=0.0)), float(np.mean(formula != 0)),
                      bool(np.array_equal(ident["kind"], ident["s"])), ratio(np.abs(formula)),
                      float(node_over.max(initial=0.0)))
-    return row, {"diff": diff, "formula": formula, "mag": m}
+    return row, {"diff": diff, "formula": formula, "mag": m, "g": g, "sum": num["s"].sum(0),  # float64, exact
+                 "replica_rounded": rounded.sum(0), "rounded_sum": rounded_sum}
 
 
 def _report(net: str, replicas: int, split: list[Site], rnd, grads=None) -> ReplicaReport:
