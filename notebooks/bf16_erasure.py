@@ -72,7 +72,7 @@ from gradtie import book, plots, prng
 from gradtie.checks import bf16
 from gradtie.data import images
 from gradtie.checks.tie import Chain, targets_matrix
-from gradtie.nets import cifar8, resnet34
+from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.nets.layers import rounding
 from gradtie.ops import conv
 
@@ -100,6 +100,11 @@ for name, (net, cfg, size) in nets.items():
           f"[{gammas.min():.2f}, {gammas.max():.2f}]), bf16 rounding {cfg.bf16_rounding!r} (bf16-typed "
           f"operands, float32 accumulation)")
     assert not np.any(gammas == 1)
+
+# %% tags=["nbval-check-output"]
+# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at another side
+# is the same architecture beyond them, and says so
+print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px")
 
 # %% [markdown]
 # ## Erasure: six kinds at rnd = identity

@@ -70,7 +70,7 @@ from gradtie import book, cli, plots, prng
 from gradtie import tolerances
 from gradtie.checks import census, check, fd
 from gradtie.data import images
-from gradtie.nets import cifar8, resnet34
+from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.ops import head, maxpool
 
 # %% tags=["parameters"]
@@ -97,6 +97,11 @@ bn_scales = [(net, k) for net, ps in (("cifar8", params8), ("ResNet-34", params3
 gammas = np.concatenate([np.asarray({"cifar8": params8, "ResNet-34": params34}[n][k]) for n, k in bn_scales])
 shifts = np.concatenate([np.asarray({"cifar8": params8, "ResNet-34": params34}[n][k[:-6] + "bias"])
                          for n, k in bn_scales])
+
+# %% tags=["nbval-check-output"]
+# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at another side
+# is the same architecture beyond them, and says so
+print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px")
 
 # %% tags=["nbval-check-output"]
 print(f"cifar8 on photos {tuple(x8.shape)}: pools {', '.join(cifar8.POOLS)} (2×2/s2); "

@@ -52,7 +52,7 @@ import matplotlib.pyplot as plt
 from gradtie import book, data, plots, train
 from gradtie.checks import bugs, step
 from gradtie import tolerances as tol
-from gradtie.nets import cifar8, resnet34
+from gradtie.nets import cifar8, protocol, resnet34
 
 # %% tags=["parameters"]
 net: str = "cifar8"   # or "resnet34" (32 px digits)
@@ -81,6 +81,11 @@ assert p.steps <= p.epochs * steps_per_epoch, "steps must fit in the run"
 print(f"digits: {len(digits.split.y_train)} training and {len(digits.split.y_test)} test images, "
       f"3×32×32 in [0, 1]; {p.net} at batch {p.batch}: {steps_per_epoch} steps an epoch, "
       f"{p.epochs} epochs")
+
+# %% tags=["nbval-check-output"]
+# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at another side
+# is the same architecture beyond them, and says so
+print("the step ties below: " + (protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px"))
 
 # %% [markdown]
 # ## Rendered and autodiff, side by side

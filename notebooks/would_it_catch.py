@@ -54,7 +54,7 @@ from gradtie import book, data, plots
 from gradtie import tolerances
 from gradtie.checks import bugs
 from gradtie.checks.tie import reference_at, targets_matrix, tie
-from gradtie.nets import cifar8, resnet34
+from gradtie.nets import cifar8, protocol, resnet34
 
 # %% tags=["parameters"]
 batch: int = 4       # cifar8 photo crops
@@ -75,6 +75,11 @@ x8 = jnp.asarray(data.photos(p.batch, 32, seed=p.seed), jnp.float64)
 x34 = jnp.asarray(data.flat_images(p.resnet_batch, p.image_size, seed=p.seed), jnp.float64)
 t8 = targets_matrix(jnp.arange(p.batch) * 3 % 10, 10, jnp.float64)
 t34 = targets_matrix(jnp.arange(p.resnet_batch) * 3 % 10, 10, jnp.float64)
+
+# %% tags=["nbval-check-output"]
+# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at another side
+# is the same architecture beyond them, and says so
+print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px")
 
 # %% [markdown]
 # ## The catalogue
