@@ -449,7 +449,7 @@ def foreign_slot(net: Net, cfg, stage_name: str) -> Slot:
     """A stage of another net (e.g. a bottleneck block of examples/bottleneck.py), run at its own cfg."""
     st = next(s for s in net.stage_list(cfg) if s.name == stage_name)
     specs = tuple(s for s in net.param_specs(cfg) if s.name in st.params)
-    wrapped = Stage(st.name, f"{net.name} {st.kind}", lambda p, x, _cfg, how: st.forward(p, x, cfg, how),
+    wrapped = Stage(st.name, f"{net.name}'s {st.name}", lambda p, x, _cfg, how: st.forward(p, x, cfg, how),
                     lambda p, s, dy, _cfg, kit: st.backward(p, s, dy, cfg, kit), st.params, st.relu_inputs,
                     st.pool_inputs, st.bn_layers)
     return Slot("foreign", wrapped, specs)
