@@ -178,6 +178,11 @@ assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 # %% [markdown]
 # ## Other blocks between ResNet-34's stem and head
 #
+# ```{admonition} Beyond the suite
+# `r34InputGradB_correct` is stated at 224 px, a literal. We run the stem and head at 32 px,
+# batch 2, to keep the chapter quick: the same maps, beyond the statement's literal resolution.
+# ```
+#
 # `r34InputGradB_correct` keeps ResNet-34's sixteen blocks opaque. They enter as VJP witnesses,
 # so the statement holds "for any block maps b1 … b16 carrying `HasVJPDiffAt` witnesses at their
 # running activations": only the stem and the head are ResNet-34's own. The protocol lets us fill

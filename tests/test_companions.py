@@ -72,6 +72,20 @@ def test_node_ties_hold_at_a_non_twin_tie_and_a_planted_bug_parts():
     assert not red.stages.ok and red.stages.first_parting() is not None
 
 
+@pytest.mark.slow
+def test_resnet34_node_ties_hold_at_a_non_twin_tie_and_a_planted_bug_parts():
+    cfg = resnet34.Config(num_classes=10)
+    params = {k: v.astype(jnp.float64) for k, v in resnet34.init(KEY, cfg, weights="drawn").items()}
+    planted = census.planted_tie(resnet34, params)
+    x = images("flat", 2, 32, seed=0)
+    t = targets_matrix(jnp.asarray([1, 4]), 10, jnp.float64)
+    at = C.node_ties_at_tie(resnet34, planted, x, t, cfg, key=KEY)
+    assert not at.smooth.ok and at.smooth.non_twin_ties > 0
+    assert at.stages.ok and len(at.nodes) == 110
+    red = C.node_ties_at_tie(resnet34, planted, x, t, cfg, key=KEY, chain=bugs.plant("projection_bn_reads_dn2", resnet34))
+    assert not red.stages.ok
+
+
 # ---- the eighteen-stage fold against the NumPy ResNet-34 -------------------------------------------
 
 def test_fold_matches_numpy_resnet34_and_controls_go_red():

@@ -27,7 +27,6 @@ the path that matters, and each comes with a control that must make it fail:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from functools import partial
 from fractions import Fraction
@@ -509,7 +508,7 @@ def other_blocks(net: Net, params, x, targets, cfg, *, label_smoothing: float = 
     if point is None:
         point = reference_at(net, params, x, targets_matrix(targets, cfg.num_classes, x.dtype), cfg,
                              label_smoothing=label_smoothing, key=key)
-    rep = tie(net, params, x, targets, cfg, label_smoothing=label_smoothing, chain=chain, point=point)
+    rep = tie(net, params, x, targets, cfg, label_smoothing=label_smoothing, chain=chain, point=point, how="quick")
     return BlocksTie((rendered_net or net).name, [s.kind for s in (rendered_net or net).stage_list(cfg)[1:-1]], rep,
                      point)
 
@@ -543,8 +542,8 @@ def input_row(net, params, x, targets, cfg, *, point: str, label_smoothing: floa
     return InputRow(int(x.shape[0]), point, True, "", rep)
 
 
-def input_sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int], *, label_smoothing: float = 0.0,
-                key=None) -> list[InputRow]:
+def input_sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int], *,
+                label_smoothing: float = 0.0, key=None) -> list[InputRow]:
     """At each N: images(N), the pool-feeding β lifted at that batch (`census.lift_dead_windows`, so
     no window is dead), the census, and the tie where `MaxPool2Smooth` holds."""
     rows = []
