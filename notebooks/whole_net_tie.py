@@ -202,27 +202,22 @@ assert sum(r.params for r in rows34) == protocol.census(params34).floats
 # %% [markdown]
 # ### The eighteen stages against a forward written apart
 #
-# ```{admonition} Beyond the suite
-# ResNet-34's statements fix 224 px as a literal. This tie runs at the chapter's `image_size`:
-# 32 px at the ci profile (batch 2), the same architecture beyond the statement's literal
-# resolution; 224 px at the gpu profile (batch 1).
-# ```
-#
 # The fold above is built from the same stage list as `resnet34.forward`, so "bit for bit" could
 # not have come out otherwise. `resnet34ForwardBFull_eq_slots` says the eighteen slots ARE the
 # committed forward. We read "the committed forward" as the formulas, and tie the fold to the
 # independent NumPy ResNet-34 (`gradtie.reference_numpy`: float64, im2col convolutions, BatchNorm
 # from its formula, index-gathered pool windows; it imports nothing from gradtie). Each logit is
 # held to `tolerances.FORWARD_NET_SIGMAS`·√2 standard deviations of the NumPy forward's first-order
-# round-off envelope. Three controls must go red: the NumPy net with its kernels flipped
-# (a true convolution), with every pool window one cell off, and the fold with `layer1.0` and
-# `layer1.1` swapped.
+# round-off envelope. We run it at the statement's own resolution, 224 px (a literal of
+# ResNet-34's statements), on two photos. Three controls must go red: the NumPy net with its
+# kernels flipped (a true convolution), with every pool window one cell off, and the fold with
+# `layer1.0` and `layer1.1` swapped.
 
 # %%
 from gradtie import companions
 from gradtie import reference_numpy
 
-x_fold = images("photos", 2 if p.image_size <= 64 else 1, p.image_size, seed=p.seed)
+x_fold = images("photos", 2, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)          # 224 px
 numpy_ref = reference_numpy.resnet34_forward(params34, np.asarray(x_fold))
 fold_tie = companions.forward_tie(params34, x_fold, cfg34, reference_forward=numpy_ref)
 stage_names = [n for n, _ in named]
@@ -239,7 +234,8 @@ for c in fold_controls:
 print(book.glue("fold_numpy", (fold_tie.image[2], fold_tie.image[0], "tied" if fold_tie.ok else "FAILED",
                                sum(not c.ok for c in fold_controls), len(fold_controls)),
                 "eighteen-stage fold against the NumPy ResNet-34 at {} px, batch {}: {}; controls red {}/{}"))
-assert fold_tie.ok, f"fold_numpy: logits off the NumPy forward by {fold_tie.ratio:.2g} × 5√2 envelopes"
+assert fold_tie.ok and fold_tie.image == (2, 3, 224, 224), \
+    f"fold_numpy: logits at {fold_tie.image} off the NumPy forward by {fold_tie.ratio:.2g} × 5√2 envelopes"
 assert all(not c.ok for c in fold_controls), f"fold_numpy: a control tied: {[c.label for c in fold_controls if c.ok]}"
 
 # %%
