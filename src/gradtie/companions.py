@@ -43,7 +43,7 @@ from .checks import census, stages
 from .checks.bf16 import Site, contraction_length, same_bits
 from .checks.bf16.kinds import U_F32
 from .checks.bf16.kinds import apply as conv_apply  # noqa: E402
-from .checks.tie import Chain, TieReport, reference_at, targets_matrix, tie
+from .checks.tie import Chain, TieReport, need_x64, reference_at, targets_matrix, tie
 from .kit import KIT
 from .nets import resnet34
 from .nets.protocol import Net, ParamSpec, Pass, Stage
@@ -153,7 +153,9 @@ def typed_row(site: Site, *, exact: bool = True) -> TypedRow:
 
 
 def typed_erasure(sites: Sequence[Site], *, controls: bool = True) -> TypedReport:
-    """Every site at bf16-exact operands (and, with `controls`, at its own operands)."""
+    """Every site at bf16-exact operands (and, with `controls`, at its own operands). Needs float64:
+    without it the typed operands would stay float32 and the comparison could not fail."""
+    need_x64("typed_erasure")
     rows = [typed_row(s) for s in sites]
     if controls:
         rows += [typed_row(s, exact=False) for s in sites]
