@@ -184,3 +184,60 @@ except gradtie.NotSmooth:
     kink = "NotSmooth"
 print(f"unflipped depthwise backward: {wrong}; ReLU at an input exactly 0: {kink}")
 assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
+
+# %% [markdown]
+# ## Other blocks between ResNet-34's stem and head
+#
+# ```{admonition} Beyond the suite
+# `r34InputGradB_correct` is stated at 224 px, a literal. We run the stem and head at 32 px,
+# batch 2, to keep the chapter quick: the same maps, beyond the statement's literal resolution.
+# ```
+#
+# `r34InputGradB_correct` keeps ResNet-34's sixteen blocks opaque. They enter as VJP witnesses,
+# so the statement holds "for any block maps b1 … b16 carrying `HasVJPDiffAt` witnesses at their
+# running activations": only the stem and the head are ResNet-34's own. The protocol lets us fill
+# those slots with maps of our own, each with its own hand-written VJP: the identity; a scaled
+# residual y = x + α·conv(x; W), whose VJP is dx = dy + α·convBack(W; dy), dW = α·convWeightGrad(x; dy);
+# and a bottleneck block of the example net above, instantiated 64 → 512 channels at stride 2 so it
+# joins the stem's width to the head's. We put them between the certified stem and head
+# (`companions.stem_head_net`). The rendered chain (head backward, then the sixteen block
+# backwards, then the stem's) must equal `jax.vjp` of the composed forward, every node and the
+# input cotangent within ten times the point's measured envelope. The control swaps in one block
+# whose VJP forgets α in its input cotangent.
+#
+# This chapter holds it because its subject is composing stages of your own through the protocol,
+# and the third net's block is loaded here.
+
+# %%
+from gradtie import companions
+from gradtie.nets import resnet34
+
+block_cfg = example.Config(stem=resnet34.STEM_WIDTH, stages=((16, resnet34.WIDTHS[-1], 2),))
+slots = ([companions.identity_slot(), companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5),
+          companions.foreign_slot(net, block_cfg, "layer1.0")]
+         + [companions.identity_slot()] * 12 + [companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25)])
+slots_bad = [slots[0], companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5, forget_alpha=True), *slots[2:]]
+between = companions.stem_head_net(slots)
+between_bad = companions.stem_head_net(slots_bad, name="scaled residual forgetting α")
+cfg_between = resnet34.Config(num_classes=10)
+params_between = {k: v.astype(jnp.float64) for k, v in between.init(key, cfg_between, weights="drawn").items()}
+x_between = images("photos", 2, 32, seed=p.seed)
+t_between = targets_matrix(jnp.asarray([1, 4]), 10, jnp.float64)
+blocks_tie = companions.other_blocks(between, params_between, x_between, t_between, cfg_between,
+                                     label_smoothing=0.1, key=jax.random.fold_in(key, 7))
+blocks_bad = companions.other_blocks(between, params_between, x_between, t_between, cfg_between, label_smoothing=0.1,
+                                     rendered_net=between_bad, point=blocks_tie.point)
+
+# %% tags=["nbval-check-output"]
+print("b1 … b16:", ", ".join(f"{k} ×{blocks_tie.slots.count(k)}" for k in dict.fromkeys(blocks_tie.slots)))
+print(f"stem, sixteen other blocks, head: {blocks_tie.report.summary().split('; worst')[0]}")
+print(f"control ({between_bad.name}): {blocks_bad.report.summary().split('; worst')[0]}")
+print(book.glue("other_blocks", (len(blocks_tie.slots), sum(r.ok for r in blocks_tie.report.nodes),
+                                 len(blocks_tie.report.nodes),
+                                 "tied" if blocks_tie.report.row("input").ok else "FAILED",
+                                 "FAILED" if not blocks_bad.ok else "tied"),
+                "ResNet-34's stem and head around {} other block maps: {}/{} nodes tied, input {}; a block "
+                "whose VJP forgets α: {}"))
+assert blocks_tie.ok and len(blocks_tie.slots) == 16, \
+    f"other_blocks: the chain must equal the composed forward's VJP within 10 envelopes, got {blocks_tie.report.summary()}"
+assert not blocks_bad.ok and not blocks_bad.report.row("input").ok, "other_blocks: the wrong block VJP tied"
