@@ -68,14 +68,17 @@ SUITE: tuple[Claim, ...] = (
           "cifar8-BN train step",
           "none (no smoothness clause): each node at the cotangent the rendered chain threads to it; the "
           "conv weight nodes on the renderers' bf16 switch",
-          (_s("whole_net_tie", "cifar8's seventeen layers", "c8_stage_nodes"),)),
+          (_s("whole_net_tie", "cifar8's seventeen layers", "c8_stage_nodes"),
+           _s("pools", "At the same non-twin tie, every node tie holds (`cifar8Bbn_train_step_tiedB`: no smoothness "
+              "clause)", "nontwin_node_ties"))),
     Claim("cifar8BbnInputGradB_correct", "`cifar8BbnInputGradB_correct`: cifar8's input-gradient chain "
           "IS the certified VJP of its seventeen CertLayers, at every N",
           "`Cifar8BbnSmoothAt`: c8Z₁…c8Z₈ and the two head pre-activations off 0; `MaxPool2Smooth`: "
           "every window's maximum attained once (a dead window is a tie of zeros and breaks it)",
           (_s("pools", "Three hypotheses, three verdicts", "c8_input_hypothesis"),
            _s("whole_net_tie", "The input gradient", "c8_input_smooth"),
-           _s("whole_net_tie", "cifar8's seventeen layers", "c8_layer_ties"))),
+           _s("whole_net_tie", "cifar8's seventeen layers", "c8_layer_ties"),
+           _s("whole_net_tie", "cifar8's input gradient at every N, inside `MaxPool2Smooth`", "c8_input_every_n"))),
     Claim("maxPoolB_relu_eventuallyEq_sel", "`maxPoolB_relu_eventuallyEq_sel`: the pooled ReLU IS the "
           "gather at σ along any parameter",
           "near a point where every window is dead, strict or tied only between twins",
@@ -84,7 +87,7 @@ SUITE: tuple[Claim, ...] = (
     Claim("batchMapAux_maxPoolBackFlat_eq_selScatter", "`batchMapAux_maxPoolBackFlat_eq_selScatter`: at "
           "σ = argmax, selScatter IS the render's 2×2 `maxPoolBackB`",
           "none: every point, ties included",
-          (_s("pools", "The backward is selScatter at σ = argmax", "selscatter_pools"),)),
+          (_s("pools", "The pool backward against autodiff of the gather model", "pool_vjp_2x2"),)),
     Claim("C8PoolTwin₁…₄", "C8PoolTwin₁…₄: the twins of pools 1…4",
           "cells of c8Z₂ⱼ equal at every value of the weights upstream of pool j",
           (_s("stage_germs", "At twin ties: the gather model still agrees bit for bit", "twin_windows", "twin_walks"),)),
@@ -100,11 +103,12 @@ SUITE: tuple[Claim, ...] = (
           "(their ReLU clauses inside)",
           (_s("whole_net_tie", "The input gradient", "r34_input_tied"),
            _s("whole_net_tie", "Every batch size N", "n_sweep"),
-           _s("whole_net_tie", "Every loss cotangent", "cotangent_ties"))),
+           _s("whole_net_tie", "Every loss cotangent", "cotangent_ties"),
+           _s("check_your_own", "Other blocks between ResNet-34's stem and head", "other_blocks"))),
     Claim("resnet34ForwardBFull_eq_slots", "`resnet34ForwardBFull_eq_slots`: the eighteen slots ARE the "
           "committed forward",
           "none: an equation between definitions",
-          (_s("whole_net_tie", "Eighteen stages", "r34_stages"),)),
+          (_s("whole_net_tie", "The eighteen stages against a forward written apart", "fold_numpy"),)),
     Claim("r34IdCotIn_eq_vjp", "`r34IdCotIn_eq_vjp` / `r34DownCotIn_eq_vjp`: each block's input "
           "cotangent is its certified VJP's backward",
           "`R34IdPos` / `R34DownPos` (the block's BatchNorm ε positive) and `R34IdSmoothAt` / "
@@ -136,18 +140,27 @@ SUITE: tuple[Claim, ...] = (
           "N := R·N",
           "0 < R, 0 < N (no smoothness clause); synchronised BatchNorm; every replica holds N; the right "
           "side is `r34_net_tiedB`'s chain at the global batch",
-          (_s("data_parallel", "The tie at every split R × N", "rn_sweep"),)),
+          (_s("data_parallel", "At the statement's own resolution: 224 px", "sync_224"),
+           _s("data_parallel", "The tie at every split R × N", "rn_sweep"))),
     Claim("Bf16Erasure", "`Bf16Erasure`: at the identity rounding a bf16 kind denotes what its f32 peer "
           "does",
           "the identity rounding",
-          (_s("bf16_erasure", "Erasure along both whole chains", "erasure_chains"),)),
+          (_s("bf16_erasure", "Erasure with the bf16-typed kernels", "typed_erasure"),)),
     Claim("SyncBf16", "`DataParallel.SyncBf16`: the bf16 weight-gradient kinds under sharding",
           "the bf16 flag on a mesh; each replica rounds its own contraction once; the difference from the "
           "rounded sum stated exactly, with no bound",
-          (_s("data_parallel", "The bf16 flag on a mesh: `SyncBf16`", "sync_bf16"),)),
+          (_s("data_parallel", "The exact difference, against the mesh's bits", "sync_bf16_exact"),
+           _s("data_parallel", "The bf16 flag on a mesh: `SyncBf16`", "sync_bf16"))),
 )
 
 BEYOND: tuple[Claim, ...] = (
+    Claim("the stem pool's backward", "ResNet-34's 3×3/s2 stem pool backward against autodiff of its gather "
+          "model",
+          "the suite ties the stem pool by `rfl` under `h_pool` and states no lemma for it",
+          (_s("pools", "The 3×3/s2 stem pool", "pool_vjp_stem"),), beyond_suite=True),
+    Claim("the head's exact zero", "why the GAP and dense ties read exactly 0, and the head against exact values",
+          "`r34HeadBHasVJP` takes no hypothesis; the round-off reading is ours",
+          (_s("whole_net_tie", "Why the head's tie reads exactly 0", "head_exact_zero"),), beyond_suite=True),
     Claim("cifar8 input gradient at dead windows", "cifar8's input gradient at a photo batch",
           "outside `MaxPool2Smooth`: a photo batch is full of dead windows",
           (_s("whole_net_tie", "The input gradient", "c8_input_tied"),
