@@ -112,7 +112,10 @@ print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the s
 # A kind adds rounding and nothing else: no reassociation, no dropped bias, no moved padding. So at
 # `rnd = identity` it must return the f32 peer's bits exactly. We draw float32 operands for each
 # kind (forward, input backward, weight grad at strides 1 and 2; an odd side of 9 exercises the
-# strided backward's high padding) and compare bit patterns, −0 and +0 included.
+# strided backward's high padding) and compare bit patterns, −0 and +0 included. At the identity
+# rounding this package's kinds run their f32 peer's own code, so this checks what a kind adds
+# besides rounding (bias, padding, batch sums; the planted kinds below fail it); "Erasure with the
+# bf16-typed kernels" runs the real bf16 kernels, where erasure itself could fail.
 
 # %% tags=["nbval-check-output"]
 cases = bf16.kind_cases(p.seed)

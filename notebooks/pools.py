@@ -146,6 +146,9 @@ assert 0.5 <= gammas.min() and gammas.max() <= 1.5 and not np.any(gammas == 1) a
 # window on the pool's own saved input. So at σ = argmax the two must agree at every point, ties
 # included: the statement, about the 2×2 `maxPoolBackB`, takes no hypothesis. A hand-sized window
 # shows the rule: one strict window, a two-way tie, a three-way tie and a dead (all-zero) window.
+# Here the pool backward and the scatter share their placement code, so this section checks the
+# selection σ = argmax; the next one ties the backward to autodiff of a gather model written
+# apart, which can disagree.
 
 # %% tags=["nbval-check-output"]
 toy = jnp.asarray([[1.0, 3.0, 5.0, 2.0],

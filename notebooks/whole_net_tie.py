@@ -219,7 +219,9 @@ print(book.glue("r34_floats", counts["ResNet-34, K = 1000"].floats, "{:,}"))
 # compare the logits bit for bit, and list each stage's kind, output shape and parameter count. The
 # composition runs stage by stage, uncompiled, so we take it on the 32-px photos (beyond the
 # statement's literal resolution: at 32 px every map below is 7 times smaller in each side than at
-# the statement's 224 px).
+# the statement's 224 px). The net's forward is itself a fold over this list, so this comparison
+# lists the slots rather than tests them; the next section compares the fold with a forward
+# written apart, which can disagree.
 
 # %% tags=["nbval-check-output"]
 named = resnet34.stages(params34, cfg34)
