@@ -59,31 +59,21 @@ def test_pool_backward_equals_vjp_of_gather_model_with_controls_red(spec):
 
 # ---- node ties at a non-twin tie ---------------------------------------------------------------------
 
-def test_node_ties_hold_at_a_non_twin_tie_and_a_planted_bug_parts():
-    cfg = cifar8.Config()
-    params = {k: v.astype(jnp.float64) for k, v in cifar8.init(KEY, cfg, weights="drawn").items()}
-    planted = census.planted_tie(cifar8, params)
+@pytest.mark.parametrize("net, bug, nodes", [
+    (cifar8, "bn_forget_gamma", 38),
+    pytest.param(resnet34, "projection_bn_reads_dn2", 110, marks=pytest.mark.slow),   # a whole-net stage tie
+], ids=["cifar8", "resnet34"])
+def test_node_ties_hold_at_a_non_twin_tie_and_a_planted_bug_parts(net, bug, nodes):
+    cfg = net.Config(num_classes=10) if net is resnet34 else net.Config()
+    params = {k: v.astype(jnp.float64) for k, v in net.init(KEY, cfg, weights="drawn").items()}
+    planted = census.planted_tie(net, params)
     x = images("flat", 2, 32, seed=0)
     t = targets_matrix(jnp.asarray([1, 4]), 10, jnp.float64)
-    at = C.node_ties_at_tie(cifar8, planted, x, t, cfg, key=KEY)
+    at = C.node_ties_at_tie(net, planted, x, t, cfg, key=KEY)
     assert not at.smooth.ok and at.smooth.non_twin_ties > 0
-    assert at.stages.ok and len(at.nodes) == 38
-    red = C.node_ties_at_tie(cifar8, planted, x, t, cfg, key=KEY, chain=bugs.plant("bn_forget_gamma", cifar8))
+    assert at.stages.ok and len(at.nodes) == nodes
+    red = C.node_ties_at_tie(net, planted, x, t, cfg, key=KEY, chain=bugs.plant(bug, net))
     assert not red.stages.ok and red.stages.first_parting() is not None
-
-
-@pytest.mark.slow
-def test_resnet34_node_ties_hold_at_a_non_twin_tie_and_a_planted_bug_parts():
-    cfg = resnet34.Config(num_classes=10)
-    params = {k: v.astype(jnp.float64) for k, v in resnet34.init(KEY, cfg, weights="drawn").items()}
-    planted = census.planted_tie(resnet34, params)
-    x = images("flat", 2, 32, seed=0)
-    t = targets_matrix(jnp.asarray([1, 4]), 10, jnp.float64)
-    at = C.node_ties_at_tie(resnet34, planted, x, t, cfg, key=KEY)
-    assert not at.smooth.ok and at.smooth.non_twin_ties > 0
-    assert at.stages.ok and len(at.nodes) == 110
-    red = C.node_ties_at_tie(resnet34, planted, x, t, cfg, key=KEY, chain=bugs.plant("projection_bn_reads_dn2", resnet34))
-    assert not red.stages.ok
 
 
 # ---- the eighteen-stage fold against the NumPy ResNet-34 -------------------------------------------
