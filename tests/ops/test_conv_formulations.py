@@ -150,3 +150,54 @@ def test_the_product_reads_the_weights_in_place(node):
     else:
         fn = jax.jit(lambda a, d: conv.grad_weight(a, d, kernel_size=3, formulation="patches")).lower(x, dy).compile()
     assert fn.memory_analysis().temp_size_in_bytes < w.nbytes / 4
+
+
+# ---- the weight gradient one image (and band of rows) at a time: the CPU's fast form ---------------
+
+# (N, C, O, size, k, stride): one band per image, several bands (40×40 > TILE_CELLS), strided, 7×7
+TILED = [(3, 2, 3, 24, 3, 1), (2, 2, 3, 40, 3, 1), (2, 3, 2, 48, 3, 2), (2, 3, 4, 64, 7, 2)]
+
+
+def _tiled_and_bound(case):
+    """The f32 weight gradient as the shape rule runs it, the exact (f64) one at the same operands,
+    and the f32 summation bound n·u·Σ|dy||xpad| (n terms per entry, u = 2⁻²⁴)."""
+    n, c, o, h, k, s = case
+    x, _, dy = operands(case, jnp.float64)
+    x32, dy32 = x.astype(jnp.float32), dy.astype(jnp.float32)
+    exact = conv.grad_weight(x32.astype(jnp.float64), dy32.astype(jnp.float64), kernel_size=k, stride=s)
+    magnitude = conv.grad_weight(jnp.abs(x32.astype(jnp.float64)), jnp.abs(dy32.astype(jnp.float64)),
+                                 kernel_size=k, stride=s)
+    terms = n * dy.shape[2] * dy.shape[3]
+    got = jax.jit(lambda a, b: conv.grad_weight(a, b, kernel_size=k, stride=s))(x32, dy32)
+    return got, exact, terms * 2.0 ** -24 * magnitude
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the tiling is the CPU backend's")
+@pytest.mark.parametrize("case", TILED, ids=[f"N{n}C{c}O{o}s{h}k{k}st{s}" for n, c, o, h, k, s in TILED])
+def test_tiled_weight_gradient_within_float32_summation_bound(case):
+    n, _, _, h, k, s = case
+    ho = conv.out_size(h, k, s)
+    rows = conv.grad_weight_tiles(n, ho, ho, jnp.float32)
+    assert rows is not None and (rows < ho) == (ho * ho > conv.TILE_CELLS)   # the tiled form runs
+    got, exact, bound = _tiled_and_bound(case)
+    assert np.all(np.abs(np.asarray(got, np.float64) - np.asarray(exact)) <= np.asarray(bound))
+
+
+def test_tiled_weight_gradient_control_dropped_band_goes_red():
+    """The sum without the last band's terms (what a tiling that skips that band computes) breaks the
+    bound by orders of magnitude."""
+    n, c, o, h, k, s = case = TILED[1]
+    got, exact, bound = _tiled_and_bound(case)
+    x, _, dy = operands(case, jnp.float32)
+    dy = dy.at[:, :, -8:].set(0.0)   # the last band's cotangents never reach the sum
+    dropped = jax.jit(lambda a, b: conv.grad_weight(a, b, kernel_size=k, stride=s))(x, dy)
+    assert np.max(np.abs(np.asarray(dropped, np.float64) - np.asarray(exact)) / np.asarray(bound)) > 100
+
+
+def test_tiling_only_for_float32_and_bf16_on_the_rule():
+    assert conv.grad_weight_tiles(64, 32, 32, jnp.float64) is None   # the checks' dtype: one call
+    assert conv.grad_weight_tiles(64, 32, 32, jnp.float32, "conv") is None   # pinned formulation
+    assert conv.grad_weight_tiles(64, 8, 8, jnp.float32) is None      # small grid: one call is faster
+    if jax.default_backend() == "cpu":
+        assert conv.grad_weight_tiles(64, 32, 32, jnp.float32) == 32
+        assert conv.grad_weight_tiles(8, 56, 56, jnp.bfloat16) == conv.TILE_CELLS // 56
