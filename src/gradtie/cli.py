@@ -95,6 +95,10 @@ def _bench(args: argparse.Namespace) -> int:
                   f"(no data), XLA's convolutions at every conv site; memory from XLA's analysis")
             print(table)
         return 0 if ok else 1
+    if args.peers:
+        return _bench_peers(args)
+    if args.suite in peer_bench_suites():
+        raise ValueError(f"gradtie bench: --suite {args.suite} is a peers suite; add --peers")
     if args.suite:
         configs = [c if args.repeats is None else bench.BenchConfig(**{**c.__dict__, "repeats": args.repeats})
                    for c in bench.SUITES[args.suite]]
@@ -117,6 +121,41 @@ def _bench(args: argparse.Namespace) -> int:
               f"interleaved, {'one process' if args.in_process else 'a fresh process per configuration'}")
         for r in results:
             print(r.row())
+    return 0
+
+
+def peer_bench_suites() -> tuple[str, ...]:
+    from . import peer_bench
+    return tuple(peer_bench.PEER_SUITES)
+
+
+def _bench_peers(args: argparse.Namespace) -> int:
+    """The rendered step against autodiff, plain JAX and PyTorch eager (`gradtie.peer_bench`)."""
+    import json
+
+    from . import peer_bench
+    if args.suite and args.suite not in peer_bench.PEER_SUITES:
+        raise ValueError(f"gradtie bench --peers: --suite must be one of {', '.join(peer_bench.PEER_SUITES)}, "
+                         f"got {args.suite!r}")
+    if args.suite:
+        configs = peer_bench.PEER_SUITES[args.suite]
+        if args.repeats is not None:
+            configs = [peer_bench.PeerConfig(**{**c.__dict__, "repeats": args.repeats}) for c in configs]
+    else:
+        configs = [peer_bench.PeerConfig(args.net, b, s, args.num_classes, args.repeats or 5)
+                   for b in args.batch for s in (args.image_size or [32])]
+    doc = peer_bench.run(configs, rounds=args.rounds, progress=not args.json, out=args.out)
+    rows = [peer_bench.PeerRow.from_dict(r) for r in doc["rows"]]
+    if args.json:
+        print(json.dumps(doc, indent=1, default=float))
+        return 0
+    for c in doc["checks"]:
+        print(f"{c['peer']} on {c['net']}: " + (f"not run ({c['skipped']})" if c.get("skipped") else c["describe"]))
+    print(f"matrix product {peer_bench.MATMUL_N}³ float32: {doc['matmul_gflops']:.0f} GFLOP/s "
+          f"(median over {len(configs) * args.rounds} rounds)")
+    print(peer_bench.table(rows))
+    behind = peer_bench.verdict(rows)
+    print("rendered ahead of every peer by the goal" if not behind else "behind the goal:\n  " + "\n  ".join(behind))
     return 0
 
 
@@ -267,7 +306,8 @@ def parser() -> argparse.ArgumentParser:
         epilog="examples:\n  gradtie bench --net cifar8 --batch 32 128\n"
                "  gradtie bench --suite cpu --out benchmarks/results/cpu.json\n"
                "  JAX_COMPILATION_CACHE_DIR=~/.cache/jax gradtie bench --suite gpu --warm-cache --out gpu.json\n"
-               "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB\n\n"
+               "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB\n"
+               "  gradtie bench --peers --suite peers --out benchmarks/results/peers_cpu.json\n\n"
                "exit codes:\n  0  measured (with --abstract: every computation fits the profile's memory)\n"
                "  1  with --abstract: some computation needs more memory than the profile's device has\n"
                "  3  invalid input (one line on stderr)")
@@ -278,9 +318,16 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--bf16", action="store_true", help="bf16 conv sites")
     be.add_argument("--replicas", type=int, default=1, help="data-parallel replicas (devices)")
     be.add_argument("--repeats", type=_positive, default=None, help="timed steps per side (median; default 10)")
-    be.add_argument("--suite", choices=sorted(("cpu", "quick", "gpu")), default=None,
+    be.add_argument("--suite", choices=sorted(("cpu", "quick", "gpu", "peers", "peers-quick")), default=None,
                     help="a fixed set of configurations instead of --net/--batch: cpu (the committed CPU "
-                         "results), quick, gpu (ResNet-34 at 224 px, batch 64/256, f32/bf16)")
+                         "results), quick, gpu (ResNet-34 at 224 px, batch 64/256, f32/bf16); with "
+                         "--peers: peers (the committed peer results), peers-quick")
+    be.add_argument("--peers", action="store_true",
+                    help="time the rendered step against autodiff through gradtie's forward, plain JAX "
+                         "(NCHW and NHWC) and PyTorch eager (where installed: requirements-peers.txt), each "
+                         "in its own process, in alternating rounds, after checking every peer computes "
+                         "the same loss and gradients; reports GFLOP/s against one large float32 matmul")
+    be.add_argument("--rounds", type=_positive, default=3, help="with --peers: alternating rounds (median)")
     be.add_argument("--out", type=Path, default=None, help="write the results as JSON here, with the machine")
     be.add_argument("--in-process", action="store_true",
                     help="measure every configuration in this process (no fresh process each)")

@@ -154,8 +154,9 @@ def test_the_product_reads_the_weights_in_place(node):
 
 # ---- the weight gradient one image (and band of rows) at a time: the CPU's fast form ---------------
 
-# (N, C, O, size, k, stride): one band per image, several bands (40×40 > TILE_CELLS), strided, 7×7
-TILED = [(3, 2, 3, 24, 3, 1), (2, 2, 3, 40, 3, 1), (2, 3, 2, 48, 3, 2), (2, 3, 4, 64, 7, 2)]
+# (N, C, O, size, k, stride): one band per image, several bands (40×40 > TILE_CELLS), strided, 7×7,
+# several images per call (N > MAX_TILES)
+TILED = [(3, 2, 3, 24, 3, 1), (2, 2, 3, 40, 3, 1), (2, 3, 2, 48, 3, 2), (2, 3, 4, 64, 7, 2), (20, 2, 2, 16, 3, 1)]
 
 
 def _tiled_and_bound(case):
@@ -177,8 +178,8 @@ def _tiled_and_bound(case):
 def test_tiled_weight_gradient_within_float32_summation_bound(case):
     n, _, _, h, k, s = case
     ho = conv.out_size(h, k, s)
-    rows = conv.grad_weight_tiles(n, ho, ho, jnp.float32)
-    assert rows is not None and (rows < ho) == (ho * ho > conv.TILE_CELLS)   # the tiled form runs
+    tiles = conv.grad_weight_tiles(n, ho, ho, jnp.float32)
+    assert tiles is not None and (tiles[1] < ho) == (ho * ho > conv.TILE_CELLS)   # the tiled form runs
     got, exact, bound = _tiled_and_bound(case)
     assert np.all(np.abs(np.asarray(got, np.float64) - np.asarray(exact)) <= np.asarray(bound))
 
@@ -199,5 +200,5 @@ def test_tiling_only_for_float32_and_bf16_on_the_rule():
     assert conv.grad_weight_tiles(64, 32, 32, jnp.float32, "conv") is None   # pinned formulation
     assert conv.grad_weight_tiles(64, 8, 8, jnp.float32) is None      # small grid: one call is faster
     if jax.default_backend() == "cpu":
-        assert conv.grad_weight_tiles(64, 32, 32, jnp.float32) == 32
-        assert conv.grad_weight_tiles(8, 56, 56, jnp.bfloat16) == conv.TILE_CELLS // 56
+        assert conv.grad_weight_tiles(64, 32, 32, jnp.float32) == (4, 32)      # 16 calls of 4 images
+        assert conv.grad_weight_tiles(2, 56, 56, jnp.bfloat16) == (1, conv.TILE_CELLS // 56)   # 2 × 4 bands

@@ -259,8 +259,8 @@ def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 
         dw = _matmul(_channels_first(dyr), _patches(xr, kernel_size, stride), (1, 1))
         dw = dw.reshape(dy.shape[1], c, kernel_size, kernel_size)
     else:
-        rows = grad_weight_tiles(n, ho, wo, xr.dtype, formulation)
-        if rows is None:
+        tiles = grad_weight_tiles(n, ho, wo, xr.dtype, formulation)
+        if tiles is None:
             # batch axis as the contraction ("feature") axis, channels as the "batch" axis; the high
             # pad stops the window sweep at exactly k positions
             hi_h = kernel_size + stride * (ho - 1) - h - p
@@ -268,34 +268,38 @@ def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 
             dw = _correlate(xr, dyr, strides=(1, 1), pads=((p, hi_h), (p, hi_w)),
                             rhs_dilation=(stride, stride), dims=("CNHW", "IOHW", "CNHW"))  # [O,C,k,k]
         else:
-            dw = _grad_weight_tiled(xr, dyr, kernel_size, stride, rows)
+            dw = _grad_weight_tiled(xr, dyr, kernel_size, stride, *tiles)
     return _round_result(dw, rnd_, x.dtype)
 
 
 # On the CPU backend the weight gradient's convolution (the batch as its contraction axis) slows
-# down sharply once one call sweeps a large grid: cifar8's conv2 at batch 64 (64 images of 32×32)
-# takes 11 ms as one call and 4.2 ms as one call per image; ResNet-34's layer1 at 224 px, 47 ms
-# against 28 ms per image in bands of rows (benchmarks/conv_sites.py). Per image, the input needs no
-# transpose (a [1,C,H,W] block is already channel-major); below TILE_MIN_CELLS per image the calls'
-# overhead wins and one call is faster.
+# down sharply once one call sweeps a large grid: cifar8's conv2 at batch 64 takes 11 ms as one call
+# and 4.3-5.0 ms as 64 or 16 calls; ResNet-34's layer1 at 224 px, 47 ms against 28 ms per image in
+# bands of rows. Below TILE_MIN_CELLS per image one call is as fast. Each call costs about 30 ms of
+# compilation, so a site is cut into at most MAX_TILES calls (cifar8 at batch 128: 9.8 ms as 16
+# calls, 8.8 ms as 128, compiled in 0.55 s against 3.9 s).
 TILE_CELLS = 1024
 TILE_MIN_CELLS = 256
+MAX_TILES = 16
 
 
-def grad_weight_tiles(n: int, ho: int, wo: int, dtype, formulation: Optional[str] = None) -> Optional[int]:
-    """Output rows per call when the weight gradient runs one image at a time (None: one call for
-    the whole batch). Tiled only where the shape rule applies (CPU backend, `formulation` None), for
-    float32 and bf16 sites of at least `TILE_MIN_CELLS` output cells per image; float64 keeps one call
-    (its sites are the checks' small batches, where more calls cost compile time and save nothing)."""
+def grad_weight_tiles(n: int, ho: int, wo: int, dtype, formulation: Optional[str] = None) -> Optional[tuple[int, int]]:
+    """(examples, output rows) per call when the weight gradient is cut into tiles (None: one call
+    for the whole batch). Tiled only where the shape rule applies (CPU backend, `formulation` None),
+    for float32 and bf16 sites of at least `TILE_MIN_CELLS` output cells per image; float64 keeps one
+    call (its sites are the checks' small batches, where more calls cost compile time and save
+    nothing)."""
     if (formulation is not None or jax.default_backend() != "cpu" or jnp.dtype(dtype) == jnp.float64
             or n == 1 or ho * wo < TILE_MIN_CELLS):
         return None
-    return ho if ho * wo <= TILE_CELLS else max(1, TILE_CELLS // wo)
+    rows = ho if ho * wo <= TILE_CELLS else max(1, TILE_CELLS // wo)
+    bands = -(-ho // rows)
+    return max(1, -(-n * bands // MAX_TILES)), rows
 
 
-def _grad_weight_tiled(x: jax.Array, dy: jax.Array, k: int, stride: int, rows: int) -> jax.Array:
-    """The weight gradient as a sum over tiles of one image × `rows` output rows, each tile one
-    convolution over the zero-padded input's rows it reads (padding inside the call is the slow
+def _grad_weight_tiled(x: jax.Array, dy: jax.Array, k: int, stride: int, examples: int, rows: int) -> jax.Array:
+    """The weight gradient as a sum over tiles of `examples` images × `rows` output rows, each tile
+    one convolution over the zero-padded input's rows it reads (padding inside the call is the slow
     form on the CPU). dy is moved to rows of cells ([N,H',W',O]) once, not per tile."""
     n, c, h, w = x.shape
     ho, wo = dy.shape[2], dy.shape[3]
@@ -303,11 +307,11 @@ def _grad_weight_tiled(x: jax.Array, dy: jax.Array, k: int, stride: int, rows: i
     xpad = jnp.pad(x, ((0, 0), (0, 0), (p, p), (p, p)))[:, :, :stride * (ho - 1) + k, :stride * (wo - 1) + k]
     dy_cells = dy.transpose(0, 2, 3, 1)
     total = None
-    for i in range(n):
+    for i in range(0, n, examples):
         for r in range(0, ho, rows):
             r_end = min(r + rows, ho)
-            part = _correlate(xpad[i:i + 1, :, stride * r:stride * (r_end - 1) + k],
-                              dy_cells[i:i + 1, r:r_end], strides=(1, 1), pads=((0, 0), (0, 0)),
+            part = _correlate(xpad[i:i + examples, :, stride * r:stride * (r_end - 1) + k],
+                              dy_cells[i:i + examples, r:r_end], strides=(1, 1), pads=((0, 0), (0, 0)),
                               rhs_dilation=(stride, stride), dims=("CNHW", "IHWO", "CNHW"))
             total = part if total is None else total + part
     return total

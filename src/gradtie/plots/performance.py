@@ -140,3 +140,59 @@ def figure_gpu(results: Sequence) -> plt.Figure:
     ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+
+PEER_STYLE = {"rendered": (OK_COLOR, "o", "rendered"), "autodiff": (AUTODIFF_COLOR, "s", "autodiff (gradtie's forward)"),
+              "jax-nchw": ("tab:green", "^", "plain JAX, NCHW"), "jax-nhwc": ("tab:olive", "v", "plain JAX, NHWC"),
+              "torch": ("tab:orange", "D", "PyTorch eager")}
+
+
+def figure_peers(rows: Sequence) -> plt.Figure:
+    """Time per image (top) and each process's peak resident memory (bottom) of every side that ran:
+    against the batch for cifar8 (32 px) and ResNet-34 (64 px), and against the image side for
+    ResNet-34 at batch 8. A side that did not run (PyTorch not installed) is absent."""
+    axes_of = (("cifar8", "batch", lambda r: r.config.net == "cifar8"),
+               ("resnet34, 64 px", "batch", lambda r: r.config.net == "resnet34" and r.config.image_size == 64),
+               ("resnet34, batch 8", "image side (px)", lambda r: r.config.net == "resnet34" and r.config.batch == 8))
+    fig, axes = plt.subplots(2, len(axes_of), figsize=(11.0, 6.2), sharex="col")
+    for col, (title, xlabel, keep) in enumerate(axes_of):
+        group = sorted((r for r in rows if keep(r)),
+                       key=lambda r: r.config.batch if xlabel == "batch" else r.config.image_size)
+        xs = [r.config.batch if xlabel == "batch" else r.config.image_size for r in group]
+        for side, (color, marker, label) in PEER_STYLE.items():
+            have = [(x, r) for x, r in zip(xs, group) if r.ms(side) is not None]
+            if not have:
+                continue
+            x = [a for a, _ in have]
+            axes[0, col].loglog(x, [r.ms(side) / r.config.batch for _, r in have], "-", marker=marker,
+                                color=color, label=label)
+            axes[1, col].semilogx(x, [r.sides[side].peak_rss_mib for _, r in have], "-", marker=marker, color=color)
+        axes[0, col].set_title(title)
+        axes[1, col].set_xlabel(xlabel)
+        axes[0, col].set_xticks(xs, [str(v) for v in xs])
+        axes[1, col].set_xticks(xs, [str(v) for v in xs])
+    axes[0, 0].set_ylabel("ms per image")
+    axes[1, 0].set_ylabel("peak resident MiB (process)")
+    axes[0, 0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def figure_limit_fraction(rows: Sequence, goal: Optional[float] = None) -> plt.Figure:
+    """Each side's achieved GFLOP/s as a fraction of the run's large float32 matrix product, per
+    configuration; the goal (ResNet-34 at batch 32, 64 px) dashed."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    labels = [r.config.label() for r in rows]
+    sides = [s for s in PEER_STYLE if any(r.ms(s) is not None for r in rows)]
+    width = 0.8 / max(len(sides), 1)
+    for i, side in enumerate(sides):
+        color, _, label = PEER_STYLE[side]
+        vals = [r.limit_fraction(side) or 0.0 for r in rows]
+        ax.bar(np.arange(len(rows)) + (i - (len(sides) - 1) / 2) * width, vals, width, color=color, label=label)
+    if goal is not None:
+        ax.axhline(goal, ls="--", color=CONTROL_COLOR, lw=1, label=f"goal {goal} (resnet34 batch 32, 64 px)")
+    ax.set_xticks(np.arange(len(rows)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_ylabel("fraction of the matmul's GFLOP/s")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
