@@ -3,7 +3,7 @@
 # rendered step against the autodiff step, R = every local device. It reports images/s, the ratio
 # rendered/autodiff, XLA's compiled memory, the device's peak memory and the model FLOP utilisation
 # against the device's dense peak, and writes benchmarks/results/gpu.json (rewritten after every
-# configuration, so a run cut short keeps what it measured).
+# configuration, so a run cut short keeps what it measured), then the peers (benchmarks/results/peers_gpu.json).
 #
 # Installs nothing beyond the README's GPU step:  .venv/bin/pip install -U "jax[cuda12]"
 # Usage:  benchmarks/gpu.sh [OUT.json]        (about 4 minutes on one H100/H200, compiles included)
@@ -27,3 +27,9 @@ PYEOF
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/gradtie-jax}
 "$PY" -m gradtie bench --suite gpu --warm-cache --out "$OUT"
 echo "wrote $OUT"
+# The peers on the same device: autodiff, plain JAX (NCHW, NHWC) and, where PyTorch is installed
+# (requirements-peers.txt; its CUDA build uses the GPU), PyTorch eager, each in its own process,
+# checked against the oracle first. Without PyTorch its column says "not run".
+PEERS_OUT=${PEERS_OUT:-benchmarks/results/peers_gpu.json}
+"$PY" -m gradtie bench --peers --suite peers-gpu --rounds 3 --out "$PEERS_OUT"
+echo "wrote $PEERS_OUT"

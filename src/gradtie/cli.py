@@ -318,10 +318,10 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--bf16", action="store_true", help="bf16 conv sites")
     be.add_argument("--replicas", type=int, default=1, help="data-parallel replicas (devices)")
     be.add_argument("--repeats", type=_positive, default=None, help="timed steps per side (median; default 10)")
-    be.add_argument("--suite", choices=sorted(("cpu", "quick", "gpu", "peers", "peers-quick")), default=None,
+    be.add_argument("--suite", choices=sorted(("cpu", "quick", "gpu", "peers", "peers-quick", "peers-gpu")), default=None,
                     help="a fixed set of configurations instead of --net/--batch: cpu (the committed CPU "
                          "results), quick, gpu (ResNet-34 at 224 px, batch 64/256, f32/bf16); with "
-                         "--peers: peers (the committed peer results), peers-quick")
+                         "--peers: peers (the committed CPU peer results), peers-quick, peers-gpu")
     be.add_argument("--peers", action="store_true",
                     help="time the rendered step against autodiff through gradtie's forward, plain JAX "
                          "(NCHW and NHWC) and PyTorch eager (where installed: requirements-peers.txt), each "

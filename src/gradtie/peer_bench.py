@@ -59,7 +59,9 @@ PEER_SUITE = ([PeerConfig("cifar8", b, 32, repeats=7) for b in (32, 64, 128)]
               + [PeerConfig("resnet34", b, 64) for b in (8, 32)]
               + [PeerConfig("resnet34", 8, 128, repeats=4), PeerConfig("resnet34", 8, 224, repeats=3)])
 PEER_QUICK = [PeerConfig("cifar8", 32, 32, repeats=3), PeerConfig("resnet34", 8, 64, repeats=2)]
-PEER_SUITES = {"peers": PEER_SUITE, "peers-quick": PEER_QUICK}
+# The GPU run (benchmarks/gpu.sh): ImageNet shapes for ResNet-34, a large cifar8 batch.
+PEER_GPU = [PeerConfig("resnet34", 64, 224, num_classes=1000, repeats=10), PeerConfig("cifar8", 256, 32, repeats=20)]
+PEER_SUITES = {"peers": PEER_SUITE, "peers-quick": PEER_QUICK, "peers-gpu": PEER_GPU}
 
 
 # ---- one side in this process ------------------------------------------------------------------

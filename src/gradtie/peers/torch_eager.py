@@ -103,7 +103,8 @@ def __getattr__(name: str):
 
 class Eager:
     """`Prepared` for an nn.Module in training mode at one batch: one step zeroes the gradients, runs
-    the forward and the loss, and `backward()` (synchronous on the CPU)."""
+    the forward and the loss, and `backward()` (synchronous on the CPU; on a GPU the step waits for
+    the device, as `jax.block_until_ready` does for the JAX sides)."""
 
     def __init__(self, module, x, targets, alpha: float, order: list[str]):
         torch = modules().torch
@@ -118,6 +119,8 @@ class Eager:
 
     def step(self) -> None:
         self._run()
+        if self.x.is_cuda:
+            modules().torch.cuda.synchronize()
 
     def grads(self) -> tuple[float, dict[str, np.ndarray]]:
         loss = self._run()
@@ -164,13 +167,16 @@ def make(net_name: str, params: Mapping[str, Any], x, targets, *, num_classes: i
     module = build(net_name, cfg, cifar8_module=cifar8_module)
     module = module.double() if dt == np.float64 else module.float()
     load(module, host(params, dt))
+    where = device()
     # np.array copies: torch tensors over writable, contiguous host memory of their own
-    return Eager(module, torch.from_numpy(np.array(x, dt)), torch.from_numpy(np.array(targets, dt)), alpha,
-                 list(params))
+    return Eager(module.to(where), torch.from_numpy(np.array(x, dt)).to(where),
+                 torch.from_numpy(np.array(targets, dt)).to(where), alpha, list(params))
 
 
 def device() -> str:
-    return "cpu"
+    """"cuda" where PyTorch sees a GPU (the GPU run, like JAX's default backend there), else "cpu"."""
+    ok, _ = available()
+    return "cuda" if ok and modules().torch.cuda.is_available() else "cpu"
 
 
 def peer(*, cifar8_module: str = "Cifar8BN", name: str = "torch") -> Peer:
