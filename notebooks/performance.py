@@ -37,7 +37,7 @@ import json
 import jax
 import matplotlib.pyplot as plt
 
-from gradtie import bench, book, plots
+from gradtie import bench, book, peer_bench, plots
 from gradtie.nets import protocol, resnet34
 from gradtie import tolerances
 
@@ -106,6 +106,77 @@ plots.performance.figure_ratios(results, tolerances.SPEED_RATIO_LIMIT, tolerance
 plt.show()
 
 # %% [markdown]
+# ## Against what a user would pick instead
+#
+# Autodiff through gradtie's own forward shares its conv formulation, so it is not what a user who
+# does not use gradtie would run. `gradtie bench --peers` times four peers beside the rendered step,
+# each in a process of its own, with the same thread count, in alternating rounds: autodiff through
+# gradtie's forward; plain JAX as a user writes it (`lax.conv_general_dilated`, `reduce_window`
+# pools, `jax.value_and_grad`), in NCHW and in NHWC, the faster layout standing for plain JAX; and
+# PyTorch eager (torchvision's ResNet-34, a cifar8-BN module written from the architecture), where
+# PyTorch is installed (`requirements-peers.txt`, never needed by the book or the tests). Before
+# any peer is timed it is checked to compute gradtie's loss and every gradient at drawn weights in
+# float64, within the point's round-off envelope: a fast peer is also a correct one.
+#
+# The machine's practical limit is one large float32 matrix product, timed in the same run; each
+# step's achieved GFLOP/s (the model's convolution and matrix-product FLOPs over its median time) is
+# reported as a fraction of it. The goal: the rendered step at most 0.95 of every peer's time at
+# every configuration, and at least half the matrix product's rate for ResNet-34 at batch 32, 64 px.
+#
+# Statements shown: none of the suite's (speed is beyond what it states).
+
+# %% tags=["nbval-check-output"]
+peer_doc = peer_bench.read(bench.RESULTS / "peers_cpu.json")
+assert peer_doc is not None, "benchmarks/results/peers_cpu.json is missing: run gradtie bench --peers --suite peers --out …"
+peer_rows = peer_doc["rows"]
+pm = peer_doc["machine"]
+print(f"{len(peer_rows)} configurations, {peer_doc['rounds']} alternating rounds, on {pm['cpu']} "
+      f"({pm['cores']} cores), {pm['date']}")
+for c in peer_doc["checks"]:
+    print(f"{c['peer']:<9} {c['net']:<9} " + (f"not run: {c['skipped']}" if c.get("skipped") else c["describe"]))
+assert all(c.get("skipped") or c["ok"] for c in peer_doc["checks"])
+print(f"matrix product {peer_bench.MATMUL_N}³ float32: {peer_doc['matmul_gflops']:.0f} GFLOP/s")
+
+# %% tags=["nbval-check-output"]
+print(peer_bench.table(peer_rows))
+behind = peer_bench.verdict(peer_rows)
+ahead = len(peer_rows) - len({line.split(':')[0] for line in behind})
+print("configurations where the rendered step is ahead of every peer by the goal: "
+      + book.glue("peers_ahead", f"{ahead} of {len(peer_rows)}"))
+for line in behind:
+    print(f"  behind: {line}")
+limit_row = next(r for r in peer_rows if (r.config.net, r.config.batch, r.config.image_size) == ("resnet34", 32, 64))
+fraction = limit_row.limit_fraction()
+print(f"ResNet-34 batch 32, 64 px: rendered at {fraction:.2f} of the matrix product's rate "
+      f"(goal {peer_bench.LIMIT_GOAL}: {'met' if fraction >= peer_bench.LIMIT_GOAL else 'not met'})")
+assert 0 < fraction < 1.5 and 0 <= ahead <= len(peer_rows)
+
+
+# %% [markdown]
+# The verdict can fail, and can pass: the same rows with the rendered step's times doubled are
+# behind at every configuration, and with every peer's times doubled ahead wherever the peer ran.
+
+# %% tags=["nbval-check-output"]
+slow = peer_bench.verdict(peer_bench.scaled(peer_rows, {"rendered": 2.0}))
+fast = peer_bench.verdict(peer_bench.scaled(peer_rows, {side: 2.0 for side in peer_bench.SIDES if side != "rendered"}))
+print(f"control, rendered twice as slow: behind at {len({l.split(':')[0] for l in slow})} of {len(peer_rows)}; "
+      f"every peer twice as slow: behind {len([l for l in fast if 'not run' not in l])} times")
+assert len({l.split(':')[0] for l in slow}) == len(peer_rows) and not [l for l in fast if "not run" not in l]
+
+# %% [markdown]
+# Time per image against the batch and the image side, for every side that ran, and each process's
+# peak resident memory (the whole process: the framework's runtime included, JAX's in every one,
+# since the PyTorch process builds its inputs with JAX).
+
+# %%
+plots.performance.figure_peers(peer_rows)
+plt.show()
+
+# %%
+plots.performance.figure_limit_fraction(peer_rows, peer_bench.LIMIT_GOAL)
+plt.show()
+
+# %% [markdown]
 # ## Why the rendered step wins
 #
 # Both steps run the same forward. What differs is the backward: autodiff transposes every
@@ -157,6 +228,14 @@ else:
 if gpu is not None:
     plots.performance.figure_gpu(gpu["results"])
     plt.show()
+
+# %% tags=["nbval-check-output"]
+peers_gpu = peer_bench.read(bench.RESULTS / "peers_gpu.json")
+if peers_gpu is None:
+    print("no GPU peer figure exists yet: benchmarks/gpu.sh writes benchmarks/results/peers_gpu.json")
+else:
+    print(f"on {peers_gpu['machine']['device_kind']}: matrix product {peers_gpu['matmul_gflops']:.0f} GFLOP/s")
+    print(peer_bench.table(peers_gpu["rows"]))
 
 # %% [markdown]
 # Before any device time is spent, every chapter's gpu profile and the benchmark's are compiled

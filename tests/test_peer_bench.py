@@ -75,3 +75,11 @@ def test_children_report_a_rate_a_side_and_a_check():
     assert len(side["times_ms"]) == 2 and side["peak_rss_mib"] > 0 and side["temp_mib"] is not None
     check = _child({"check": "jax-nhwc", "net": "cifar8"})
     assert check["ok"] and "agrees with the oracle" in check["describe"]
+
+
+def test_scaled_controls_turn_the_verdict_red_and_green():
+    rows = [row(), row(rendered=(19.0, 20.0, 21.0))]
+    # twice as slow: behind PyTorch at both rows, and behind plain JAX at the second (40 ms against 25)
+    assert len(peer_bench.verdict(peer_bench.scaled(rows, {"rendered": 2.0}))) == 3
+    assert peer_bench.verdict(peer_bench.scaled(rows, {"torch": 2.0, "jax-nchw": 2.0, "jax-nhwc": 2.0})) == []
+    assert rows[0].ms("rendered") == 11.0   # the originals are untouched

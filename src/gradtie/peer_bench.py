@@ -20,6 +20,7 @@ rendered / peer is the median of the per-round ratios. Shown in: Performance.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -308,6 +309,20 @@ def verdict(rows: Sequence[PeerRow], goal: float = GOAL) -> list[str]:
             if ratio > goal:
                 bad.append(f"{row.config.label()}: rendered / {name} = {ratio:.2f} > {goal}")
     return bad
+
+
+def scaled(rows: Sequence[PeerRow], factors: dict[str, float]) -> list[PeerRow]:
+    """The rows with each named side's times multiplied by its factor: the verdict's controls (a
+    rendered step twice as slow must be behind everywhere)."""
+    out = []
+    for row in rows:
+        sides = {}
+        for name, r in row.sides.items():
+            f = factors.get(name, 1.0)
+            sides[name] = dataclasses.replace(r, ms=None if r.ms is None else r.ms * f,
+                                              round_ms=[t * f for t in r.round_ms])
+        out.append(PeerRow(row.config, sides, row.model_gflop, row.matmul_gflops))
+    return out
 
 
 def table(rows: Sequence[PeerRow]) -> str:
