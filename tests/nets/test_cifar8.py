@@ -14,6 +14,7 @@ import pytest
 from gradtie import kit, prng
 from gradtie.checks import bugs
 from gradtie.nets import cifar8, protocol, resnet34
+from gradtie.ops import conv
 from gradtie.ops import head, maxpool
 
 import tie_helpers as th
@@ -460,18 +461,29 @@ def _conv_sites(jaxpr):
     return out
 
 
+def _weight_gradient_calls(n: int) -> int:
+    """Convolutions the 8 weight gradients run: one each, or one per tile where the CPU cuts a
+    site into tiles (`conv.grad_weight_tiles`)."""
+    total = 0
+    for size in (32, 32, 16, 16, 8, 8, 4, 4):
+        tiles = conv.grad_weight_tiles(n, size, size, jnp.float32)
+        total += 1 if tiles is None else -(-n // tiles[0]) * -(-size // tiles[1])
+    return total
+
+
 @pytest.mark.parametrize("bf16", [True, False])
 def test_bf16_rounds_every_conv_site_and_nothing_else(params, x, bf16):
-    """bf16 operands at all 24 conv sites (8 forward, 8 weight grads, 8 input backwards), float32
-    accumulation, float32 everywhere else; the float32 config (the control) has no bf16 conv."""
+    """bf16 operands at every conv site (8 forward, 8 input backwards, the 8 weight gradients' calls,
+    tiled on the CPU), float32 accumulation, float32 everywhere else; the float32 config (the
+    control) has no bf16 conv."""
     cfg = cifar8.Config(bf16=bf16)
     p32 = {k: v.astype(jnp.float32) for k, v in params.items()}
     closed = jax.make_jaxpr(lambda p, x_, t: cifar8.loss_and_grads(p, x_, t, cfg))(
         p32, x.astype(jnp.float32), th.labels(N, K))
     sites = _conv_sites(closed.jaxpr)
     operand = "bfloat16" if bf16 else "float32"
-    assert len(sites) == 24
-    assert sites == [((operand, operand), "float32")] * 24
+    assert len(sites) == 16 + _weight_gradient_calls(N)
+    assert sites == [((operand, operand), "float32")] * len(sites)
     assert [str(v.aval.dtype) for v in closed.jaxpr.outvars] == ["float32"] * (1 + len(params))
 
 

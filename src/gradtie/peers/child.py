@@ -33,7 +33,7 @@ from .. import bench
 from . import get
 from .protocol import host
 
-SPEC = {"peer": str, "net": str, "batch": int, "image_size": int, "num_classes": int, "repeats": int,
+FIELDS = {"peer": str, "net": str, "batch": int, "image_size": int, "num_classes": int, "repeats": int,
         "threads": (int, type(None))}
 DEFAULTS = {"num_classes": 10, "repeats": 10, "threads": None}
 WARMUP = 2
@@ -46,14 +46,14 @@ def peak_rss_mib() -> float:
 
 def parse(spec: Mapping[str, Any]) -> dict[str, Any]:
     """The spec with its defaults, every key known and of its type."""
-    unknown = set(spec) - set(SPEC)
+    unknown = set(spec) - set(FIELDS)
     if unknown:
-        raise ValueError(f"peers: unknown keys {sorted(unknown)} (expected {', '.join(SPEC)})")
+        raise ValueError(f"peers: unknown keys {sorted(unknown)} (expected {', '.join(FIELDS)})")
     out = {**DEFAULTS, **spec}
-    missing = [k for k in SPEC if k not in out]
+    missing = [k for k in FIELDS if k not in out]
     if missing:
         raise ValueError(f"peers: the spec needs {', '.join(missing)}")
-    for k, kind in SPEC.items():
+    for k, kind in FIELDS.items():
         if isinstance(out[k], bool) or not isinstance(out[k], kind):
             raise ValueError(f"peers: {k} must be {'an integer' if kind is not str else 'a string'}"
                              f"{' or null' if isinstance(kind, tuple) else ''}, got {out[k]!r}")
