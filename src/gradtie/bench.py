@@ -458,20 +458,29 @@ def write(path: Path, results: Sequence[BenchResult], *, suite: str, note: str =
                       "batch); memory from XLA's compiled memory analysis"),
            "peak_flops_source": PEAK_SOURCE, "note": note,
            "results": [r.as_dict() for r in results]}
+    return write_json(path, doc)
+
+
+def read(path: Path) -> Optional[dict[str, Any]]:
+    """A results file as written by `write`, its rows as BenchResults; None when it does not exist."""
+    doc = read_json(path)
+    if doc is not None:
+        doc["results"] = [BenchResult.from_dict(d) for d in doc["results"]]
+    return doc
+
+
+def write_json(path: Path, doc: dict[str, Any]) -> Path:
+    """A results document as indented JSON (numpy scalars as floats), its folder made if need be."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
     return path
 
 
-def read(path: Path) -> Optional[dict[str, Any]]:
-    """A results file as written by `write`, its rows as BenchResults; None when it does not exist."""
+def read_json(path: Path) -> Optional[dict[str, Any]]:
+    """A document `write_json` wrote; None when the file does not exist."""
     path = Path(path)
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_text())
-    doc["results"] = [BenchResult.from_dict(d) for d in doc["results"]]
-    return doc
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 # ---- abstract evaluation: compile at a profile's shapes, no data ------------------------------------
@@ -675,20 +684,15 @@ def write_abstract(path: Path, rows: Sequence[AbstractRow], *, profile: str) -> 
                       "XLA's convolution at every conv site; footprint = arguments + outputs + "
                       "temporaries - aliased, from XLA's memory analysis"),
            "rows": [asdict(r) for r in rows]}
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1) + "\n")
-    return path
+    return write_json(path, doc)
 
 
 def read_abstract(path: Path) -> Optional[dict[str, Any]]:
     """A file written by `write_abstract`, its rows as AbstractRows; None when it does not exist."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_text())
-    doc["rows"] = [AbstractRow(Workload(**r["workload"]), r["temp_gib"], r["total_gib"], r["compile_s"])
-                   for r in doc["rows"]]
+    doc = read_json(path)
+    if doc is not None:
+        doc["rows"] = [AbstractRow(Workload(**r["workload"]), r["temp_gib"], r["total_gib"], r["compile_s"])
+                       for r in doc["rows"]]
     return doc
 
 

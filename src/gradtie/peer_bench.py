@@ -24,7 +24,6 @@ import dataclasses
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -67,10 +66,6 @@ PEER_SUITES = {"peers": PEER_SUITE, "peers-quick": PEER_QUICK, "peers-gpu": PEER
 
 # ---- one side in this process ------------------------------------------------------------------
 
-def _peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def _bench_config(config: PeerConfig):
     from . import bench
     return bench.BenchConfig(config.net, config.batch, config.image_size, num_classes=config.num_classes,
@@ -82,20 +77,17 @@ def measure_gradtie_side(side: str, config: PeerConfig) -> dict[str, Any]:
     compile, two warm-up steps, then `repeats` timed steps."""
     import jax
     from . import bench
+    from .peers import child   # the peers' own warm-up and memory reading, so every side is timed alike
     bc = _bench_config(config)
     rendered, autodiff = bench.step_fns(bc)
     args = bench.inputs(bc)
     t0 = time.perf_counter()
     compiled, temp, total = bench._compile(rendered if side == "rendered" else autodiff, args)
     compile_s = time.perf_counter() - t0
-    for _ in range(2):
-        jax.block_until_ready(compiled(*args))
-    times = []
-    for _ in range(config.repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(compiled(*args))
-        times.append((time.perf_counter() - t0) * 1e3)
-    return {"side": side, "times_ms": times, "peak_rss_mib": _peak_rss_mib(), "temp_mib": temp,
+    for _ in range(child.WARMUP):
+        bench._time(compiled, args)
+    times = [bench._time(compiled, args) for _ in range(config.repeats)]
+    return {"side": side, "times_ms": times, "peak_rss_mib": child.peak_rss_mib(), "temp_mib": temp,
             "compile_s": compile_s, "threads": os.cpu_count(), "version": f"jax {jax.__version__}"}
 
 
@@ -278,19 +270,16 @@ def _row(config: PeerConfig, runs: dict[str, list[dict]], matmul_gflops: float) 
 # ---- results on disk and the verdict -----------------------------------------------------------
 
 def write(path: Path, doc: dict[str, Any]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(doc, indent=1, default=float) + "\n")
-    return path
+    from . import bench
+    return bench.write_json(path, doc)
 
 
 def read(path: Path) -> Optional[dict[str, Any]]:
     """A results file as `run` writes it, its rows as PeerRows; None when it does not exist."""
-    path = Path(path)
-    if not path.exists():
-        return None
-    doc = json.loads(path.read_text())
-    doc["rows"] = [PeerRow.from_dict(d) for d in doc["rows"]]
+    from . import bench
+    doc = bench.read_json(path)
+    if doc is not None:
+        doc["rows"] = [PeerRow.from_dict(d) for d in doc["rows"]]
     return doc
 
 
