@@ -37,7 +37,7 @@ import json
 import jax
 import matplotlib.pyplot as plt
 
-from gradtie import bench, book, peer_bench, plots
+from gradtie import bench, book, conv_floor, peer_bench, plots
 from gradtie.nets import protocol, resnet34
 from gradtie import tolerances
 
@@ -174,6 +174,66 @@ plt.show()
 
 # %%
 plots.performance.figure_limit_fraction(peer_rows, peer_bench.LIMIT_GOAL)
+plt.show()
+
+# %% [markdown]
+# ## Where the rest of the gap lies: the convolutions' floor
+#
+# Where the rendered step is behind PyTorch, is it the convolutions or the work around them?
+# `gradtie bench --conv-floor` answers configuration by configuration with one program that runs
+# every conv node of the step and nothing else: each conv site as many times as the net has convs
+# of that shape, its forward, input backward and weight gradient, on inputs of its own. The step
+# does all of that work and more, so this program's time is a floor under any step built on the
+# same kernels. Two such programs run: gradtie's conv ops as the rendered step calls them (NCHW
+# activations, the shape rule's formulation at every site), and XLA's convolutions in the layout
+# their CPU kernels read (channels-last activations, no layout copies), which is what a
+# channels-last step would call. PyTorch's conv sites alone and its whole step are timed in the
+# same alternating rounds, each side in a process of its own. Where even the lower floor is above
+# 0.95 × PyTorch's whole step, no step built on XLA's CPU convolutions reaches the goal; where it is
+# below, the rest of the gap lies in the work around the convolutions.
+
+# %% tags=["nbval-check-output"]
+floor_doc = conv_floor.read(bench.RESULTS / "conv_floor_cpu.json")
+assert floor_doc is not None, ("benchmarks/results/conv_floor_cpu.json is missing: run gradtie bench "
+                               "--conv-floor --suite peers --rounds 2 --out …")
+floor_rows = floor_doc["rows"]
+fm = floor_doc["machine"]
+print(f"{len(floor_rows)} configurations, {floor_doc['rounds']} alternating rounds, on {fm['cpu']} "
+      f"({fm['cores']} cores), {fm['date']}")
+print(conv_floor.table(floor_rows))
+bound = conv_floor.kernel_bound(floor_rows)
+print("configurations out of reach of XLA's CPU convolutions: "
+      + book.glue("kernel_bound", f"{len(bound)} of {len(floor_rows)}"))
+for line in bound:
+    print(f"  {line}")
+# a floor is under the step it bounds (the peer run is another run on the same machine: 15 % for drift)
+rendered_ms = {(r.config.net, r.config.batch, r.config.image_size): r.ms("rendered") for r in peer_rows}
+for r in floor_rows:
+    step = rendered_ms[(r.config.net, r.config.batch, r.config.image_size)]
+    print(f"{r.config.label():<24} convolutions alone: {r.floor_ms() / step:.2f} of the rendered step")
+    assert r.floor_ms() < 1.15 * step and r.floor_ms("nhwc") < 1.15 * step
+assert all(0 < r.fraction() < 5 for r in floor_rows if r.fraction() is not None)
+
+# %% [markdown]
+# The verdict can fail, and can pass: with gradtie's conv times (both floors) divided by four no
+# configuration is out of reach, and multiplied by four every configuration where PyTorch ran is.
+
+# %% tags=["nbval-check-output"]
+ran = [r for r in floor_rows if r.fraction() is not None]
+quick = conv_floor.kernel_bound(conv_floor.scaled(floor_rows, 0.25))
+slow = conv_floor.kernel_bound(conv_floor.scaled(floor_rows, 4.0))
+print(f"control, convolutions four times faster: out of reach at {len(quick)}; "
+      f"four times slower: out of reach at {len(slow)} of {len(ran)}")
+assert not quick and len(slow) == len(ran)
+
+# %% [markdown]
+# Left: the convolutions alone per image, in both layouts and in PyTorch, against 0.95 × PyTorch's
+# whole step (dashed) and the rendered step (dot). Right: each conv site of the largest
+# configuration, its nodes timed alone; a site's GFLOP/s is its step's multiply-adds (forward,
+# weight gradient and, but for the first conv, the input backward) over their time.
+
+# %%
+plots.performance.figure_conv_floor(floor_rows, peer_rows)
 plt.show()
 
 # %% [markdown]

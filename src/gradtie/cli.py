@@ -95,7 +95,9 @@ def _bench(args: argparse.Namespace) -> int:
                   f"(no data), XLA's convolutions at every conv site; memory from XLA's analysis")
             print(table)
         return 0 if ok else 1
-    if args.peers:
+    if args.peers and args.conv_floor:
+        raise ValueError("gradtie bench: --peers and --conv-floor are two runs; give one")
+    if args.peers or args.conv_floor:
         return _bench_peers(args)
     if args.suite in peer_bench_suites():
         raise ValueError(f"gradtie bench: --suite {args.suite} is a peers suite; add --peers")
@@ -124,18 +126,36 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _conv_floor(configs, args: argparse.Namespace) -> int:
+    import json
+
+    from . import conv_floor
+    doc = conv_floor.run(configs, rounds=args.rounds, progress=not args.json, out=args.out)
+    if args.json:
+        print(json.dumps(doc, indent=1, default=float))
+        return 0
+    rows = [conv_floor.FloorRow.from_dict(r) for r in doc["rows"]]
+    print(conv_floor.table(rows))
+    bound = conv_floor.kernel_bound(rows)
+    print("the conv floor is under the goal everywhere: the gap lies outside the convolutions" if not bound else
+          "out of reach with this backend's convolution kernels:\n  " + "\n  ".join(bound))
+    return 0
+
+
 def peer_bench_suites() -> tuple[str, ...]:
     from . import peer_bench
     return tuple(peer_bench.PEER_SUITES)
 
 
 def _bench_peers(args: argparse.Namespace) -> int:
-    """The rendered step against autodiff, plain JAX and PyTorch eager (`gradtie.peer_bench`)."""
+    """The rendered step against autodiff, plain JAX and PyTorch eager (`gradtie.peer_bench`), or
+    with --conv-floor the conv sites alone against PyTorch's (`gradtie.conv_floor`)."""
     import json
 
     from . import peer_bench
+    flag = "--conv-floor" if args.conv_floor else "--peers"
     if args.suite and args.suite not in peer_bench.PEER_SUITES:
-        raise ValueError(f"gradtie bench --peers: --suite must be one of {', '.join(peer_bench.PEER_SUITES)}, "
+        raise ValueError(f"gradtie bench {flag}: --suite must be one of {', '.join(peer_bench.PEER_SUITES)}, "
                          f"got {args.suite!r}")
     if args.suite:
         configs = peer_bench.PEER_SUITES[args.suite]
@@ -144,6 +164,8 @@ def _bench_peers(args: argparse.Namespace) -> int:
     else:
         configs = [peer_bench.PeerConfig(args.net, b, s, args.num_classes, args.repeats or 5)
                    for b in args.batch for s in (args.image_size or [32])]
+    if args.conv_floor:
+        return _conv_floor(configs, args)
     doc = peer_bench.run(configs, rounds=args.rounds, progress=not args.json, out=args.out)
     rows = [peer_bench.PeerRow.from_dict(r) for r in doc["rows"]]
     if args.json:
@@ -307,7 +329,8 @@ def parser() -> argparse.ArgumentParser:
                "  gradtie bench --suite cpu --out benchmarks/results/cpu.json\n"
                "  JAX_COMPILATION_CACHE_DIR=~/.cache/jax gradtie bench --suite gpu --warm-cache --out gpu.json\n"
                "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB\n"
-               "  gradtie bench --peers --suite peers --out benchmarks/results/peers_cpu.json\n\n"
+               "  gradtie bench --peers --suite peers --out benchmarks/results/peers_cpu.json\n"
+               "  gradtie bench --conv-floor --suite peers --rounds 2 --out benchmarks/results/conv_floor_cpu.json\n\n"
                "exit codes:\n  0  measured (with --abstract: every computation fits the profile's memory)\n"
                "  1  with --abstract: some computation needs more memory than the profile's device has\n"
                "  3  invalid input (one line on stderr)")
@@ -327,7 +350,12 @@ def parser() -> argparse.ArgumentParser:
                          "(NCHW and NHWC) and PyTorch eager (where installed: requirements-peers.txt), each "
                          "in its own process, in alternating rounds, after checking every peer computes "
                          "the same loss and gradients; reports GFLOP/s against one large float32 matmul")
-    be.add_argument("--rounds", type=_positive, default=3, help="with --peers: alternating rounds (median)")
+    be.add_argument("--conv-floor", action="store_true",
+                    help="time every conv site of the configurations alone, gradtie's conv nodes against "
+                         "PyTorch's conv forward and backward, and PyTorch's whole step: where gradtie's "
+                         "convolutions alone take longer than the goal allows, the kernels are the limit")
+    be.add_argument("--rounds", type=_positive, default=3,
+                    help="with --peers or --conv-floor: alternating rounds (median)")
     be.add_argument("--out", type=Path, default=None, help="write the results as JSON here, with the machine")
     be.add_argument("--in-process", action="store_true",
                     help="measure every configuration in this process (no fresh process each)")

@@ -196,3 +196,46 @@ def figure_limit_fraction(rows: Sequence, goal: Optional[float] = None) -> plt.F
     ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
+
+
+def figure_conv_floor(rows: Sequence, peer_rows: Sequence = ()) -> plt.Figure:
+    """Left: per configuration, ms per image of the convolutions alone (gradtie's conv ops, XLA's
+    convolutions channels-last, PyTorch's), PyTorch's whole step and, where the peer run has it, the
+    rendered step; the goal (0.95 × PyTorch's step) as a dash. Right: each conv site of the largest
+    configuration, GFLOP/s of its nodes timed alone, gradtie against PyTorch."""
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    rendered = {(r.config.net, r.config.batch, r.config.image_size): r.ms("rendered") for r in peer_rows}
+    series = (("gradtie's conv ops (NCHW)", PEER_STYLE["rendered"][0], lambda r: r.floor_ms("nchw")),
+              ("XLA's convolutions, NHWC", PEER_STYLE["jax-nhwc"][0], lambda r: r.floor_ms("nhwc")),
+              ("PyTorch's convolutions", PEER_STYLE["torch"][0], lambda r: r.torch_convs_ms()))
+    x = np.arange(len(rows))
+    width = 0.8 / len(series)
+    for i, (label, color, value) in enumerate(series):
+        vals = [(value(r) or 0.0) / r.config.batch for r in rows]
+        left.bar(x + (i - (len(series) - 1) / 2) * width, vals, width, color=color, label=label,
+                 alpha=1.0 if i != 1 else 0.6)
+    for i, r in enumerate(rows):
+        if r.torch_step_ms is not None:
+            goal = 0.95 * r.torch_step_ms / r.config.batch
+            left.plot([i - 0.45, i + 0.45], [goal, goal], "--", color=CONTROL_COLOR, lw=1,
+                      label="0.95 × PyTorch's whole step" if i == 0 else None)
+        step = rendered.get((r.config.net, r.config.batch, r.config.image_size))
+        if step is not None:
+            left.plot([i], [step / r.config.batch], "o", color="k", ms=4, label="rendered step" if i == 0 else None)
+    left.set_yscale("log")
+    left.set_xticks(x, [r.config.label() for r in rows], rotation=30, ha="right", fontsize=7)
+    left.set_ylabel("ms per image")
+    left.legend(fontsize=7)
+    big = max(rows, key=lambda r: sum(s.count * s.step_gflop() for s in r.sites))
+    sites = big.site_gflops()
+    y = np.arange(len(sites))
+    right.barh(y - 0.2, [g for _, g, _ in sites], 0.4, color=PEER_STYLE["rendered"][0], label="gradtie's conv nodes")
+    if all(t is not None for _, _, t in sites):
+        right.barh(y + 0.2, [t for _, _, t in sites], 0.4, color=PEER_STYLE["torch"][0], label="PyTorch")
+    right.set_yticks(y, [s.label() for s, _, _ in sites], fontsize=7)
+    right.invert_yaxis()
+    right.set_xlabel("GFLOP/s of the site's nodes")
+    right.set_title(big.config.label(), fontsize=9)
+    right.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
