@@ -206,12 +206,13 @@ print("configurations out of reach of XLA's CPU convolutions: "
       + book.glue("kernel_bound", f"{len(bound)} of {len(floor_rows)}"))
 for line in bound:
     print(f"  {line}")
-# a floor is under the step it bounds (the peer run is another run on the same machine: 15 % for drift)
+# gradtie's conv ops are under the rendered step that runs them (the peer run is another run on the
+# same machine: 15 % for drift); the channels-last floor bounds a channels-last step, not this one
 rendered_ms = {(r.config.net, r.config.batch, r.config.image_size): r.ms("rendered") for r in peer_rows}
 for r in floor_rows:
     step = rendered_ms[(r.config.net, r.config.batch, r.config.image_size)]
     print(f"{r.config.label():<24} convolutions alone: {r.floor_ms() / step:.2f} of the rendered step")
-    assert r.floor_ms() < 1.15 * step and r.floor_ms("nhwc") < 1.15 * step
+    assert r.floor_ms() < 1.15 * step
 assert all(0 < r.fraction() < 5 for r in floor_rows if r.fraction() is not None)
 
 # %% [markdown]
