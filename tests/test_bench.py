@@ -149,3 +149,14 @@ def test_warm_cache_needs_the_persistent_cache():
         pytest.skip("a persistent compilation cache is configured in this session")
     with pytest.raises(ValueError, match="persistent compilation cache is off"):
         bench.warm_cache([TINY], progress=False)
+
+
+def test_timed_ms_warms_up_then_times_each_call(tmp_path):
+    calls = []
+    times = bench.timed_ms(lambda: calls.append(1), repeats=3, warmup=2)
+    assert len(calls) == 5 and len(times) == 3 and all(t >= 0 for t in times)
+    # the reader rebuilds rows with the given type, and reads a missing file as None
+    path = bench.write_json(tmp_path / "r.json", {"rows": [{"a": 1}, {"a": 2}]})
+    assert bench.read_json(path, lambda d: d["a"] * 10)["rows"] == [10, 20]
+    assert bench.read_json(path)["rows"] == [{"a": 1}, {"a": 2}]
+    assert bench.read_json(tmp_path / "missing.json", lambda d: d) is None

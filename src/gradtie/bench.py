@@ -306,6 +306,19 @@ def _time(f, args) -> float:
     return (time.perf_counter() - t0) * 1e3
 
 
+def timed_ms(step: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
+    """`warmup` untimed calls of `step` (which waits for its own result), then the ms of `repeats`
+    more, one by one."""
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return times
+
+
 def _peak_mib() -> Optional[float]:
     stats = jax.devices()[0].memory_stats() or {}
     peak = stats.get("peak_bytes_in_use")
@@ -477,10 +490,16 @@ def write_json(path: Path, doc: dict[str, Any]) -> Path:
     return path
 
 
-def read_json(path: Path) -> Optional[dict[str, Any]]:
-    """A document `write_json` wrote; None when the file does not exist."""
+def read_json(path: Path, row: Optional[Callable[[dict], Any]] = None) -> Optional[dict[str, Any]]:
+    """A document `write_json` wrote; None when the file does not exist. With `row`, its "rows"
+    rebuilt by it (a row type's `from_dict`)."""
     path = Path(path)
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    doc = json.loads(path.read_text())
+    if row is not None:
+        doc["rows"] = [row(d) for d in doc["rows"]]
+    return doc
 
 
 # ---- abstract evaluation: compile at a profile's shapes, no data ------------------------------------

@@ -22,7 +22,6 @@ import json
 import os
 import statistics
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional, Sequence
@@ -31,7 +30,6 @@ from .peer_bench import GOAL, PeerConfig, _run_child, measure_side
 from .progress import bar
 
 SIDES = ("gradtie", "torch")
-WARMUP = 2
 
 
 @dataclass(frozen=True)
@@ -92,15 +90,10 @@ def sites(net: str, batch: int, image_size: int) -> list[ConvSite]:
 
 # ---- one side in this process ------------------------------------------------------------------
 
-def _median_ms(f, repeats: int) -> float:
-    for _ in range(WARMUP):
-        f()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        f()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def _median_ms(step, repeats: int) -> float:
+    from . import bench
+    from .peers import child   # the peers' own warm-up, so every side is timed alike
+    return statistics.median(bench.timed_ms(step, repeats, child.WARMUP))
 
 
 def _site_arrays(site: ConvSite, key):
@@ -189,7 +182,8 @@ def measure_torch(site: ConvSite, repeats: int) -> dict[str, float]:
     x = torch.randn(site.batch, site.in_ch, site.size, site.size, generator=g).requires_grad_(site.input_grad)
     w = torch.randn(site.out_ch, site.in_ch, site.kernel, site.kernel, generator=g).requires_grad_()
     dy = torch.randn(site.batch, site.out_ch, o, o, generator=g)
-    pad = (site.kernel - 1) // 2
+    from .ops import conv
+    pad = conv.padding(site.kernel)
 
     def step():
         x.grad = w.grad = None
@@ -234,10 +228,13 @@ class FloorRow:
     round_torch_step_ms: list[float]
     round_floor_nhwc_ms: list[float] = field(default_factory=list)
 
+    def _rounds(self, layout: str) -> list[float]:
+        return self.round_floor_ms if layout == "nchw" else self.round_floor_nhwc_ms
+
     def floor_ms(self, layout: str = "nchw") -> Optional[float]:
         """One program running every conv node of the step and nothing else (median over the rounds):
         gradtie's conv ops ("nchw") or XLA's convolutions channels-last ("nhwc")."""
-        rounds = self.round_floor_ms if layout == "nchw" else self.round_floor_nhwc_ms
+        rounds = self._rounds(layout)
         return statistics.median(rounds) if rounds else None
 
     def best_layout(self) -> str:
@@ -247,18 +244,16 @@ class FloorRow:
 
     def sites_sum_ms(self) -> float:
         """The sites timed one by one: Σ_sites count × (forward + backward + weight gradient)."""
-        return _floor(self.sites, self.gradtie_ms)
+        return _sites_sum(self.sites, self.gradtie_ms)
 
     def torch_convs_ms(self) -> Optional[float]:
-        if self.torch_ms is None:
-            return None
-        return sum(s.count * sum(ms.values()) for s, ms in zip(self.sites, self.torch_ms))
+        """PyTorch's sites timed one by one, summed the same way."""
+        return None if self.torch_ms is None else _sites_sum(self.sites, self.torch_ms)
 
     def fraction(self, layout: Optional[str] = None) -> Optional[float]:
         """The floor (in `layout`, default the lower one) over PyTorch's whole step, median of the
         per-round ratios."""
-        layout = layout or self.best_layout()
-        rounds = self.round_floor_ms if layout == "nchw" else self.round_floor_nhwc_ms
+        rounds = self._rounds(layout or self.best_layout())
         if not self.round_torch_step_ms or not rounds:
             return None
         return statistics.median(f / t for f, t in zip(rounds, self.round_torch_step_ms))
@@ -277,7 +272,9 @@ class FloorRow:
                 "gradtie_ms": self.gradtie_ms, "torch_ms": self.torch_ms, "torch_step_ms": self.torch_step_ms,
                 "round_floor_ms": self.round_floor_ms, "round_torch_step_ms": self.round_torch_step_ms,
                 "round_floor_nhwc_ms": self.round_floor_nhwc_ms,
-                "floor_ms": self.floor_ms(), "floor_nhwc_ms": self.floor_ms("nhwc"), "sites_sum_ms": self.sites_sum_ms(), "torch_convs_ms": self.torch_convs_ms(), "fraction": self.fraction()}
+                "floor_ms": self.floor_ms(), "floor_nhwc_ms": self.floor_ms("nhwc"),
+                "sites_sum_ms": self.sites_sum_ms(), "torch_convs_ms": self.torch_convs_ms(),
+                "fraction": self.fraction()}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FloorRow":
@@ -291,7 +288,8 @@ def _site_medians(results: list[list[dict[str, float]]]) -> list[dict[str, float
             for i in range(len(results[0]))]
 
 
-def _floor(sites_: Sequence[ConvSite], ms: Sequence[dict[str, float]]) -> float:
+def _sites_sum(sites_: Sequence[ConvSite], ms: Sequence[dict[str, float]]) -> float:
+    """Σ_sites count × the site's nodes' ms."""
     return sum(s.count * sum(m.values()) for s, m in zip(sites_, ms))
 
 
@@ -333,10 +331,7 @@ def run(configs: Iterable[PeerConfig], *, rounds: int = 2, repeats: int = 5, pro
 def read(path: Path) -> Optional[dict[str, Any]]:
     """A results file as `run` writes it, its rows as FloorRows; None when it does not exist."""
     from . import bench
-    doc = bench.read_json(path)
-    if doc is not None:
-        doc["rows"] = [FloorRow.from_dict(d) for d in doc["rows"]]
-    return doc
+    return bench.read_json(path, FloorRow.from_dict)
 
 
 def kernel_bound(rows: Sequence[FloorRow], goal: float = GOAL) -> list[str]:

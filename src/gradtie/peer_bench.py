@@ -84,9 +84,7 @@ def measure_gradtie_side(side: str, config: PeerConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     compiled, temp, total = bench._compile(rendered if side == "rendered" else autodiff, args)
     compile_s = time.perf_counter() - t0
-    for _ in range(child.WARMUP):
-        bench._time(compiled, args)
-    times = [bench._time(compiled, args) for _ in range(config.repeats)]
+    times = bench.timed_ms(lambda: jax.block_until_ready(compiled(*args)), config.repeats, child.WARMUP)
     return {"side": side, "times_ms": times, "peak_rss_mib": child.peak_rss_mib(), "temp_mib": temp,
             "compile_s": compile_s, "threads": os.cpu_count(), "version": f"jax {jax.__version__}"}
 
@@ -98,16 +96,11 @@ def measure_matmul(n: int = MATMUL_N, repeats: int = 10) -> dict[str, Any]:
     from jax import lax
     a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
     b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    from . import bench
     f = jax.jit(lambda x, y: lax.dot(x, y, precision=lax.Precision.HIGHEST))
-    for _ in range(2):
-        jax.block_until_ready(f(a, b))
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(a, b))
-        times.append(time.perf_counter() - t0)
-    return {"side": "matmul", "n": n, "gflops": 2 * n ** 3 / statistics.median(times) / 1e9,
-            "times_ms": [t * 1e3 for t in times]}
+    times = bench.timed_ms(lambda: jax.block_until_ready(f(a, b)), repeats, 2)
+    return {"side": "matmul", "n": n, "gflops": 2 * n ** 3 / (statistics.median(times) / 1e3) / 1e9,
+            "times_ms": times}
 
 
 # ---- one side in a fresh process ---------------------------------------------------------------
@@ -277,10 +270,7 @@ def write(path: Path, doc: dict[str, Any]) -> Path:
 def read(path: Path) -> Optional[dict[str, Any]]:
     """A results file as `run` writes it, its rows as PeerRows; None when it does not exist."""
     from . import bench
-    doc = bench.read_json(path)
-    if doc is not None:
-        doc["rows"] = [PeerRow.from_dict(d) for d in doc["rows"]]
-    return doc
+    return bench.read_json(path, PeerRow.from_dict)
 
 
 def verdict(rows: Sequence[PeerRow], goal: float = GOAL) -> list[str]:

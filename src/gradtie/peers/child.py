@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import resource
 import sys
-import time
 from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
@@ -76,13 +75,7 @@ def measure(spec: Mapping[str, Any]) -> dict[str, Any]:
     params, x, targets = host(params, np.float32), np.asarray(x), np.asarray(targets)
     before = peak_rss_mib()
     prepared = peer.make(s["net"], params, x, targets, num_classes=s["num_classes"], dtype="float32")
-    for _ in range(WARMUP):
-        prepared.step()
-    times = []
-    for _ in range(s["repeats"]):
-        t0 = time.perf_counter()
-        prepared.step()
-        times.append((time.perf_counter() - t0) * 1e3)
+    times = bench.timed_ms(prepared.step, s["repeats"], WARMUP)
     return {"peer": peer.name, "net": s["net"], "batch": s["batch"], "image_size": s["image_size"],
             "num_classes": s["num_classes"], "times_ms": times, "peak_rss_mib": peak_rss_mib(),
             "rss_before_mib": before, "threads": threads, "threads_requested": s["threads"],
