@@ -8,21 +8,23 @@ NamedTuple of functions: hashable, so it is a static argument of `jax.jit` like 
 config.
 
 Fields that make a parameter node or touch a named layer take the layer's name first (`conv1`,
-`layer2.0.downsample.1`, `fc`): the real ops ignore it; a recording names its sites by it.
+`layer2.0.downsample.1`, `fc`): the real ops ignore it; a recording names its sites by it. The
+contractions take the execution policy's `precision` (None: HIGHEST, what the checks run;
+`gradtie.policy`).
 
 | field               | the real op (signature)                                                   | Lean                     |
 |---------------------|---------------------------------------------------------------------------|--------------------------|
-| `conv_forward`      | (name, x, w, b, *, stride, rnd, formulation) -> (y, ConvSaved)           | the conv forward          |
-| `conv_backward`     | (name, w, dy, *, input_shape, stride, rnd, formulation) -> dx             | `convBackBatched`         |
-| `conv_grad_weight`  | (name, x, dy, *, kernel_size, stride, rnd, formulation) -> dW             | `convWeightGradB`         |
+| `conv_forward`      | (name, x, w, b, *, stride, rnd, formulation, precision) -> (y, ConvSaved) | the conv forward          |
+| `conv_backward`     | (name, w, dy, *, input_shape, stride, rnd, formulation, precision) -> dx  | `convBackBatched`         |
+| `conv_grad_weight`  | (name, x, dy, *, kernel_size, stride, rnd, formulation, precision) -> dW  | `convWeightGradB`         |
 | `conv_grad_bias`    | (name, dy) -> db                                                          | the conv bias node        |
 | `bn_backward`       | (name, saved, γ, dy) -> dx                                                | `bnBatchBack`, `bnBackB`  |
 | `bn_nodes`          | (name, saved, γ, β, dy) -> (dγ, dβ)                                       | the BN parameter nodes    |
 | `relu_backward`     | (saved, dy) -> dx                                                         | `selectPosB`, `reluMaskB` |
 | `pool_backward`     | (name, saved, dy, sigma) -> dx (sigma None: σ = argmax)                   | `maxPoolBackB`, selScatter|
 | `gap_backward`      | (input_shape, dg) -> dx                                                   | `gapBack`                 |
-| `dense_backward`    | (name, w, dy) -> dx                                                       | `rowDenseBackFlat`        |
-| `dense_grad_weight` | (name, x, dy) -> dW                                                       | the dense weight node     |
+| `dense_backward`    | (name, w, dy, *, precision) -> dx                                         | `rowDenseBackFlat`        |
+| `dense_grad_weight` | (name, x, dy, *, precision) -> dW                                         | the dense weight node     |
 | `dense_grad_bias`   | (name, dy) -> db                                                          | the dense bias node       |
 | `residual_backward` | (d_branch, d_skip) -> dx                                                  | `addVB`                   |
 | `loss_cotangent`    | None: the net's loss's own cotangent; else (logits, targets, α, divisor)  | the six-op head fold      |
@@ -37,16 +39,20 @@ from typing import Any, Callable, NamedTuple, Optional
 from .ops import batchnorm, conv, dense, gap, maxpool, relu, residual
 
 
-def conv_forward(name: str, x, weight, bias=None, *, stride: int = 1, rnd=None, formulation=None):
-    return conv.forward(x, weight, bias, stride=stride, rnd=rnd, formulation=formulation)
+def conv_forward(name: str, x, weight, bias=None, *, stride: int = 1, rnd=None, formulation=None, precision=None):
+    return conv.forward(x, weight, bias, stride=stride, rnd=rnd, formulation=formulation, precision=precision)
 
 
-def conv_backward(name: str, weight, dy, *, input_shape, stride: int = 1, rnd=None, formulation=None):
-    return conv.backward(weight, dy, input_shape=input_shape, stride=stride, rnd=rnd, formulation=formulation)
+def conv_backward(name: str, weight, dy, *, input_shape, stride: int = 1, rnd=None, formulation=None,
+                  precision=None):
+    return conv.backward(weight, dy, input_shape=input_shape, stride=stride, rnd=rnd, formulation=formulation,
+                         precision=precision)
 
 
-def conv_grad_weight(name: str, x, dy, *, kernel_size: int, stride: int = 1, rnd=None, formulation=None):
-    return conv.grad_weight(x, dy, kernel_size=kernel_size, stride=stride, rnd=rnd, formulation=formulation)
+def conv_grad_weight(name: str, x, dy, *, kernel_size: int, stride: int = 1, rnd=None, formulation=None,
+                     precision=None):
+    return conv.grad_weight(x, dy, kernel_size=kernel_size, stride=stride, rnd=rnd, formulation=formulation,
+                            precision=precision)
 
 
 def conv_grad_bias(name: str, dy):
@@ -78,12 +84,12 @@ def gap_backward(input_shape, dg):
     return gap.backward(input_shape, dg)
 
 
-def dense_backward(name: str, weight, dy):
-    return dense.backward(weight, dy)
+def dense_backward(name: str, weight, dy, *, precision=None):
+    return dense.backward(weight, dy, precision=precision)
 
 
-def dense_grad_weight(name: str, x, dy):
-    return dense.grad_weight(x, dy)
+def dense_grad_weight(name: str, x, dy, *, precision=None):
+    return dense.grad_weight(x, dy, precision=precision)
 
 
 def dense_grad_bias(name: str, dy):

@@ -180,23 +180,24 @@ def same_pads(size: int, kernel_size: int, stride: int) -> tuple[int, int]:
     return total // 2, total - total // 2
 
 
-def _conv(a, b, pads, dims, rnd, **dilation):
-    """rnd(a) ⋆ rnd(b), stride 1, accumulated in float32 for bf16 operands, rounded by rnd (a conv
-    backward's contraction written out, to plant a wrong padding or kernel in)."""
+def _conv(a, b, pads, dims, rnd, precision=None, **dilation):
+    """rnd(a) ⋆ rnd(b), stride 1, in a's dtype (b cast to it), accumulated in float32 for bf16
+    operands, rounded by rnd (a conv backward's contraction written out, to plant a wrong padding or
+    kernel in)."""
     rnd = rnd or conv.identity
-    out = lax.conv_general_dilated(rnd(a), rnd(b), (1, 1), pads, dimension_numbers=dims, **dilation,
-                                   precision=lax.Precision.HIGHEST,
-                                   preferred_element_type=jnp.float32 if a.dtype == jnp.bfloat16 else a.dtype)
+    out = lax.conv_general_dilated(rnd(a), rnd(b.astype(a.dtype)), (1, 1), pads, dimension_numbers=dims,
+                                   **dilation, precision=lax.Precision.HIGHEST if precision is None else precision,
+                                   preferred_element_type=jnp.float32 if rnd(a).dtype == jnp.bfloat16 else a.dtype)
     return rnd(out).astype(a.dtype)
 
 
 def _conv_input(*, flip: bool = True, shift: int = 0, same: bool = False):
     """A conv input backward with one thing wrong: the kernel unflipped, the padding `shift` cells
     off, or (strided sites only) XLA's 'SAME' padding."""
-    def backward(name, weight, dy, *, input_shape, stride=1, rnd=None, formulation=None):
+    def backward(name, weight, dy, *, input_shape, stride=1, rnd=None, formulation=None, precision=None):
         if same and stride == 1:
             return KIT.conv_backward(name, weight, dy, input_shape=input_shape, stride=stride, rnd=rnd,
-                                     formulation=formulation)
+                                     formulation=formulation, precision=precision)
         n, c, h, w = input_shape
         k = weight.shape[2]
         p = conv.padding(k)
@@ -207,21 +208,21 @@ def _conv_input(*, flip: bool = True, shift: int = 0, same: bool = False):
         else:
             pads = ((k - 1 - p + shift, h + p - up_h - shift), (k - 1 - p + shift, w + p - up_w - shift))
         return _conv(dy, weight[:, :, ::-1, ::-1] if flip else weight, pads, ("NCHW", "IOHW", "NCHW"), rnd,
-                     lhs_dilation=(stride, stride))
+                     precision, lhs_dilation=(stride, stride))
     return backward
 
 
-def _same_grad_weight(name, x, dy, *, kernel_size, stride=1, rnd=None, formulation=None):
+def _same_grad_weight(name, x, dy, *, kernel_size, stride=1, rnd=None, formulation=None, precision=None):
     if stride == 1:
         return KIT.conv_grad_weight(name, x, dy, kernel_size=kernel_size, stride=stride, rnd=rnd,
-                                    formulation=formulation)
+                                    formulation=formulation, precision=precision)
     pads = (same_pads(x.shape[2], kernel_size, stride), same_pads(x.shape[3], kernel_size, stride))
-    dw = _conv(x, dy, pads, ("CNHW", "IOHW", "CNHW"), rnd, rhs_dilation=(stride, stride))
+    dw = _conv(x, dy, pads, ("CNHW", "IOHW", "CNHW"), rnd, precision, rhs_dilation=(stride, stride))
     return dw[:, :, :kernel_size, :kernel_size]
 
 
-def _dense_grad_weight_transposed(name, x, dy):
-    dw = jnp.matmul(dy.T, x, precision=lax.Precision.HIGHEST)
+def _dense_grad_weight_transposed(name, x, dy, *, precision=None):
+    dw = jnp.matmul(dy.T, x.astype(dy.dtype), precision=lax.Precision.HIGHEST if precision is None else precision)
     return dw.T if dw.shape[0] == dw.shape[1] else dw   # planted where the shape lets it pass
 
 

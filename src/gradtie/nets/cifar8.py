@@ -20,10 +20,10 @@ from typing import NamedTuple, Optional
 
 import jax
 
-from ..ops import dense, maxpool, relu
+from ..ops import maxpool, relu
 from . import protocol
 from .layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, bn_specs, conv_bn, conv_input, conv_nodes,
-                     conv_specs, dense_nodes, dense_specs, pool, pool_input)
+                     conv_specs, dense_forward, dense_input, dense_nodes, dense_specs, pool, pool_input)
 from .protocol import Net, Pass, Stage
 
 NAME = "cifar8"
@@ -139,23 +139,23 @@ class HeadSaved(NamedTuple):
 
 def _head_forward(params, x, cfg: Config, how: Pass):
     f = x.reshape(x.shape[0], -1)
-    h1, _ = dense.forward(f, params["fc1.weight"], params["fc1.bias"])
+    h1 = dense_forward(params, "fc1", f, cfg)
     r1, _ = relu.forward(h1)
-    h2, _ = dense.forward(r1, params["fc2.weight"], params["fc2.bias"])
+    h2 = dense_forward(params, "fc2", r1, cfg)
     r2, _ = relu.forward(h2)
-    logits, _ = dense.forward(r2, params["fc3.weight"], params["fc3.bias"])
+    logits = dense_forward(params, "fc3", r2, cfg)
     return logits, HeadSaved(f, h1, r1, h2, r2)
 
 
 def _head_backward(params, s: HeadSaved, dlogits, cfg: Config, kit):
-    dfc3 = kit.dense_backward("fc3", params["fc3.weight"], dlogits)
+    dfc3 = dense_input(kit, params, "fc3", dlogits, cfg)
     dr2 = kit.relu_backward(relu.ReluSaved(s.h2), dfc3)
-    dfc2 = kit.dense_backward("fc2", params["fc2.weight"], dr2)
+    dfc2 = dense_input(kit, params, "fc2", dr2, cfg)
     dr1 = kit.relu_backward(relu.ReluSaved(s.h1), dfc2)
-    dfc1 = kit.dense_backward("fc1", params["fc1.weight"], dr1)
+    dfc1 = dense_input(kit, params, "fc1", dr1, cfg)
     dx = dfc1.reshape(s.f.shape[0], WIDTHS[-1], 2, 2)  # unflatten in (C,H,W) order
-    grads = {**dense_nodes(kit, "fc1", s.f, dr1), **dense_nodes(kit, "fc2", s.r1, dr2),
-             **dense_nodes(kit, "fc3", s.r2, dlogits)}
+    grads = {**dense_nodes(kit, "fc1", s.f, dr1, cfg), **dense_nodes(kit, "fc2", s.r1, dr2, cfg),
+             **dense_nodes(kit, "fc3", s.r2, dlogits, cfg)}
     return grads, dx
 
 
@@ -208,14 +208,14 @@ def _pool_backward(k: int, params, s: LayerSaved, dy, cfg: Config, kit):
 
 
 def _dense_forward(name: str, params, x, cfg: Config, how: Pass):
-    y, _ = dense.forward(x.reshape(x.shape[0], -1), params[f"{name}.weight"], params[f"{name}.bias"])
+    y = dense_forward(params, name, x.reshape(x.shape[0], -1), cfg)
     return y, LayerSaved(x, None)
 
 
 def _dense_backward(name: str, params, s: LayerSaved, dy, cfg: Config, kit):
     f = s.x.reshape(s.x.shape[0], -1)
-    dx = kit.dense_backward(name, params[f"{name}.weight"], dy).reshape(s.x.shape)
-    return dense_nodes(kit, name, f, dy), dx
+    dx = dense_input(kit, params, name, dy, cfg).reshape(s.x.shape)
+    return dense_nodes(kit, name, f, dy, cfg), dx
 
 
 def _relu_forward(params, x, cfg: Config, how: Pass):

@@ -15,8 +15,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from .. import policy as policy_
 from ..kit import Kit
-from ..ops import batchnorm, conv, maxpool
+from ..ops import batchnorm, conv, dense, maxpool
 from .protocol import ParamSpec, Pass
 
 
@@ -57,6 +58,11 @@ def rounding(cfg) -> Optional[conv.Rounding]:
     return conv.named_rounding(cfg.bf16_rounding) if cfg.bf16 else None
 
 
+def precision(cfg) -> lax.Precision:
+    """The precision of every contraction under the config's execution policy (`gradtie.policy`)."""
+    return policy_.get(cfg.policy).precision
+
+
 def per_example(cfg) -> bool:
     return getattr(cfg, "bn", "batch") == "example"
 
@@ -71,7 +77,7 @@ def bn_eval(x, weight, bias, running_mean, running_var, eps):
 def conv_forward(params, name: str, x, cfg, how: Pass, *, stride: int = 1):
     """c = conv(x) (+ its bias) through the kit."""
     c, _ = how.kit.conv_forward(name, x, params[f"{name}.weight"], params.get(f"{name}.bias"), stride=stride,
-                                rnd=rounding(cfg), formulation=cfg.conv_formulation)
+                                rnd=rounding(cfg), formulation=cfg.conv_formulation, precision=precision(cfg))
     return c
 
 
@@ -118,16 +124,18 @@ def pool_input(kit: Kit, name: str, spec: maxpool.PoolSpec, r, sigma, dy):
 def conv_input(kit: Kit, params, name: str, dc, input_shape, cfg, *, stride: int = 1):
     """The cotangent at a conv's input from the one at its output."""
     return kit.conv_backward(name, params[f"{name}.weight"], dc, input_shape=tuple(input_shape), stride=stride,
-                             rnd=rounding(cfg), formulation=cfg.conv_formulation)
+                             rnd=rounding(cfg), formulation=cfg.conv_formulation, precision=precision(cfg))
 
 
 def conv_nodes(kit: Kit, params, name: str, x, dc, cfg, *, stride: int = 1) -> dict[str, jax.Array]:
-    """conv weight (and bias) nodes from the conv input x and the cotangent dc at the conv output."""
+    """conv weight (and bias) nodes from the conv input x and the cotangent dc at the conv output,
+    each in its parameter's dtype (the bf16 policy's nodes are float32)."""
     weight = params[f"{name}.weight"]
     nodes = {f"{name}.weight": kit.conv_grad_weight(name, x, dc, kernel_size=weight.shape[2], stride=stride,
-                                                    rnd=rounding(cfg), formulation=cfg.conv_formulation)}
+                                                    rnd=rounding(cfg), formulation=cfg.conv_formulation,
+                                                    precision=precision(cfg)).astype(weight.dtype)}
     if f"{name}.bias" in params:
-        nodes[f"{name}.bias"] = kit.conv_grad_bias(name, dc)
+        nodes[f"{name}.bias"] = kit.conv_grad_bias(name, dc).astype(params[f"{name}.bias"].dtype)
     return nodes
 
 
@@ -142,5 +150,18 @@ def bn_nodes(kit: Kit, params, name: str, saved: batchnorm.BNSaved, dn) -> dict[
     return {f"{name}.weight": dgamma, f"{name}.bias": dbeta}
 
 
-def dense_nodes(kit: Kit, name: str, x, dy) -> dict[str, jax.Array]:
-    return {f"{name}.weight": kit.dense_grad_weight(name, x, dy), f"{name}.bias": kit.dense_grad_bias(name, dy)}
+def dense_forward(params, name: str, x, cfg=None):
+    """y = x @ Wᵀ + b in the weights' dtype, at the policy's precision (cfg None: HIGHEST)."""
+    return dense.forward(x, params[f"{name}.weight"], params[f"{name}.bias"],
+                         precision=None if cfg is None else precision(cfg))[0]
+
+
+def dense_input(kit: Kit, params, name: str, dy, cfg=None):
+    """The cotangent at a dense layer's input from the one at its output."""
+    return kit.dense_backward(name, params[f"{name}.weight"], dy, precision=None if cfg is None else precision(cfg))
+
+
+def dense_nodes(kit: Kit, name: str, x, dy, cfg=None) -> dict[str, jax.Array]:
+    """The dense weight and bias nodes (cfg: the policy's precision; None: HIGHEST)."""
+    return {f"{name}.weight": kit.dense_grad_weight(name, x, dy, precision=None if cfg is None else precision(cfg)),
+            f"{name}.bias": kit.dense_grad_bias(name, dy)}

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import policy as policy_
 from .. import prng, rendered
 from ..host import to_device
 from ..kit import KIT, Kit
@@ -58,13 +59,16 @@ class Config:
     `bf16_rounding` ("bf16": bf16-typed operands, "nearest": bf16 rounding carried in float32,
     "identity": the f32 ops bit for bit); bn_axis_name: the mesh axis of synchronised BatchNorm
     (None on one device); conv_formulation: every conv site as XLA's convolution ("conv"), as
-    patches · weights ("patches"), or by the shape rule (None; `gradtie.ops.conv.use_patches`)."""
+    patches · weights ("patches"), or by the shape rule (None; `gradtie.ops.conv.use_patches`);
+    policy: the execution policy by name ("tie", "tf32", "bf16"; `gradtie.policy`): the dtype the
+    activations travel in and the precision of every contraction, over the same chain."""
     num_classes: int = 10
     eps: float = 1e-5
     bf16: bool = False
     bf16_rounding: str = "bf16"
     bn_axis_name: Optional[str] = None
     conv_formulation: Optional[str] = None
+    policy: str = "tie"
 
     def __post_init__(self):
         name = type(self).__qualname__
@@ -76,6 +80,11 @@ class Config:
         if self.conv_formulation not in (None, *conv.FORMULATIONS):
             raise ValueError(f"{name}: conv_formulation must be one of {', '.join(map(repr, conv.FORMULATIONS))} "
                              f"or None, got {self.conv_formulation!r}")
+        policy_.get(self.policy)                  # ValueError naming the policies
+        if self.bf16 and self.policy != "tie":
+            raise ValueError(f"{name}: bf16=True (the suite's bf16 conv kinds inside a float32 chain) runs under "
+                             f"the 'tie' policy only; policy {self.policy!r} sets the precision itself "
+                             f"(the 'bf16' policy already runs every conv site as a bf16 kind)")
 
 
 class ParamSpec(NamedTuple):
@@ -270,7 +279,7 @@ class Net:
         cfg = self.cfg(cfg)
         self.check(params, x, cfg)
         check_selections(self.name, selections, self.pools)
-        x = as_input(self.name, x, params)
+        x = as_input(self.name, x, params, cfg)
         return fold_forward(self.stage_list(cfg), params, x, cfg, Pass(kit, selections, None, valid), inputs)
 
     def backward(self, params, saved, dlogits, cfg=None, *, kit: Kit = KIT, cotangents: Optional[dict] = None,
@@ -295,7 +304,7 @@ class Net:
         cfg = self.cfg(cfg)
         self.check(params, x, cfg)
         check_running(self.name, running, self.bn_names(cfg), params)
-        x = as_input(self.name, x, params)
+        x = as_input(self.name, x, params, cfg)
         logits, _ = fold_forward(self.stage_list(cfg), params, x, cfg, Pass(running=running))
         return logits
 
@@ -451,9 +460,12 @@ def check_image(net: Net, x) -> None:
         raise ValueError(f"{net.name}: image height and width must be {net.size_rule}, got {h}×{w} in shape {shape}")
 
 
-def as_input(net: str, x, params: Mapping) -> jax.Array:
-    """Float pixels in the parameters' dtype (the conv ops need one dtype for x and W)."""
+def as_input(net: str, x, params: Mapping, cfg=None) -> jax.Array:
+    """Float pixels in the dtype the activations travel in: the parameters' dtype, or the execution
+    policy's (bf16) when `cfg` names one."""
     dtype = jnp.result_type(next(iter(params.values())))
+    if cfg is not None:
+        dtype = policy_.get(cfg.policy).activation_dtype(dtype)
     if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
         raise ValueError(f"{net}: x must hold float pixels, got {jnp.result_type(x)}")
     return jnp.asarray(x, dtype)

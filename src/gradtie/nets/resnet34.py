@@ -16,10 +16,10 @@ from typing import NamedTuple, Optional
 
 import jax
 
-from ..ops import dense, gap, maxpool, relu, residual
+from ..ops import gap, maxpool, relu, residual
 from . import protocol
 from .layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, bn_specs, conv_bn, conv_input, conv_nodes,
-                     conv_specs, dense_specs, pool, pool_input)
+                     conv_specs, dense_forward, dense_input, dense_nodes, dense_specs, pool, pool_input)
 from .protocol import Net, Pass, Stage
 
 NAME = "resnet34"
@@ -184,16 +184,14 @@ class HeadSaved(NamedTuple):
 
 
 def _head_forward(params, x, cfg: Config, how: Pass):
-    g, _ = gap.forward(x)
-    logits, _ = dense.forward(g, params["fc.weight"], params["fc.bias"])
-    return logits, HeadSaved(x, g)
+    g, _ = gap.forward(x)      # float32 for bf16 activations: the head's dtype
+    return dense_forward(params, "fc", g, cfg), HeadSaved(x, g)
 
 
 def _head_backward(params, s: HeadSaved, dlogits, cfg: Config, kit):
-    dg = kit.dense_backward("fc", params["fc.weight"], dlogits)
-    dx = kit.gap_backward(s.x.shape, dg)
-    grads = {"fc.weight": kit.dense_grad_weight("fc", s.g, dlogits), "fc.bias": kit.dense_grad_bias("fc", dlogits)}
-    return grads, dx
+    dg = dense_input(kit, params, "fc", dlogits, cfg)
+    dx = kit.gap_backward(s.x.shape, dg)   # in the head's dtype: the ReLU mask below hands on its own
+    return dense_nodes(kit, "fc", s.g, dlogits, cfg), dx
 
 
 # ---- the net ---------------------------------------------------------------------------------------

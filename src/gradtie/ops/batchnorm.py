@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import _validate
+from . import _dtype, _validate
 
 EPS = 1e-5
 
@@ -78,6 +78,7 @@ def statistics(x: jax.Array, *, per_example: bool = False, axis_name: Optional[s
     a real example, 0 for padding) only the valid cells count and replicas combine by their counts m_r:
     μ = Σ_r m_r·μ_r / Σ_r m_r, σ² = Σ_r m_r[σ_r² + (μ_r − μ)²] / Σ_r m_r.
     """
+    x = x.astype(_dtype.compute(x.dtype))   # bf16 activations: statistics in float32
     if valid is not None and not per_example:
         return _counted_statistics(x, valid, axis_name)
     axes = _axes(per_example)
@@ -112,7 +113,7 @@ def forward(x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float = EP
     """y = γ·x̂ + β, x̂ = (x − μ)·s, s = 1/√(σ² + ε). x [N,C,H,W], γ, β [C] -> y [N,C,H,W].
 
     valid [N]: the real examples of a padded batch (None: every example); the saved record carries
-    it to the backward.
+    it to the backward. A bf16 x: statistics, x̂ and y in float32, y rounded once to bf16.
     """
     _check("batchnorm.forward", x, weight, bias)
     _validate.finite("batchnorm.forward", "x", x)
@@ -120,15 +121,16 @@ def forward(x: jax.Array, weight: jax.Array, bias: jax.Array, *, eps: float = EP
         raise ValueError(f"batchnorm.forward: valid must have shape ({x.shape[0]},) for x "
                          f"{tuple(x.shape)}, got {tuple(jnp.shape(valid))}")
     mean, var = statistics(x, per_example=per_example, axis_name=axis_name, valid=valid)
-    xhat = (x - _bcast(mean, per_example)) * _bcast(lax.rsqrt(var + eps), per_example)
-    y = _bcast(weight, False) * xhat + _bcast(bias, False)
-    return y, BNSaved(x, mean, var, eps, per_example, axis_name, valid)
+    xc = x.astype(mean.dtype)
+    xhat = (xc - _bcast(mean, per_example)) * _bcast(lax.rsqrt(var + eps), per_example)
+    y = _bcast(weight.astype(mean.dtype), False) * xhat + _bcast(bias.astype(mean.dtype), False)
+    return y.astype(x.dtype), BNSaved(x, mean, var, eps, per_example, axis_name, valid)
 
 
 def normalized(saved: BNSaved) -> tuple[jax.Array, jax.Array]:
-    """x̂ and s recomputed from the saved input and statistics."""
+    """x̂ and s recomputed from the saved input and statistics (in the statistics' dtype)."""
     s = _bcast(lax.rsqrt(saved.var + saved.eps), saved.per_example)
-    return (saved.x - _bcast(saved.mean, saved.per_example)) * s, s
+    return (saved.x.astype(s.dtype) - _bcast(saved.mean, saved.per_example)) * s, s
 
 
 # t = γ·dy[N,C,H,W]; per channel over its M cells: dx = (s/M)(M·t − Σt − x̂·Σ(x̂·t)) -> dx[N,C,H,W]
@@ -145,13 +147,17 @@ def backward(saved: BNSaved, weight: jax.Array, dy: jax.Array) -> jax.Array:
 
     Padded batches (`saved.valid`): the means run over the valid cells of every replica
     (`combine_means`, by counts) and padded examples get dx = 0.
+
+    Computed in the statistics' dtype (float32 for bf16 activations) and returned in the saved
+    input's dtype: the cotangent of x travels as x does.
     """
     _check("batchnorm.backward", dy, weight, None)
     _validate.same_shape("batchnorm.backward", ("x", "dy"), saved.x, dy)
     xhat, s = normalized(saved)
+    dy, weight = dy.astype(s.dtype), weight.astype(s.dtype)
     valid = saved.valid
     if valid is not None:
-        return _counted_backward(saved, valid, weight, dy, xhat, s)
+        return _counted_backward(saved, valid, weight, dy, xhat, s).astype(saved.x.dtype)
     axes = _axes(saved.per_example)
     cells = math.prod(dy.shape[a] for a in axes)  # M
     means = jnp.stack([jnp.sum(dy, axis=axes), jnp.sum(dy * xhat, axis=axes)]) / cells
@@ -159,7 +165,7 @@ def backward(saved: BNSaved, weight: jax.Array, dy: jax.Array) -> jax.Array:
         means = lax.pmean(means, saved.axis_name)
     gamma = _bcast(weight, False)
     mean_t, mean_xt = (gamma * _bcast(m, saved.per_example) for m in means)
-    return s * (gamma * dy - mean_t - xhat * mean_xt)
+    return (s * (gamma * dy - mean_t - xhat * mean_xt)).astype(saved.x.dtype)
 
 
 def _counted_backward(saved: BNSaved, valid, weight, dy, xhat, s):
@@ -186,6 +192,7 @@ def grad_weight(saved: BNSaved, dy: jax.Array) -> jax.Array:
     examples excluded."""
     _validate.same_shape("batchnorm.grad_weight", ("x", "dy"), saved.x, dy)
     xhat, _ = normalized(saved)
+    dy = dy.astype(xhat.dtype)
     if saved.valid is not None:
         dy = _weights(saved.valid, dy.dtype) * dy
     return jnp.sum(dy * xhat, axis=(0, 2, 3))
@@ -193,6 +200,7 @@ def grad_weight(saved: BNSaved, dy: jax.Array) -> jax.Array:
 
 # dy[N,C,H,W] summed over (n,h,w) -> dβ[C]
 def grad_bias(dy: jax.Array) -> jax.Array:
-    """dβ = Σ_{n,h,w} dy: no weight in the way, the cleanest trace of a wiring bug."""
+    """dβ = Σ_{n,h,w} dy: no weight in the way, the cleanest trace of a wiring bug (summed in at
+    least float32)."""
     _validate.rank("batchnorm.grad_bias", "dy", dy, 4)
-    return jnp.sum(dy, axis=(0, 2, 3))
+    return jnp.sum(dy.astype(_dtype.compute(dy.dtype)), axis=(0, 2, 3))

@@ -41,11 +41,27 @@ def _acc_dtype(*operands) -> jnp.dtype:
     return jnp.dtype(jnp.float32) if dt == jnp.bfloat16 else dt
 
 
-def _correlate(lhs, rhs, *, strides, pads, lhs_dilation=(1, 1), rhs_dilation=(1, 1), dims=_DIMS):
+def _result_dtype(carrier, *operands) -> jnp.dtype:
+    """What the contraction itself returns. A bf16 carrier (the bf16 policy's activations) takes a
+    bf16 result straight from the contraction: float32 accumulation inside it, one rounding at the
+    end, which is the suite's kind rnd(conv(rnd(a), rnd(b))) and what cuDNN runs on bf16 tensor
+    cores (a (bf16, bf16) -> f32 convolution is upcast to a float32 one on XLA's GPU backend).
+    Otherwise the accumulator's dtype, rounded afterwards by the site's `rnd` (the bf16 kinds in a
+    float32 chain)."""
+    return jnp.dtype(carrier) if jnp.dtype(carrier) == jnp.bfloat16 else _acc_dtype(*operands)
+
+
+def _precision(precision) -> lax.Precision:
+    # None: the checks' precision (true float32 / float64); the tf32 and bf16 policies pass DEFAULT
+    return lax.Precision.HIGHEST if precision is None else precision
+
+
+def _correlate(lhs, rhs, *, strides, pads, lhs_dilation=(1, 1), rhs_dilation=(1, 1), dims=_DIMS, precision=None,
+               out=None):
     return lax.conv_general_dilated(
         lhs, rhs, window_strides=strides, padding=pads, lhs_dilation=lhs_dilation,
         rhs_dilation=rhs_dilation, dimension_numbers=dims,
-        precision=lax.Precision.HIGHEST, preferred_element_type=_acc_dtype(lhs, rhs))
+        precision=_precision(precision), preferred_element_type=out or _acc_dtype(lhs, rhs))
 
 
 # ---- two formulations of one contraction -------------------------------------------------------
@@ -129,11 +145,11 @@ def _unpatches(cols: jax.Array, shape: tuple[int, ...], k: int, stride: int) -> 
     return out
 
 
-def _matmul(a: jax.Array, b: jax.Array, contract: tuple[int, int]) -> jax.Array:
+def _matmul(a: jax.Array, b: jax.Array, contract: tuple[int, int], precision=None, out=None) -> jax.Array:
     """A 2-D product contracting a's axis contract[0] with b's axis contract[1], float32
-    accumulation for bf16 operands."""
+    accumulation for bf16 operands (`out`: the result's dtype, default the accumulator's)."""
     return lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
-                           precision=lax.Precision.HIGHEST, preferred_element_type=_acc_dtype(a, b))
+                           precision=_precision(precision), preferred_element_type=out or _acc_dtype(a, b))
 
 
 def _round_result(out: jax.Array, rnd: Rounding, dtype) -> jax.Array:
@@ -164,27 +180,31 @@ def _check(op: str, x, w, b, stride: int) -> None:
 
 
 def forward(x: jax.Array, weight: jax.Array, bias: Optional[jax.Array] = None, *, stride: int = 1,
-            rnd: Optional[Rounding] = None, formulation: Optional[str] = None) -> tuple[jax.Array, ConvSaved]:
+            rnd: Optional[Rounding] = None, formulation: Optional[str] = None,
+            precision: Optional[lax.Precision] = None) -> tuple[jax.Array, ConvSaved]:
     """y[n,o,i,j] = Σ_{c,kh,kw} xpad[n,c,s·i+kh,s·j+kw]·W[o,c,kh,kw] + b[o].
 
     x [N,C,H,W], weight [O,C,k,k] -> y [N,O,H',W'], H' = (H + 2p − k)//s + 1, p = (k−1)//2.
-    With `rnd`, the bf16 kind: rnd(conv(rnd(x), rnd(W))) accumulated in float32, then the bias.
+    The contraction runs in x's dtype (the weight is cast to it: bf16 activations read bf16
+    weights) at `precision` (None: HIGHEST). With `rnd`, the bf16 kind: rnd(conv(rnd(x), rnd(W)))
+    accumulated in float32, then the bias.
     """
     _check("conv.forward", x, weight, bias, stride)
     p = padding(weight.shape[2])
     rnd_ = rnd or identity
     k = weight.shape[2]
-    xr, wr = rnd_(x), rnd_(weight)
+    xr, wr = rnd_(x), rnd_(weight.astype(x.dtype))
+    out = _result_dtype(x.dtype, xr, wr)
     if use_patches(out_size(x.shape[2], k, stride) * out_size(x.shape[3], k, stride), x.shape[1] * k * k, k,
                    formulation):
         n, ho, wo = x.shape[0], out_size(x.shape[2], k, stride), out_size(x.shape[3], k, stride)
-        y = _matmul(wr.reshape(wr.shape[0], -1), _patches(xr, k, stride), (1, 0))   # [O, N·H'·W']
+        y = _matmul(wr.reshape(wr.shape[0], -1), _patches(xr, k, stride), (1, 0), precision, out)   # [O, N·H'·W']
         y = y.reshape(wr.shape[0], n, ho, wo).transpose(1, 0, 2, 3)
     else:
-        y = _correlate(xr, wr, strides=(stride, stride), pads=((p, p), (p, p)))
+        y = _correlate(xr, wr, strides=(stride, stride), pads=((p, p), (p, p)), precision=precision, out=out)
     y = _round_result(y, rnd_, x.dtype)
     if bias is not None:
-        y = y + bias[None, :, None, None]
+        y = y + bias.astype(y.dtype)[None, :, None, None]
     return y, ConvSaved(x, stride)
 
 
@@ -198,8 +218,10 @@ def upsample(dy: jax.Array, stride: int) -> jax.Array:
 
 # dy[N,O,H',W'] upsampled to the stride-1 grid, correlated with flip(W)ᵀ[C,O,k,k] -> dx[N,C,H,W]
 def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], stride: int = 1,
-             rnd: Optional[Rounding] = None, formulation: Optional[str] = None) -> jax.Array:
-    """Input cotangent: linear in dy, independent of the primal.
+             rnd: Optional[Rounding] = None, formulation: Optional[str] = None,
+             precision: Optional[lax.Precision] = None) -> jax.Array:
+    """Input cotangent: linear in dy, independent of the primal; in dy's dtype (the weight is cast
+    to it before the flip, so the convolution reads its kernel straight from the reverse).
 
     dx[n,c,h,w] = Σ_{o,kh,kw} dyup[n,o,h+p−kh,w+p−kw]·W[o,c,kh,kw], dyup = dy upsampled by the
     stride (values at multiples of s). Lean: `convBackBatched`, `cInB`; strided:
@@ -216,11 +238,13 @@ def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], 
                          f"weight {tuple(weight.shape)} at stride {stride}, got {tuple(dy.shape)}")
     p = padding(k)
     rnd_ = rnd or identity
-    dyr, wr = rnd_(dy), rnd_(weight)
+    dyr, wr = rnd_(dy), rnd_(weight.astype(dy.dtype))
+    out = _result_dtype(dy.dtype, dyr, wr)
     if use_patches(h * w, weight.shape[0] * k * k, k, formulation):
         # the transpose of the patches: every tap's products in one matrix product with W read in
-        # place, then each tap's plane added back onto the input grid at its offset
-        cols = _matmul(_rows(dyr), wr.reshape(wr.shape[0], -1), (1, 0))  # [N·H'·W', C·k·k]
+        # place, then each tap's plane added back onto the input grid at its offset (a bf16 carrier
+        # adds the taps in float32 and rounds once)
+        cols = _matmul(_rows(dyr), wr.reshape(wr.shape[0], -1), (1, 0), precision)  # [N·H'·W', C·k·k]
         dx = _unpatches(cols, tuple(input_shape), k, stride)
     else:
         flipped = wr[:, :, ::-1, ::-1]  # [O,C,k,k], read with O as the input feature: flip(W)ᵀ
@@ -230,17 +254,18 @@ def backward(weight: jax.Array, dy: jax.Array, *, input_shape: tuple[int, ...], 
         up_h, up_w = stride * (dy.shape[2] - 1) + 1, stride * (dy.shape[3] - 1) + 1
         pads = ((k - 1 - p, h + p - up_h), (k - 1 - p, w + p - up_w))
         dx = _correlate(dyr, flipped, strides=(1, 1), pads=pads, lhs_dilation=(stride, stride),
-                        dims=("NCHW", "IOHW", "NCHW"))
+                        dims=("NCHW", "IOHW", "NCHW"), precision=precision, out=out)
     return _round_result(dx, rnd_, dy.dtype)
 
 
 # x[N,C,H,W] (padded) correlated with dy[N,O,H',W'] dilated by s, summed over N -> dW[O,C,k,k]
 def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 1,
-                rnd: Optional[Rounding] = None, formulation: Optional[str] = None) -> jax.Array:
-    """dW[o,c,kh,kw] = Σ_n Σ_{i,j} dy[n,o,i,j]·xpad[n,c,s·i+kh,s·j+kw].
+                rnd: Optional[Rounding] = None, formulation: Optional[str] = None,
+                precision: Optional[lax.Precision] = None) -> jax.Array:
+    """dW[o,c,kh,kw] = Σ_n Σ_{i,j} dy[n,o,i,j]·xpad[n,c,s·i+kh,s·j+kw], in x's dtype.
 
-    The bf16 kind rounds the result once, outside the batch sum. Lean: `convWeightGradB` and its
-    strided peer.
+    The bf16 kind (and a bf16 carrier) rounds the result once, outside the batch sum. Lean:
+    `convWeightGradB` and its strided peer.
     """
     op = "conv.grad_weight"
     _validate.rank(op, "x", x, 4)
@@ -252,11 +277,12 @@ def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 
                          f"{kernel_size}, stride {stride}")
     p = padding(kernel_size)
     rnd_ = rnd or identity
-    xr, dyr = rnd_(x), rnd_(dy)
+    xr, dyr = rnd_(x), rnd_(dy.astype(x.dtype))
+    out = _result_dtype(x.dtype, xr, dyr)
     ho, wo = dy.shape[2], dy.shape[3]
     if use_patches(ho * wo, c * kernel_size ** 2, kernel_size, formulation):  # the forward's rule at this site
         # the forward's own patches (the compiler shares them with the forward under one jit)
-        dw = _matmul(_channels_first(dyr), _patches(xr, kernel_size, stride), (1, 1))
+        dw = _matmul(_channels_first(dyr), _patches(xr, kernel_size, stride), (1, 1), precision, out)
         dw = dw.reshape(dy.shape[1], c, kernel_size, kernel_size)
     else:
         tiles = grad_weight_tiles(n, ho, wo, xr.dtype, formulation)
@@ -266,9 +292,11 @@ def grad_weight(x: jax.Array, dy: jax.Array, *, kernel_size: int, stride: int = 
             hi_h = kernel_size + stride * (ho - 1) - h - p
             hi_w = kernel_size + stride * (wo - 1) - w - p
             dw = _correlate(xr, dyr, strides=(1, 1), pads=((p, hi_h), (p, hi_w)),
-                            rhs_dilation=(stride, stride), dims=("CNHW", "IOHW", "CNHW"))  # [O,C,k,k]
+                            rhs_dilation=(stride, stride), dims=("CNHW", "IOHW", "CNHW"),
+                            precision=precision, out=out)  # [O,C,k,k]
         else:
-            dw = _grad_weight_tiled(xr, dyr, kernel_size, stride, *tiles)
+            # the tiles add up in the accumulator's dtype: a bf16 result is rounded once, at the end
+            dw = _grad_weight_tiled(xr, dyr, kernel_size, stride, *tiles, precision=precision)
     return _round_result(dw, rnd_, x.dtype)
 
 
@@ -297,7 +325,8 @@ def grad_weight_tiles(n: int, ho: int, wo: int, dtype, formulation: Optional[str
     return max(1, -(-n * bands // MAX_TILES)), rows
 
 
-def _grad_weight_tiled(x: jax.Array, dy: jax.Array, k: int, stride: int, examples: int, rows: int) -> jax.Array:
+def _grad_weight_tiled(x: jax.Array, dy: jax.Array, k: int, stride: int, examples: int, rows: int,
+                       precision=None) -> jax.Array:
     """The weight gradient as a sum over tiles of `examples` images × `rows` output rows, each tile
     one convolution over the zero-padded input's rows it reads (padding inside the call is the slow
     form on the CPU). dy is moved to rows of cells ([N,H',W',O]) once, not per tile."""
@@ -312,16 +341,17 @@ def _grad_weight_tiled(x: jax.Array, dy: jax.Array, k: int, stride: int, example
             r_end = min(r + rows, ho)
             part = _correlate(xpad[i:i + examples, :, stride * r:stride * (r_end - 1) + k],
                               dy_cells[i:i + examples, r:r_end], strides=(1, 1), pads=((0, 0), (0, 0)),
-                              rhs_dilation=(stride, stride), dims=("CNHW", "IHWO", "CNHW"))
+                              rhs_dilation=(stride, stride), dims=("CNHW", "IHWO", "CNHW"), precision=precision)
             total = part if total is None else total + part
     return total
 
 
 # dy[N,O,H',W'] summed over (n,i,j) -> db[O]
 def grad_bias(dy: jax.Array) -> jax.Array:
-    """db[o] = Σ_{n,i,j} dy[n,o,i,j]; exactly 0 in ℝ when BatchNorm follows (round-off in floats)."""
+    """db[o] = Σ_{n,i,j} dy[n,o,i,j]; exactly 0 in ℝ when BatchNorm follows (round-off in floats).
+    Summed in at least float32 (a bf16 cotangent's sum is a parameter node)."""
     _validate.rank("conv.grad_bias", "dy", dy, 4)
-    return jnp.sum(dy, axis=(0, 2, 3))
+    return jnp.sum(dy.astype(_acc_dtype(dy)), axis=(0, 2, 3))
 
 
 # ---- bf16 kinds: the rounding functions ------------------------------------------------------------

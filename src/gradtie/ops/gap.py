@@ -5,13 +5,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from . import _validate
+from . import _dtype, _validate
 
 
 def forward(x: jax.Array) -> tuple[jax.Array, tuple[int, ...]]:
-    """g[n,c] = mean_{h,w} x[n,c,h,w]. x [N,C,H,W] -> g [N,C]; saved: the input shape."""
+    """g[n,c] = mean_{h,w} x[n,c,h,w]. x [N,C,H,W] -> g [N,C]; saved: the input shape. A bf16 x is
+    averaged in float32 and g stays float32: the head's dtype."""
     _validate.rank("gap.forward", "x", x, 4)
-    return jnp.mean(x, axis=(2, 3)), tuple(x.shape)
+    return jnp.mean(x.astype(_dtype.compute(x.dtype)), axis=(2, 3)), tuple(x.shape)
 
 
 # dg[N,C] broadcast over (H,W), divided by H·W -> dx[N,C,H,W]

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import _validate
+from . import _dtype, _validate
 
 
 class PoolSpec(NamedTuple):
@@ -184,8 +184,10 @@ def backward(saved: PoolSaved, dy: jax.Array) -> jax.Array:
         raise ValueError(f"maxpool.backward: dy must have shape {expected} for the {spec.name} pool "
                          f"of x {tuple(x.shape)}, got {tuple(dy.shape)}")
     # the selection is recomputed from the saved input inside the backward's own pass: the masks
-    # fuse with the placement (and with the ReLU mask and BatchNorm backward that read dx)
+    # fuse with the placement (and with the ReLU mask and BatchNorm backward that read dx).
+    # Overlapping windows add in at least float32; dx is x's dtype.
     sigma = _first_max_index(_cells(x, spec))
+    dy = dy.astype(_dtype.compute(dy.dtype))
     zero = jnp.zeros_like(dy)
     hits = [jnp.where(sigma == cell, dy, zero) for cell in range(spec.size ** 2)]
-    return _place(hits, tuple(x.shape), spec)
+    return _place(hits, tuple(x.shape), spec).astype(x.dtype)

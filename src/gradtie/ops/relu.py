@@ -24,9 +24,10 @@ def forward(x: jax.Array) -> tuple[jax.Array, ReluSaved]:
 
 # dy[...] * [pre > 0] -> dx[...]
 def backward(saved: ReluSaved, dy: jax.Array) -> jax.Array:
-    """dx = dy · [pre > 0]; the mask is strict, so the derivative at 0 is 0.
+    """dx = dy · [pre > 0]; the mask is strict, so the derivative at 0 is 0. dx is pre's dtype
+    (the cotangent of a bf16 activation is bf16).
 
     Lean: `selectPosB`, `reluMaskB`. Shown in: Pools.
     """
     _validate.same_shape("relu.backward", ("pre", "dy"), saved.pre, dy)
-    return jnp.where(saved.pre > 0, dy, jnp.zeros_like(dy))
+    return jnp.where(saved.pre > 0, dy, jnp.zeros_like(dy)).astype(saved.pre.dtype)

@@ -58,7 +58,7 @@ def _frozen_kit(acts: Optional[dict], dws: Optional[dict]):
     if acts is None:
         return KIT
 
-    def conv_forward(name, x, w, b=None, *, stride=1, rnd=None, formulation=None):
+    def conv_forward(name, x, w, b=None, *, stride=1, rnd=None, formulation=None, precision=None):
         (x0, y0, dc, dx), dw = acts[name], dws[name]
         xs, ws = _frozen(conv.round_bf16(x0), x, dx, dx), _frozen(conv.round_bf16(w), w, dw, dw)
         y = _frozen(y0, conv.forward(xs, ws, None, stride=stride, formulation=formulation)[0], conv.round_bf16(dc), dc)
