@@ -87,10 +87,10 @@ def test_results_round_trip_through_json(tmp_path, measured):
 
 
 def test_peak_table_and_mfu():
-    assert bench.peak_tflops("NVIDIA H200", True) == 989.0
-    assert bench.peak_tflops("NVIDIA H100 80GB HBM3", False) == 67.0
-    assert bench.peak_tflops("NVIDIA H100 PCIe", True) == 756.0
-    assert bench.peak_tflops("cpu", True) is None
+    assert bench.peak_tflops("NVIDIA H200", "BF16") == 989.0 and bench.peak_tflops("NVIDIA H200", "TF32") == 495.0
+    assert bench.peak_tflops("NVIDIA H100 80GB HBM3", "FP32") == 67.0
+    assert bench.peak_tflops("NVIDIA H100 PCIe", "BF16") == 756.0
+    assert bench.peak_tflops("cpu", "BF16") is None
     r = bench.BenchResult(bench.BenchConfig("resnet34", 64, 224, True, num_classes=1000), "gpu", 100.0, 110.0,
                           None, None, model_gflop=989.0, peak_tflops=989.0)
     assert r.mfu[0] == pytest.approx(0.01) and r.mfu[1] == pytest.approx(0.01 / 1.1)

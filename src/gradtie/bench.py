@@ -21,6 +21,7 @@ import json
 import math
 import os
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -38,6 +39,7 @@ from jax import lax
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from . import nets, parallel, prng, reference, rendered
+from . import policy as policy_
 from .fake_devices import with_host_devices
 from .kit import KIT
 from .ops import dense, gap, head
@@ -59,10 +61,18 @@ class BenchConfig:
     replicas: int = 1           # 0: every local device
     repeats: int = 10
     num_classes: int = 10
+    policy: str = "tie"         # the execution policy (`gradtie.policy`): tie, tf32, bf16
 
     def label(self) -> str:
         r = {0: " R=all", 1: ""}.get(self.replicas, f" R={self.replicas}")
-        return f"{self.net} batch {self.batch} {self.image_size}px {'bf16' if self.bf16 else 'f32'}{r}"
+        kind = "bf16 sites" if self.bf16 else {"tie": "f32", "tf32": "tf32", "bf16": "bf16"}[self.policy]
+        return f"{self.net} batch {self.batch} {self.image_size}px {kind}{r}"
+
+    @property
+    def units(self) -> str:
+        """The arithmetic units the step's contractions run on (`Policy.units`); the bf16 conv
+        sites of the `tie` policy run as float32 convolutions on XLA's GPU backend."""
+        return policy_.get(self.policy).units
 
 
 # The configurations of the issue, on the CPU, f32: cifar8 at batch 32 and 128, ResNet-34 at batch
@@ -72,9 +82,10 @@ CPU_SUITE = ([BenchConfig("cifar8", b, 32, replicas=r) for r in (1, 2) for b in 
              + [BenchConfig("resnet34", b, s, repeats=7) for s in (32, 64) for b in (8, 32)]
              + [BenchConfig("resnet34", b, 32, replicas=2, repeats=7) for b in (8, 32)])
 QUICK_SUITE = [BenchConfig("cifar8", 32, 32, repeats=5), BenchConfig("resnet34", 8, 32, repeats=3)]
-# The GPU run (README's GPU step): ImageNet shapes, f32 and bf16 conv sites; R = every local device.
-GPU_SUITE = [BenchConfig("resnet34", b, 224, bf16, replicas=0, repeats=10, num_classes=1000)
-             for b in (64, 256) for bf16 in (False, True)]
+# The GPU run (benchmarks/gpu.sh): ImageNet shapes under each execution policy; R = every local device.
+GPU_POLICIES = ("bf16", "tf32", "tie")
+GPU_SUITE = [BenchConfig("resnet34", b, 224, replicas=0, repeats=10, num_classes=1000, policy=pol)
+             for pol in GPU_POLICIES for b in (256, 64)]
 SUITES = {"cpu": CPU_SUITE, "quick": QUICK_SUITE, "gpu": GPU_SUITE}
 
 
@@ -94,6 +105,7 @@ class BenchResult:
     peak_tflops: Optional[float] = None   # the device's dense peak for the conv dtype, when known
     device_kind: str = ""
     load: tuple[float, float] = (math.nan, math.nan)  # 1-minute load average before and after
+    kernels: dict = field(default_factory=dict)   # the rendered program's convolution kernels by signature
 
     @property
     def ratio(self) -> float:
@@ -124,6 +136,7 @@ class BenchResult:
         d = {k: v for k, v in d.items() if k not in ("ratio", "images_per_s", "mfu")}
         d["config"] = BenchConfig(**d["config"])
         d["load"] = tuple(d.get("load", (math.nan, math.nan)))
+        d["config"] = BenchConfig(**d["config"]) if isinstance(d["config"], dict) else d["config"]
         return cls(**d)
 
     def row(self) -> str:
@@ -141,7 +154,7 @@ class BenchResult:
 
 def net_config(config: BenchConfig, **overrides):
     net = nets.load(config.net)
-    return net, net.config(bf16=config.bf16, num_classes=config.num_classes, **overrides)
+    return net, net.config(bf16=config.bf16, num_classes=config.num_classes, policy=config.policy, **overrides)
 
 
 def grad_fns(net, cfg) -> tuple[Callable, Callable]:
@@ -265,23 +278,25 @@ def model_gflop(config: BenchConfig) -> float:
     return 3 * forward_flops(lambda p, a: net.forward(p, a, cfg)[0], params, x) / 1e9
 
 
-# Dense (no sparsity) peak TFLOP/s by device kind, for the conv sites' dtype. Sources: NVIDIA's
-# H100 Tensor Core GPU datasheet (SXM5: BF16 989.4, FP32 66.9; PCIe: 756, 51.2), the H200 datasheet
-# (the H100 SXM's compute: 989 / 67) and the A100 datasheet (BF16 312, FP32 19.5). The float32 steps
-# run at Precision.HIGHEST (true float32, no TF32), so FP32 is their peak.
+# Dense (no sparsity) peak TFLOP/s by device kind and the units a policy's contractions run on.
+# Sources: NVIDIA's H100 Tensor Core GPU datasheet (SXM5: BF16 989.4, TF32 494.7, FP32 66.9; PCIe:
+# 756, 378, 51.2), the H200 datasheet (the H100 SXM's compute: 989 / 495 / 67) and the A100 datasheet
+# (BF16 312, TF32 156, FP32 19.5). The `tie` policy runs at Precision.HIGHEST (true float32, no TF32),
+# so FP32 is its peak; `tf32` reads TF32's, `bf16` BF16's.
 PEAK_TFLOPS = {  # checked in order: the first substring of the device kind that matches
-    "H100 PCIe": {"bfloat16": 756.0, "float32": 51.2},
-    "H200": {"bfloat16": 989.0, "float32": 67.0},
-    "H100": {"bfloat16": 989.0, "float32": 67.0},
-    "A100": {"bfloat16": 312.0, "float32": 19.5},
+    "H100 PCIe": {"BF16": 756.0, "TF32": 378.0, "FP32": 51.2},
+    "H200": {"BF16": 989.0, "TF32": 495.0, "FP32": 67.0},
+    "H100": {"BF16": 989.0, "TF32": 495.0, "FP32": 67.0},
+    "A100": {"BF16": 312.0, "TF32": 156.0, "FP32": 19.5},
 }
-PEAK_SOURCE = "NVIDIA H100 / H200 / A100 datasheets, dense (no sparsity)"
+PEAK_SOURCE = "NVIDIA H100 / H200 / A100 datasheets, dense (no sparsity), by the policy's units"
 
 
-def peak_tflops(device_kind: str, bf16: bool) -> Optional[float]:
+def peak_tflops(device_kind: str, units: str) -> Optional[float]:
+    """The dense peak of `units` ("BF16", "TF32", "FP32") on a device kind; None when unknown."""
     for kind, peaks in PEAK_TFLOPS.items():
         if kind.lower() in device_kind.lower():
-            return peaks["bfloat16" if bf16 else "float32"]
+            return peaks[units]
     return None
 
 
@@ -298,6 +313,27 @@ def _compile(f: Callable, args) -> tuple[Callable, Optional[float], Optional[flo
         return compiled, temp, total
     except Exception:  # not every backend reports memory
         return compiled, None, None
+
+
+_CONV_LINE = re.compile(r"custom_call_target=\"(__cudnn\$conv[^\"]*)\"")
+_TYPED = re.compile(r"(bf16|f16|f32|f64)\[")
+
+
+def conv_kernels(hlo_text: str) -> dict[str, int]:
+    """How many convolutions of a compiled program run as each kernel, read off its optimized HLO:
+    cuDNN's custom calls by target and the dtypes on their line (result first, then operands), or
+    XLA's own `convolution` instructions by their dtypes."""
+    out: dict[str, int] = {}
+    for line in hlo_text.splitlines():
+        m = _CONV_LINE.search(line)
+        if m:
+            key = f"{m.group(1)} {'/'.join(_TYPED.findall(line.split('custom_call_target')[0])[:3])}"
+        elif " convolution(" in line:
+            key = f"convolution {'/'.join(_TYPED.findall(line.split('window=')[0])[:3])}"
+        else:
+            continue
+        out[key] = out.get(key, 0) + 1
+    return out
 
 
 def _time(f, args) -> float:
@@ -343,6 +379,10 @@ def measure(config: BenchConfig) -> BenchResult:
     args = placed(config, inputs(config))
     rendered, r_temp, r_total = _compile(rendered, args)
     autodiff, a_temp, a_total = _compile(autodiff, args)
+    try:
+        kernels = conv_kernels(rendered.as_text())
+    except Exception:  # a backend without the text of its executable
+        kernels = {}
     for f in (rendered, autodiff):   # warm up
         _time(f, args)
     times_r, times_a = [], []
@@ -354,8 +394,8 @@ def measure(config: BenchConfig) -> BenchResult:
     return BenchResult(config, jax.default_backend(), statistics.median(times_r), statistics.median(times_a),
                        r_temp, a_temp, pair_ratio=statistics.median(r / a for r, a in zip(times_r, times_a)),
                        rendered_total_mib=r_total, autodiff_total_mib=a_total, peak_mib=_peak_mib(),
-                       model_gflop=model_gflop(config), peak_tflops=peak_tflops(kind, config.bf16),
-                       device_kind=kind, load=(before, _load()))
+                       model_gflop=model_gflop(config), peak_tflops=peak_tflops(kind, config.units),
+                       device_kind=kind, load=(before, _load()), kernels=kernels)
 
 
 def _abstract_placed(config: BenchConfig):
@@ -371,10 +411,12 @@ def _abstract_placed(config: BenchConfig):
             jax.ShapeDtypeStruct(targets.shape, targets.dtype, sharding=data))
 
 
-def warm_cache(configs: Iterable[BenchConfig], *, workers: int = 8, progress: bool = True) -> float:
+def warm_cache(configs: Iterable[BenchConfig], *, workers: int = 8, progress: bool = True,
+               extra: Callable[[BenchConfig], list] = lambda c: []) -> float:
     """Compile both steps of every configuration, several at once, into JAX's persistent compilation
     cache (which must be on: `jax_compilation_cache_dir`); the fresh process that then measures a
-    configuration loads its programs instead of compiling them. Returns the seconds it took.
+    configuration loads its programs instead of compiling them. `extra(config)`: more lowered
+    programs of the configuration (its peers') to compile in the same pool. Returns the seconds.
 
     On a GPU the compiles, not the steps, are what the benchmark's time goes to; XLA compiles in C++
     without holding Python's lock, so threads overlap them."""
@@ -387,7 +429,7 @@ def warm_cache(configs: Iterable[BenchConfig], *, workers: int = 8, progress: bo
     lowered = []
     for c in configs:   # tracing holds Python's lock: one at a time
         args = _abstract_placed(c)
-        lowered += [f.lower(*args) for f in step_fns(c)]
+        lowered += [f.lower(*args) for f in step_fns(c)] + list(extra(c))
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=workers) as pool:
         list(bar(pool.map(lambda low: low.compile(), lowered), total=len(lowered), desc="compiling",

@@ -7,6 +7,9 @@ import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
+# `gradtie.policy.NAMES`, spelled out so that `--help` does not import JAX (a test holds them equal)
+POLICY_NAMES = ("tie", "tf32", "bf16")
+
 
 def _check(args: argparse.Namespace) -> int:
     import json
@@ -101,15 +104,20 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_peers(args)
     if args.suite in peer_bench_suites():
         raise ValueError(f"gradtie bench: --suite {args.suite} is a peers suite; add --peers")
+    if args.suite == "gpu":
+        return _bench_gpu(args)
     if args.suite:
         configs = [c if args.repeats is None else bench.BenchConfig(**{**c.__dict__, "repeats": args.repeats})
                    for c in bench.SUITES[args.suite]]
     else:
         sizes = args.image_size or [32]
+        if args.bf16 and args.policy != ["tie"]:
+            raise ValueError("gradtie bench: --bf16 (the suite's conv kinds in a float32 chain) runs under "
+                             "--policy tie only; --policy bf16 is the bf16 execution policy")
         configs = [bench.BenchConfig(net=args.net, batch=b, image_size=s, bf16=args.bf16,
                                      replicas=args.replicas, repeats=args.repeats or 10,
-                                     num_classes=args.num_classes)
-                   for b in args.batch for s in sizes]
+                                     num_classes=args.num_classes, policy=pol)
+                   for pol in args.policy for b in args.batch for s in sizes]
     if args.warm_cache:
         seconds = bench.warm_cache(configs, progress=not args.json)
         if not args.json:
@@ -123,6 +131,30 @@ def _bench(args: argparse.Namespace) -> int:
               f"interleaved, {'one process' if args.in_process else 'a fresh process per configuration'}")
         for r in results:
             print(r.row())
+    return 0
+
+
+def _bench_gpu(args: argparse.Namespace) -> int:
+    """The GPU run (`gradtie.gpu_peers.run_all`): compile everything at once, then each configuration
+    and each peer in a fresh process; the table, the goals and what the backend keeps of a rounding."""
+    import json
+
+    from . import bench, gpu_peers
+    configs = bench.GPU_SUITE if args.repeats is None else [
+        bench.BenchConfig(**{**c.__dict__, "repeats": args.repeats}) for c in bench.GPU_SUITE]
+    out = args.out or bench.RESULTS / "gpu.json"
+    peers_out = args.peers_out or bench.RESULTS / "peers_gpu.json"
+    done = gpu_peers.run_all(out, peers_out, configs=configs, progress=not args.json)
+    if args.json:
+        print(json.dumps({"goals": done["goals"], "table": gpu_peers.table(done["rows"])}, indent=1))
+        return 0
+    print(f"compiled every program in {done['compile_s']:.0f} s; wrote {out} and {peers_out}")
+    for r in done["results"]:
+        print(r.row())
+    print(gpu_peers.table(done["rows"]))
+    for r in done["peers"]["rounding"]:
+        print(f"rounding with XLA_FLAGS={r['flags'] or '(default)'}: " + json.dumps(r))
+    print("every goal met" if not done["goals"] else "goals not met:\n  " + "\n  ".join(done["goals"]))
     return 0
 
 
@@ -338,13 +370,20 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--batch", type=_positive, nargs="+", default=[32], help="per-replica batch size(s)")
     be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32")
     be.add_argument("--num-classes", type=int, default=10, help="classes K (1000 for ImageNet)")
-    be.add_argument("--bf16", action="store_true", help="bf16 conv sites")
+    be.add_argument("--bf16", action="store_true",
+                    help="bf16 conv sites inside the float32 chain (the suite's kinds; policy tie only)")
+    be.add_argument("--policy", choices=POLICY_NAMES, nargs="+", default=["tie"],
+                    help="execution policy(ies): tie (float32 at HIGHEST, what the checks tie), tf32 (float32 "
+                         "at default precision), bf16 (bf16 activations and convolutions, float32 "
+                         "parameters, statistics, head and loss)")
     be.add_argument("--replicas", type=int, default=1, help="data-parallel replicas (devices)")
     be.add_argument("--repeats", type=_positive, default=None, help="timed steps per side (median; default 10)")
     be.add_argument("--suite", choices=sorted(("cpu", "quick", "gpu", "peers", "peers-quick", "peers-gpu")), default=None,
                     help="a fixed set of configurations instead of --net/--batch: cpu (the committed CPU "
-                         "results), quick, gpu (ResNet-34 at 224 px, batch 64/256, f32/bf16); with "
-                         "--peers: peers (the committed CPU peer results), peers-quick, peers-gpu")
+                         "results), quick, gpu (the GPU run: ResNet-34 at 224 px, batch 64/256, policies "
+                         "bf16/tf32/tie, with plain JAX and PyTorch at each policy's precision, each in a "
+                         "fresh process; --out and --peers-out); with --peers: peers (the committed CPU "
+                         "peer results), peers-quick, peers-gpu")
     be.add_argument("--peers", action="store_true",
                     help="time the rendered step against autodiff through gradtie's forward, plain JAX "
                          "(NCHW and NHWC) and PyTorch eager (where installed: requirements-peers.txt), each "
@@ -357,6 +396,8 @@ def parser() -> argparse.ArgumentParser:
     be.add_argument("--rounds", type=_positive, default=3,
                     help="with --peers or --conv-floor: alternating rounds (median)")
     be.add_argument("--out", type=Path, default=None, help="write the results as JSON here, with the machine")
+    be.add_argument("--peers-out", type=Path, default=None,
+                    help="with --suite gpu: the peers' results (default benchmarks/results/peers_gpu.json)")
     be.add_argument("--in-process", action="store_true",
                     help="measure every configuration in this process (no fresh process each)")
     be.add_argument("--warm-cache", action="store_true",

@@ -120,9 +120,10 @@ class Program:
 
 
 def program(net, cfg, *, batch: int = 8, image_size: Optional[int] = None, platform: str = "cuda",
-            param_dtype=jnp.float32) -> Program:
+            param_dtype=jnp.float32, kit=KIT) -> Program:
     """Lower the rendered step (loss and every node) of `net` at `cfg` for `platform` from shapes
-    alone; every conv site as XLA's convolution (what an accelerator runs, whatever this machine is)."""
+    alone; every conv site as XLA's convolution (what an accelerator runs, whatever this machine is).
+    kit: the ops the chain calls (a planted bug's, for a control)."""
     cfg = replace(cfg, conv_formulation="conv")
     size = image_size or net.default_size
     params = {s.name: jax.ShapeDtypeStruct(s.shape, param_dtype) for s in net.param_specs(cfg)}
@@ -130,7 +131,7 @@ def program(net, cfg, *, batch: int = 8, image_size: Optional[int] = None, platf
     t = jax.ShapeDtypeStruct((batch, cfg.num_classes), param_dtype)
 
     def step(p, a, targets):
-        out = rendered.step(net, KIT, p, a, targets, cfg)
+        out = rendered.step(net, kit, p, a, targets, cfg)
         return out.loss, out.grads
 
     text = jax.jit(step).trace(params, x, t).lower(lowering_platforms=(platform,)).as_text()

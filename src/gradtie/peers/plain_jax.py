@@ -6,8 +6,11 @@ torchvision builds it), written directly: `lax.conv_general_dilated` with PyTorc
 asymmetrically), `lax.reduce_window` max pools (cifar8: 2×2/s2; the ResNet-34 stem: 3×3/s2 with
 −∞ padding 1), BatchNorm in training mode (batch mean, biased variance, ε from the net's config),
 ReLU, global average pool, dense layers, and optax's softmax cross-entropy against label-smoothed
-targets, averaged over the batch. Every contraction runs at `Precision.HIGHEST` (true float32, as
-gradtie's ops; no TF32 on an accelerator).
+targets, averaged over the batch. By default every contraction runs at `Precision.HIGHEST` (true
+float32, as gradtie's `tie` policy; no TF32 on an accelerator). `Written.precision` "DEFAULT" is
+what a JAX user gets by default (TF32 convolutions on a GPU), and `Written.compute` "bfloat16" the
+mixed-precision step a user writes for speed: bf16 activations and conv operands (bf16 results),
+float32 parameters, BatchNorm statistics, head and loss.
 
 Two layouts: "NCHW" with OIHW kernels and "NHWC" with HWIO kernels; dense kernels are [in, out]
 (y = x @ W) in both. Each peer holds its parameters in its own layout: `to_layout` converts
@@ -25,7 +28,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
@@ -67,6 +70,12 @@ class Written:
     eps: float
     alpha: float
     padding: Callable[[int, int], Any] = symmetric
+    precision: str = "HIGHEST"      # of every contraction: "HIGHEST" or "DEFAULT"
+    compute: str = "float32"        # the activations' dtype: "float32" or "bfloat16"
+
+    @property
+    def lax_precision(self) -> lax.Precision:
+        return lax.Precision[self.precision]
 
     @property
     def channel_axis(self) -> int:
@@ -89,18 +98,20 @@ def per_channel(v: jax.Array, how: Written) -> jax.Array:
 def conv2d(x: jax.Array, w: jax.Array, b, *, stride: int, how: Written) -> jax.Array:
     """y = conv(x, W) + b, W in the layout's kernel order (OIHW or HWIO)."""
     k = w.shape[KERNEL[how.layout].index("H")]
-    y = lax.conv_general_dilated(x, w, (stride, stride), how.padding(k, stride),
+    y = lax.conv_general_dilated(x.astype(how.compute), w.astype(how.compute), (stride, stride), how.padding(k, stride),
                                  dimension_numbers=(how.layout, KERNEL[how.layout], how.layout),
-                                 precision=lax.Precision.HIGHEST)
-    return y if b is None else y + per_channel(b, how)
+                                 precision=how.lax_precision)
+    return y if b is None else y + per_channel(b, how).astype(y.dtype)
 
 
 def batchnorm(x: jax.Array, gamma: jax.Array, beta: jax.Array, *, how: Written) -> jax.Array:
     """Training mode: y = γ(x − μ)/√(σ² + ε) + β over the batch and both spatial axes, σ² biased."""
     axes = tuple(a for a in range(4) if a != how.channel_axis)
-    mean = jnp.mean(x, axis=axes, keepdims=True)
-    var = jnp.var(x, axis=axes, keepdims=True)
-    return (x - mean) * lax.rsqrt(var + how.eps) * per_channel(gamma, how) + per_channel(beta, how)
+    xf = x.astype(gamma.dtype)            # statistics in the parameters' dtype (float32 for bf16 activations)
+    mean = jnp.mean(xf, axis=axes, keepdims=True)
+    var = jnp.var(xf, axis=axes, keepdims=True)
+    y = (xf - mean) * lax.rsqrt(var + how.eps) * per_channel(gamma, how) + per_channel(beta, how)
+    return y.astype(x.dtype)
 
 
 def maxpool(x: jax.Array, spec: PoolSpec, *, how: Written) -> jax.Array:
@@ -108,12 +119,12 @@ def maxpool(x: jax.Array, spec: PoolSpec, *, how: Written) -> jax.Array:
     window, strides, pads = [1, 1, 1, 1], [1, 1, 1, 1], [(0, 0)] * 4
     for a in how.spatial_axes:
         window[a], strides[a], pads[a] = spec.size, spec.stride, (spec.pad, spec.pad)
-    return lax.reduce_window(x, -jnp.inf, lax.max, window, strides, pads)
+    return lax.reduce_window(x, np.array(-np.inf, x.dtype), lax.max, window, strides, pads)   # a constant: the max monoid
 
 
-def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array) -> jax.Array:
-    """y = x @ W + b, W [in, out]."""
-    return jnp.dot(x, kernel, precision=lax.Precision.HIGHEST) + bias
+def dense(x: jax.Array, kernel: jax.Array, bias: jax.Array, *, how: Written) -> jax.Array:
+    """y = x @ W + b, W [in, out], in the kernel's dtype."""
+    return jnp.dot(x.astype(kernel.dtype), kernel, precision=how.lax_precision) + bias
 
 
 def conv_bn_relu(params, conv_name: str, bn_name: str, x, *, stride: int = 1, how: Written, relu: bool = True):
@@ -132,16 +143,16 @@ def cifar8_logits(params, x: jax.Array, how: Written) -> jax.Array:
             x = conv_bn_relu(params, f"conv{j}", f"bn{j}", x, how=how)
         x = maxpool(x, cifar8.POOLS[f"pool{k}"], how=how)
     x = x.reshape(x.shape[0], -1)   # (C,H,W) in NCHW, (H,W,C) in NHWC: fc1's rows are laid out to match
-    x = jax.nn.relu(dense(x, params["fc1.weight"], params["fc1.bias"]))
-    x = jax.nn.relu(dense(x, params["fc2.weight"], params["fc2.bias"]))
-    return dense(x, params["fc3.weight"], params["fc3.bias"])
+    x = jax.nn.relu(dense(x, params["fc1.weight"], params["fc1.bias"], how=how))
+    x = jax.nn.relu(dense(x, params["fc2.weight"], params["fc2.bias"], how=how))
+    return dense(x, params["fc3.weight"], params["fc3.bias"], how=how)
 
 
 def resnet34_logits(params, x: jax.Array, how: Written) -> jax.Array:
     """Stem 7×7/s2 conv→BN→ReLU and 3×3/s2 pool, sixteen basic blocks (a 1×1/s2 conv→BN projection
     on the skip of each strided one), global average pool, fc (`gradtie.nets.resnet34`, torchvision's
     resnet34)."""
-    x = conv_bn_relu(params, "conv1", "bn1", x, stride=2, how=how)
+    x = conv_bn_relu(params, "conv1", "bn1", x.astype(how.compute), stride=2, how=how)
     x = maxpool(x, resnet34.POOLS["stem.pool"], how=how)
     for block in resnet34.blocks():
         p = block.name
@@ -150,8 +161,8 @@ def resnet34_logits(params, x: jax.Array, how: Written) -> jax.Array:
         skip = x if block.stride == 1 else conv_bn_relu(params, f"{p}.downsample.0", f"{p}.downsample.1", x,
                                                         stride=block.stride, how=how, relu=False)
         x = jax.nn.relu(y + skip)
-    g = jnp.mean(x, axis=how.spatial_axes)
-    return dense(g, params["fc.weight"], params["fc.bias"])
+    g = jnp.mean(x.astype(params["fc.bias"].dtype), axis=how.spatial_axes)
+    return dense(g, params["fc.weight"], params["fc.bias"], how=how)
 
 
 LOGITS = {"cifar8": cifar8_logits, "resnet34": resnet34_logits}
@@ -211,16 +222,18 @@ def from_layout(grads: Mapping[str, np.ndarray], net: str, layout: str) -> dict[
 # ---- the peer ---------------------------------------------------------------------------------------
 
 def make(net_name: str, params: Mapping[str, Any], x, targets, *, num_classes: int, dtype: str = "float32",
-         alpha: float = 0.0, layout: str = "NCHW", padding: Callable[[int, int], Any] = symmetric) -> Jitted:
+         alpha: float = 0.0, layout: str = "NCHW", padding: Callable[[int, int], Any] = symmetric,
+         precision: str = "HIGHEST", compute: Optional[str] = None) -> Jitted:
     """The plain-JAX step of `net_name` at (params, x, targets), gradtie's layout in (NCHW images,
-    OIHW kernels), converted once to `layout`; float64 needs jax_enable_x64."""
+    OIHW kernels), converted once to `layout`; float64 needs jax_enable_x64. precision, compute:
+    see `Written` (compute None: `dtype`)."""
     if layout not in LAYOUTS:
         raise ValueError(f"plain_jax: layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     dt = check_dtype(dtype)
     if dt == np.float64:
         need_x64("plain_jax")
     cfg = config_of(net_of(net_name), params, num_classes)
-    how = Written(net_name, layout, float(cfg.eps), float(alpha), padding)
+    how = Written(net_name, layout, float(cfg.eps), float(alpha), padding, precision, compute or str(np.dtype(dt)))
     p = jax.device_put(to_layout(host(params, dt), net_name, layout))
     xs = np.asarray(x, dt)
     xs = np.ascontiguousarray(xs if layout == "NCHW" else xs.transpose(0, 2, 3, 1))

@@ -8,8 +8,12 @@ training mode (batch statistics, biased variance, ε from the net's config); the
 `nn.CrossEntropyLoss(label_smoothing=α)` against the target rows as class probabilities.
 
 torch is an optional dependency (requirements-peers.txt): it is imported when a peer is built, never
-when this module is, and `available()` says whether it can be. The step runs on the CPU.
-Shown in: Performance.
+when this module is, and `available()` says whether it can be. The step runs on the CPU, or on the
+GPU where PyTorch sees one. On a GPU three variants are what users run (`VARIANTS`): "fp32" (TF32
+off: true float32), "tf32" (PyTorch's default: TF32 convolutions) and "bf16-cl" (bf16 autocast and
+channels_last memory, the usual mixed-precision recipe); cuDNN's autotuner on for all three.
+Where torchvision is not installed, `ResNet34` (written here with torchvision's module names) stands
+in for it. Shown in: Performance.
 """
 
 from __future__ import annotations
@@ -24,17 +28,27 @@ import numpy as np
 from ..nets import cifar8
 from .protocol import Peer, check_dtype, config_of, host, net_of
 
-REQUIRES = ("torch", "torchvision")
+REQUIRES = ("torch",)
+VARIANTS = {"fp32": "float32, TF32 off", "tf32": "float32, TF32 on (PyTorch's default for convolutions)",
+            "bf16-cl": "bf16 autocast, channels_last"}
 
 
 def available() -> tuple[bool, str]:
-    """(True, "") when torch and torchvision import; else (False, why)."""
+    """(True, "") when torch imports; else (False, why)."""
     for name in REQUIRES:
         try:
             importlib.import_module(name)
         except ImportError as e:
             return False, f"{name} is not installed ({e}); pip install -r requirements-peers.txt"
     return True, ""
+
+
+def has_torchvision() -> bool:
+    try:
+        importlib.import_module("torchvision.models")
+        return True
+    except Exception:   # not installed, or its compiled ops do not load beside this torch
+        return False
 
 
 def version() -> str:
@@ -91,7 +105,45 @@ def modules() -> types.SimpleNamespace:
         def flatten(self, x):
             return torch.flatten(x.permute(0, 2, 3, 1), 1)
 
-    return types.SimpleNamespace(torch=torch, Cifar8BN=Cifar8BN, Cifar8BNFlattenHWC=Cifar8BNFlattenHWC)
+    class BasicBlock(nn.Module):
+        def __init__(self, in_ch: int, width: int, stride: int):
+            super().__init__()
+            self.conv1 = nn.Conv2d(in_ch, width, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.conv2 = nn.Conv2d(width, width, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.downsample = (nn.Sequential(nn.Conv2d(in_ch, width, 1, stride, bias=False), nn.BatchNorm2d(width))
+                               if stride != 1 or in_ch != width else None)
+
+        def forward(self, x):
+            y = F.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return F.relu(y + (x if self.downsample is None else self.downsample(x)))
+
+    class ResNet34(nn.Module):
+        """torchvision's resnet34 (the same modules and state_dict names), for machines without it."""
+
+        def __init__(self, num_classes: int = 1000):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(64)
+            in_ch = 64
+            for layer, (size, width) in enumerate(zip((3, 4, 6, 3), (64, 128, 256, 512)), start=1):
+                blocks = []
+                for i in range(size):
+                    blocks.append(BasicBlock(in_ch, width, 2 if layer > 1 and i == 0 else 1))
+                    in_ch = width
+                self.add_module(f"layer{layer}", nn.Sequential(*blocks))
+            self.fc = nn.Linear(512, num_classes)
+
+        def forward(self, x):
+            x = F.max_pool2d(F.relu(self.bn1(self.conv1(x))), 3, 2, 1)
+            for layer in (self.layer1, self.layer2, self.layer3, self.layer4):
+                x = layer(x)
+            return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
+
+    return types.SimpleNamespace(torch=torch, Cifar8BN=Cifar8BN, Cifar8BNFlattenHWC=Cifar8BNFlattenHWC,
+                                 ResNet34=ResNet34)
 
 
 def __getattr__(name: str):
@@ -106,14 +158,21 @@ class Eager:
     the forward and the loss, and `backward()` (synchronous on the CPU; on a GPU the step waits for
     the device, as `jax.block_until_ready` does for the JAX sides)."""
 
-    def __init__(self, module, x, targets, alpha: float, order: list[str]):
+    def __init__(self, module, x, targets, alpha: float, order: list[str], autocast: bool = False):
         torch = modules().torch
         self.module, self.x, self.targets, self.order = module.train(), x, targets, order
         self.criterion = torch.nn.CrossEntropyLoss(label_smoothing=float(alpha))
+        self.autocast = autocast
 
     def _run(self):
+        torch = modules().torch
         self.module.zero_grad(set_to_none=True)
-        out = self.criterion(self.module(self.x), self.targets)
+        if self.autocast:   # the mixed-precision recipe: bf16 inside the module, the loss in float32
+            with torch.autocast(self.x.device.type, dtype=torch.bfloat16):
+                logits = self.module(self.x)
+            out = self.criterion(logits.float(), self.targets)
+        else:
+            out = self.criterion(self.module(self.x), self.targets)
         out.backward()
         return out
 
@@ -136,7 +195,9 @@ def build(net_name: str, cfg, *, cifar8_module: str = "Cifar8BN"):
     if net_name == "resnet34":
         if cfg.conv_bias:
             raise ValueError("torch peer: torchvision's resnet34 has no conv biases (conv_bias=True)")
-        return importlib.import_module("torchvision.models").resnet34(num_classes=cfg.num_classes)
+        if has_torchvision():
+            return importlib.import_module("torchvision.models").resnet34(num_classes=cfg.num_classes)
+        return modules().ResNet34(cfg.num_classes)
     return getattr(modules(), cifar8_module)(cfg.num_classes, cfg.head_width, cfg.conv_bias, cfg.eps)
 
 
@@ -153,8 +214,10 @@ def load(module, params: Mapping[str, np.ndarray]) -> None:
 
 
 def make(net_name: str, params: Mapping[str, Any], x, targets, *, num_classes: int, dtype: str = "float32",
-         alpha: float = 0.0, cifar8_module: str = "Cifar8BN") -> Eager:
-    """The PyTorch eager step of `net_name` at (params, x, targets); float64 is `.double()`."""
+         alpha: float = 0.0, cifar8_module: str = "Cifar8BN", variant: str = "fp32") -> Eager:
+    """The PyTorch eager step of `net_name` at (params, x, targets); float64 is `.double()`;
+    variant: one of `VARIANTS` (what the GPU runs; on a CPU only the float32 arithmetic differs
+    in speed)."""
     ok, why = available()
     if not ok:
         raise RuntimeError(f"torch peer: {why}")
@@ -164,13 +227,22 @@ def make(net_name: str, params: Mapping[str, Any], x, targets, *, num_classes: i
     cfg = config_of(net, params, num_classes)
     if net_name == "resnet34" and cfg.eps != 1e-5:
         raise ValueError(f"torch peer: torchvision's resnet34 has BatchNorm ε 1e-5, the config asks {cfg.eps}")
+    if variant not in VARIANTS:
+        raise ValueError(f"torch peer: variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    torch.backends.cudnn.allow_tf32 = variant == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = variant == "tf32"
+    torch.backends.cudnn.benchmark = True
     module = build(net_name, cfg, cifar8_module=cifar8_module)
     module = module.double() if dt == np.float64 else module.float()
     load(module, host(params, dt))
     where = device()
     # np.array copies: torch tensors over writable, contiguous host memory of their own
-    return Eager(module.to(where), torch.from_numpy(np.array(x, dt)).to(where),
-                 torch.from_numpy(np.array(targets, dt)).to(where), alpha, list(params))
+    xs = torch.from_numpy(np.array(x, dt)).to(where)
+    module = module.to(where)
+    if variant == "bf16-cl":
+        module, xs = module.to(memory_format=torch.channels_last), xs.to(memory_format=torch.channels_last)
+    return Eager(module, xs, torch.from_numpy(np.array(targets, dt)).to(where), alpha, list(params),
+                 autocast=variant == "bf16-cl")
 
 
 def device() -> str:
