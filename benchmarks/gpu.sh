@@ -29,4 +29,7 @@ PYEOF
 # The compiles, not the steps, are what takes the time: every program is compiled at once into JAX's
 # persistent cache, then each configuration runs in a fresh process that loads them.
 export JAX_COMPILATION_CACHE_DIR=${JAX_COMPILATION_CACHE_DIR:-$HOME/.cache/gradtie-jax}
+# the compiling process stays alive while the measuring ones run (and PyTorch's): no process takes
+# most of the GPU's memory up front
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
 "$PY" -m gradtie bench --suite gpu --out "$OUT" --peers-out "$PEERS_OUT"
