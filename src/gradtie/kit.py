@@ -18,6 +18,7 @@ contractions take the execution policy's `precision` (None: HIGHEST, what the ch
 | `conv_backward`     | (name, w, dy, *, input_shape, stride, rnd, formulation, precision) -> dx  | `convBackBatched`         |
 | `conv_grad_weight`  | (name, x, dy, *, kernel_size, stride, rnd, formulation, precision) -> dW  | `convWeightGradB`         |
 | `conv_grad_bias`    | (name, dy) -> db                                                          | the conv bias node        |
+| `bn_forward`        | (name, c, γ, β, *, eps, per_example, axis_name, valid) -> (n, BNSaved)    | the BN forward            |
 | `bn_backward`       | (name, saved, γ, dy) -> dx                                                | `bnBatchBack`, `bnBackB`  |
 | `bn_nodes`          | (name, saved, γ, β, dy) -> (dγ, dβ)                                       | the BN parameter nodes    |
 | `relu_backward`     | (saved, dy) -> dx                                                         | `selectPosB`, `reluMaskB` |
@@ -57,6 +58,12 @@ def conv_grad_weight(name: str, x, dy, *, kernel_size: int, stride: int = 1, rnd
 
 def conv_grad_bias(name: str, dy):
     return conv.grad_bias(dy)
+
+
+def bn_forward(name: str, c, weight, bias, *, eps: float, per_example: bool = False, axis_name=None, valid=None):
+    """Train-mode BatchNorm (batch statistics): through the kit so that a check can pin its output
+    (the bf16 policy rounds it) where it replays the chain."""
+    return batchnorm.forward(c, weight, bias, eps=eps, per_example=per_example, axis_name=axis_name, valid=valid)
 
 
 def bn_backward(name: str, saved: batchnorm.BNSaved, weight, dy):
@@ -106,6 +113,7 @@ class Kit(NamedTuple):
     conv_backward: Callable = conv_backward
     conv_grad_weight: Callable = conv_grad_weight
     conv_grad_bias: Callable = conv_grad_bias
+    bn_forward: Callable = bn_forward
     bn_backward: Callable = bn_backward
     bn_nodes: Callable = bn_nodes
     relu_backward: Callable = relu_backward

@@ -188,3 +188,14 @@ UPSTREAM_RATIOS = {"data-bound": 1.04, "compute-bound (batch 256)": 1.42}
 # sum); it enters σ² only through (μ_r − μ)², i.e. as 2(μ_r − μ)·δ_r ≲ 2σ·few·u|μ|, and the centred
 # sums add a few u·σ². Relative to σ²: below CHAN_FACTOR·u·(1 + |μ|/σ).
 CHAN_FACTOR = 4.0
+
+# ---- the execution policies' stage ties (checks/policies.py) --------------------------------------
+
+# A fast policy's envelope is measured with correct evaluations under the policy itself: autodiff of
+# each stage's forward in the policy's dtypes and precision at the point, with the batch reversed,
+# and at this many nudges of the policy's unit roundoff.
+POLICY_NUDGES = 2
+# The limit in envelopes: the float32 tie's multiple. Measured on both nets (photos and flat images,
+# drawn weights, bf16 and tf32, seeds 0-2; tests/checks/test_policies.py): see that file for the
+# worst correct row and the catalogue's smallest parting.
+POLICY_ENVELOPE_FACTOR = ENVELOPE_FACTOR

@@ -26,6 +26,7 @@ from functools import partial
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .. import prng
@@ -54,7 +55,7 @@ def samples(values: dict, *, dtype: str, key, nudged: Sequence[str] = (), batche
 
     def cast(a, nudge=None, order=None):
         a = np.asarray(a) if order is None else np.asarray(a)[order]
-        if not np.issubdtype(a.dtype, np.floating):
+        if not jnp.issubdtype(a.dtype, jnp.floating):   # bf16 (ml_dtypes) is no np.floating
             return a
         a = a.astype(np.float64)
         return (a if nudge is None else a * (1 + u * nudge(a.shape))).astype(dt)

@@ -89,8 +89,8 @@ def conv_bn(params, conv_name: str, bn_name: str, x, cfg, how: Pass, *, stride: 
     if how.running is not None and not per_example(cfg):
         rm, rv = how.running[f"{bn_name}.running_mean"], how.running[f"{bn_name}.running_var"]
         return bn_eval(c, gamma, beta, rm, rv, cfg.eps), ConvBNSaved(x, c, rm, rv)
-    n, bn = batchnorm.forward(c, gamma, beta, eps=cfg.eps, per_example=per_example(cfg),
-                              axis_name=cfg.bn_axis_name, valid=how.valid)
+    n, bn = how.kit.bn_forward(bn_name, c, gamma, beta, eps=cfg.eps, per_example=per_example(cfg),
+                               axis_name=cfg.bn_axis_name, valid=how.valid)
     return n, ConvBNSaved(x, c, bn.mean, bn.var, how.valid)
 
 

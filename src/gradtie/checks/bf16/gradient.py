@@ -23,6 +23,7 @@ from jax import lax
 from ... import rendered
 from ... import tolerances as tol
 from ...host import to_device, tree_to_device
+from ... import policy as policy_
 from ...kit import KIT
 from ...nets.layers import rounding, zero_in_reals
 from ...nets.protocol import Pass, as_net
@@ -31,7 +32,7 @@ from .. import bugs, stages
 from .. import envelope as env_
 from ..tie import Chain, NodeRow, bn_cells, compare, need_x64, node_cells, targets_matrix
 from .kinds import U_BF16, U_F32, ErasureReport, chain_erasure
-from .sites import SiteRow, conv_sites, site_rows
+from .sites import SiteRow, conv_sites, policy_sites, site_rows
 
 @jax.custom_vjp
 def _frozen(value, v, target, pre):
@@ -54,25 +55,35 @@ def _frozen_kit(acts: Optional[dict], dws: Optional[dict]):
     """KIT with every conv forward a bf16 kind frozen at the chain's rounding decisions (None: KIT):
     its rounded input, weight and output are the chain's (acts[layer]: x, y and the backward's dc,
     dx; dws[layer]: dw), its derivative the kind's (every cotangent into and out of the contraction
-    rounded as the kit's conv backwards round, the chain's way where it lies within one ulp)."""
+    rounded as the kit's conv backwards round, the chain's way where it lies within one ulp). Under
+    the bf16 execution policy every BatchNorm output is frozen too (acts[bn layer]: n and the
+    cotangent the chain handed back at it): the policy rounds it to bf16."""
     if acts is None:
         return KIT
+
+    def bn_forward(name, c, gamma, beta, **kw):
+        n, saved = KIT.bn_forward(name, c, gamma, beta, **kw)
+        if name not in acts:
+            return n, saved
+        n0, dn = acts[name]
+        return _frozen(n0, n, conv.round_bf16(dn), dn), saved
 
     def conv_forward(name, x, w, b=None, *, stride=1, rnd=None, formulation=None, precision=None):
         (x0, y0, dc, dx), dw = acts[name], dws[name]
         xs, ws = _frozen(conv.round_bf16(x0), x, dx, dx), _frozen(conv.round_bf16(w), w, dw, dw)
         y = _frozen(y0, conv.forward(xs, ws, None, stride=stride, formulation=formulation)[0], conv.round_bf16(dc), dc)
         return (y if b is None else y + (b - lax.stop_gradient(b))[None, :, None, None]), conv.ConvSaved(x, stride)
-    return KIT._replace(conv_forward=conv_forward)
+    return KIT._replace(conv_forward=conv_forward, bn_forward=bn_forward)
 
 
-def _recorded(sites) -> tuple[dict, dict]:
+def _recorded(sites, bn: Optional[dict] = None) -> tuple[dict, dict]:
     """The chain's conv sites -> ({layer: (x, y: the forward's input and output, bias included; dc, dx:
-    its backward's cotangent and result)}, batched; {layer: its weight node dw})."""
+    its backward's cotangent and result)} and {bn layer: (n, dn)} from `bn`, batched; {layer: its
+    weight node dw})."""
     by = {(s.name, s.op): s for s in sites}
     names = {s.name for s in sites}
-    return ({k: (by[k, "forward"].a, by[k, "forward"].node, by[k, "backward"].a, by[k, "backward"].node)
-             for k in names}, {k: by[k, "grad_weight"].node for k in names})
+    return ({**{k: (by[k, "forward"].a, by[k, "forward"].node, by[k, "backward"].a, by[k, "backward"].node)
+                for k in names}, **(bn or {})}, {k: by[k, "grad_weight"].node for k in names})
 
 
 @partial(jax.jit, static_argnums=(0, 1))
@@ -88,29 +99,70 @@ def float32_point(params, x, targets, cfg):   # the parameters in signature orde
             targets_matrix(targets, cfg.num_classes, jnp.float32))
 
 
+def under_policy(cfg) -> bool:
+    """Whether the chain runs under the bf16 execution policy (bf16 activations, every conv site a
+    bf16-typed kind, BatchNorm outputs rounded) rather than as bf16 conv kinds in a float32 chain."""
+    return policy_.get(cfg.policy).activations == "bfloat16"
+
+
+def _kinds_config(cfg):
+    """The configuration the bf16 chain runs at: cfg itself under the bf16 policy, else its conv
+    sites as bf16 kinds (cfg.bf16) inside the float32 chain."""
+    return cfg if under_policy(cfg) else replace(cfg, bf16=True)
+
+
+def _run(chain, params, x, t, cfg, label_smoothing, how="quick"):
+    """(sites, Rendered, Tape, {bn layer: (n, dn)}): the chain run once with a recording kit."""
+    if under_policy(cfg):
+        return policy_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing, how=how)
+    return (*conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing, how=how), {})
+
+
 def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
                key: Optional[jax.Array] = None, factor: float = tol.F32_ENVELOPE_FACTOR,
                ran: Optional[tuple] = None) -> stages.StageReport:
     """Every stage of the bf16 chain (`chain`, default the net's own), run in float32, tied to its
     float64 VJP at the chain's own stage input, cotangent and rounding decisions within `factor` ×
-    the point's envelope, and the loss cotangent to autodiff of the loss. ran: `conv_sites`' output."""
+    the point's envelope, and the loss cotangent to autodiff of the loss. ran: `_run`'s output.
+
+    Under the bf16 execution policy (cfg.policy "bf16") the chain is the policy's: its BatchNorm
+    outputs are frozen at the chain's too, and a residual block's input cotangent, a bf16 sum of
+    its two branches' cotangents, is held to at least one bf16 rounding (U_BF16)."""
     need_x64("the bf16 stage ties")
     net = as_net(net)
-    chain, cfg, r = chain or Chain(net), replace(cfg, bf16=True), cfg.bf16_rounding
+    policy = under_policy(cfg)
+    chain, cfg = chain or Chain(net), _kinds_config(cfg)
+    r = "bf16" if policy else cfg.bf16_rounding
     if r not in ("identity", "bf16", "nearest", conv.bf16_operand, conv.round_bf16):
         raise ValueError(f"the bf16 stage ties freeze a named rounding ('bf16', 'nearest' or 'identity'), got {r!r}")
     params, x, t = float32_point(params, x, targets, cfg)
-    sites, out, tape = ran or conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing)
-    kit_args = (None, None) if r == "identity" else _recorded(sites)
+    sites, out, tape, bn = ran or _run(chain, params, x, t, cfg, label_smoothing)
+    kit_args = (None, None) if r == "identity" else _recorded(sites, bn)
     p64, i64, k64 = tree_to_device((params, tape.inputs, kit_args), np.float64)
-    bn = bn_cells(net, p64, to_device(x, np.float64), cfg)
+    cells = bn_cells(net, p64, to_device(x, np.float64), cfg)
     rec = stages.Record(net, chain, params, x, tape.inputs, tape.cotangents, out.grads, out.dx, out.logits,
                         tape.cotangents[net.stage_list(cfg)[-1].name], float(out.loss), t, label_smoothing)
     ties, cot = stages._ties(net, cfg, rec, dtype="float32", key=jax.random.key(0) if key is None else key,
                              factor=factor, selections=_selections(net, cfg, p64, i64, k64) or None,
-                             cells=node_cells(params, bn), kit_at=_frozen_kit, kit_args=kit_args)
+                             cells=node_cells(params, cells), kit_at=_frozen_kit, kit_args=kit_args)
+    if policy:
+        ties = [_residual_input_rounded(t_) for t_ in ties]
     return stages.StageReport(chain.label, "bf16", "stages", ties, cot, meta={
-        "loss": float(out.loss), "bn_cells": bn, "factor": factor, "rounding": r if isinstance(r, str) else r.__name__})
+        "loss": float(out.loss), "bn_cells": cells, "factor": factor, "policy": cfg.policy,
+        "rounding": r if isinstance(r, str) else r.__name__})
+
+
+RESIDUAL_KINDS = ("identity", "downsample")
+
+
+def _residual_input_rounded(report: TieReport) -> TieReport:
+    """A residual block's input cotangent is the bf16 sum of its branches' (one rounding the frozen
+    reference does not make): its row is held to at least one bf16 unit roundoff."""
+    if report.meta.get("kind") not in RESIDUAL_KINDS:
+        return report
+    rows = [replace(r, limit=max(r.limit, U_BF16), floor=max(r.floor, U_BF16), bad=0 if r.rel <= U_BF16 else r.bad)
+            if r.name == "input" else r for r in report.rows]
+    return replace(report, rows=rows)
 
 
 # ---- what `gradtie check --bf16` reports -------------------------------------------------------
@@ -175,13 +227,17 @@ def check(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_
           key: Optional[jax.Array] = None) -> Bf16Report:
     """The bf16 chain (`chain`, default the net's own; cfg.bf16_rounding at every conv site), run in
     float32: everything but the conv sites stays float32 (chapter bf16 erasure); errors are measured against
-    float64."""
+    float64. Under the bf16 execution policy (cfg.policy "bf16") the chain is the policy's, every conv
+    site a bf16-typed kind with a bf16 result (checked = rnd(f32 node at rounded operands) and under
+    the bound), and the erasure is the policy's own: with its roundings off (the tie policy in
+    float32) it is the float32 chain, which is the same code (`chain_erasure` at identity)."""
     net = as_net(net)
-    chain, (params, x, t), cfg = chain or Chain(net), float32_point(params, x, targets, cfg), replace(cfg, bf16=True)
-    ran = conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing)
+    chain, (params, x, t), cfg = chain or Chain(net), float32_point(params, x, targets, cfg), _kinds_config(cfg)
+    ran = _run(chain, params, x, t, cfg, label_smoothing)
     tied = stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing, key=key, ran=ran)
-    return Bf16Report(chain.label, chain_erasure(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing),
-                      site_rows(ran[0], rounding(cfg)), tied)
+    exact = replace(cfg, policy="tie") if under_policy(cfg) else cfg
+    return Bf16Report(chain.label, chain_erasure(net, params, x, t, exact, chain=chain, label_smoothing=label_smoothing),
+                      site_rows(ran[0], conv.bf16_operand if under_policy(cfg) else rounding(cfg)), tied)
 
 
 # ---- the catalogue under bf16 ----------------------------------------------------------------------
@@ -214,7 +270,8 @@ def _sizes(net, chain: Chain, params, cfg, ran, targets, alpha) -> dict[tuple[st
     at the bf16 chain's recorded inputs and cotangents (the rounding carried in float64), and its
     loss cotangent against the loss's own; |planted − real| per row (inf where the shapes differ)."""
     cfg = replace(cfg, bf16_rounding="nearest") if cfg.bf16_rounding in ("bf16", conv.bf16_operand) else cfg
-    _, out, tape = ran
+    cfg = replace(cfg, policy="tie") if under_policy(cfg) else cfg
+    _, out, tape, _ = ran
     p, inputs, dys, z, t = tree_to_device((params, tape.inputs, tape.cotangents, out.logits, targets), np.float64)
 
     def diff(a, b):
@@ -235,13 +292,13 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
     op: the entries share their ops, not their programs)."""
     net = as_net(net)
     chosen = bugs.chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], cfg=cfg)
-    (params, x, t), cfg = float32_point(params, x, targets, cfg), replace(cfg, bf16=True)
+    (params, x, t), cfg = float32_point(params, x, targets, cfg), _kinds_config(cfg)
     # a stage with a bf16 conv site sees a bug from about one unit roundoff on (below: in its rounding)
     rounded = {s.name for s in net.stage_list(cfg) if any(np.ndim(params[k]) == 4 for k in s.params)}
     out = []
     for b in chosen:
         chain = bugs.plant(b.name, net, cfg)
-        ran = conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing, how="eager")
+        ran = _run(chain, params, x, t, cfg, label_smoothing, how="eager")
         report = stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing, key=key, ran=ran)
         rows = {(tr.net, r.name): r for tr in report.backward_order() for r in tr.rows}
         limits = {k: max(r.limit, U_BF16) if k[0] in rounded else r.limit for k, r in rows.items()}

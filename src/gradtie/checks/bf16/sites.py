@@ -62,7 +62,8 @@ def _numbers(sites: list[Site], rnd) -> list[tuple]:
     for s in sites:
         nb = s.numbers(rnd)
         want = rnd(nb["s"]).astype(s.a.dtype)
-        out.append((want if s.bias is None else want + s.bias[None, :, None, None],
+        # the bias is added in the node's dtype (bf16 activations: one more rounding, after the kind's)
+        out.append((want if s.bias is None else (want + s.bias[None, :, None, None]).astype(s.node.dtype),
                     jnp.abs((s.node if s.bias is None else nb["kind"]).astype(jnp.float64) - nb["exact"]), nb["mag"]))
     return out
 
@@ -145,13 +146,24 @@ def recorded(log: list) -> list[Site]:
     return out
 
 
-def _run(net, kit, params, x, t, cfg, alpha):
+BN_OPS = ("bn_forward", "bn_backward")
+
+
+def bn_recorded(log: list) -> dict[str, tuple]:
+    """{BN layer: (n, dn)}: each BatchNorm's output and the cotangent the chain handed back at it
+    (what its backward read) — the values the bf16 policy rounds around a BatchNorm."""
+    outs = {c.args[0]: c.out[0] for c in log if c.op == "bn_forward"}
+    dys = {c.args[0]: c.args[3] for c in log if c.op == "bn_backward"}
+    return {name: (outs[name], dys[name]) for name in outs if name in dys}
+
+
+def _run(net, kit, params, x, t, cfg, alpha, ops=CONV_OPS):
     log, tape = [], rendered.new_tape()
-    out = rendered.step(net, kit_.recording(kit, log, CONV_OPS), params, x, t, cfg, alpha=alpha, tape=tape)
-    return recorded(log), out, tape
+    out = rendered.step(net, kit_.recording(kit, log, ops), params, x, t, cfg, alpha=alpha, tape=tape)
+    return (recorded(log), out, tape) if ops == CONV_OPS else (recorded(log), out, tape, bn_recorded(log))
 
 
-_run_quick = jax.jit(_run, static_argnums=(0, 1, 5, 6), compiler_options=rendered.QUICK)
+_run_quick = jax.jit(_run, static_argnums=(0, 1, 5, 6, 7), compiler_options=rendered.QUICK)
 
 
 def conv_sites(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0, how: str = "quick"):
@@ -159,3 +171,10 @@ def conv_sites(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0, 
     how: "quick" (one program) or "eager" (op by op: planted chains share their ops, not programs)."""
     return {"quick": _run_quick, "eager": _run}[how](chain.net, chain.kit, params, x, targets, cfg,
                                                      float(label_smoothing))
+
+
+def policy_sites(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0, how: str = "quick"):
+    """`conv_sites` and, fourth, every BatchNorm's output and the cotangent handed back at it
+    (`bn_recorded`): what the bf16 execution policy rounds beyond its conv sites."""
+    return {"quick": _run_quick, "eager": _run}[how](chain.net, chain.kit, params, x, targets, cfg,
+                                                     float(label_smoothing), CONV_OPS + BN_OPS)
