@@ -69,7 +69,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, plots, prng
-from gradtie.checks import bf16
+from gradtie.checks import bf16, bugs, policies
 from gradtie.data import images
 from gradtie.checks.tie import Chain, targets_matrix
 from gradtie.nets import cifar8, protocol, resnet34
@@ -82,9 +82,10 @@ image_size: int = 32  # ResNet-34's input side (cifar8 always reads 32×32)
 data: str = "photos"  # photos, flat or randn
 seed: int = 0
 replicas: int = 2    # shards of the batch for the replica sum (must divide batch)
+policy: str = "bf16"  # the fast execution policy tied in its own section: bf16 or tf32
 
 # %%
-p = book.validated(batch=batch, image_size=image_size, data=data, seed=seed, replicas=replicas)
+p = book.validated(batch=batch, image_size=image_size, data=data, seed=seed, replicas=replicas, policy=policy)
 key = jax.random.key(p.seed)
 nets = {"cifar8": (cifar8.NET, cifar8.Config(bf16=True), 32),
         "resnet34": (resnet34.NET, resnet34.Config(num_classes=10, bf16=True), p.image_size)}
@@ -593,6 +594,43 @@ for facts in (cast.text, typed.text):
     print()
 
 # %% [markdown]
+# ## The chains people train with: execution policies (beyond the suite)
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# Execution policies are the book's; the suite states its bf16 nodes at the identity rounding only.
+# ```
+#
+# The same rendered chain runs under an execution policy (`gradtie.policy`), chosen by name:
+# `tie` (float64 or float32, every contraction at HIGHEST: every other tie in this book), `tf32`
+# (float32, contractions at default precision: TF32 tensor cores on a GPU) and `bf16` (bf16
+# activations, cotangents and convolutions whose bf16 result comes from the contraction itself,
+# float32 accumulation and one rounding, which is the kind above with `rnd` the bf16 rounding;
+# BatchNorm statistics, x̂, the parameter nodes, the head and the loss in float32). The policy
+# named by this chapter's `policy` parameter is tied here on cifar8: `bf16` stage by stage at the
+# chain's own rounding decisions, as the kinds above, with every conv site checked against
+# rnd(f32 node at rounded operands); `tf32` within the envelope measured where it runs (a CPU has
+# no TF32 units, so float32's here). Every rounding the program names is kept: the checks compile
+# with excess precision off, since by default XLA may compute a bf16 value in float32 and drop the
+# rounding. The control is a catalogue bug planted in the same chain under the same policy.
+
+# %% tags=["nbval-check-output"]
+net, cfg8, params8, x8, t8 = points["cifar8"]
+pcfg = dataclasses.replace(cfg8, bf16=False, policy=p.policy)
+tied = policies.check(net, params8, x8, t8, pcfg, label_smoothing=0.1, key=key)
+planted = policies.check(net, params8, x8, t8, pcfg, label_smoothing=0.1, key=key,
+                         chain=bugs.plant("bn_unbiased_variance_backward", net, pcfg))
+for label, rep in (("cifar8", tied), ("cifar8 + bn_unbiased_variance_backward", planted)):
+    rows = rep.rows
+    line = f"{label} under policy {p.policy}: {sum(r.ok for r in rows)}/{len(rows)} stage rows within their limits"
+    if hasattr(rep, "sites"):
+        line += (f"; {sum(r.equal for r in rep.sites)}/{len(rep.sites)} conv nodes = rnd(f32 node at rounded "
+                 f"operands)")
+    print(line + ("" if rep.ok else " -> FAILED"))
+assert tied.ok and not tied.ill_conditioned and not planted.ok
+assert not hasattr(tied, "sites") or all(r.equal for r in tied.sites)
+
+# %% [markdown]
 # ## Summary
 #
 # At `rnd = identity` every bf16 kind, and both nets' whole chains, are their f32 peers bit for
@@ -607,4 +645,6 @@ for facts in (cast.text, typed.text):
 # all-reduced bf16 weight gradient is the mean of rounded replica nodes, off from the rounded sum by
 # exactly `SyncBf16`'s formula, by nothing at identity, and (our bound, beyond the suite) by at most
 # 2u·M; and a bf16 rounding meant to survive a compiler is written as bf16-typed operands or as
-# integer arithmetic, never as a cast round-trip.
+# integer arithmetic, never as a cast round-trip. The bf16 execution policy people train with is the
+# same chain and is tied the same way, every conv site the suite's kind; a bug planted under it
+# parts.

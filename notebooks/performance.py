@@ -37,7 +37,7 @@ import json
 import jax
 import matplotlib.pyplot as plt
 
-from gradtie import bench, book, conv_floor, peer_bench, plots
+from gradtie import bench, book, conv_floor, lowered, peer_bench, plots, policy
 from gradtie.nets import protocol, resnet34
 from gradtie import tolerances
 
@@ -270,10 +270,39 @@ plt.show()
 # %% [markdown]
 # ## The GPU run
 #
-# `benchmarks/gpu.sh` measures ResNet-34 at 224 px, batch 64 and 256, float32 and bf16 conv sites,
-# on every local device, and writes `benchmarks/results/gpu.json` with images/s, the ratio, the
-# device's peak memory and the model FLOP utilisation against the device's dense peak
-# (`bench.PEAK_TFLOPS`: H100/H200 989 TFLOP/s in bf16, 67 in float32, from NVIDIA's datasheets).
+# The rendered step people train with runs under an execution policy (`gradtie.policy`), named
+# like `gradtie bench --policy bf16`: `tie` (float32 with every contraction at HIGHEST, what every
+# check ties), `tf32` (float32 at default precision: TF32 tensor cores) and `bf16` (bf16
+# activations, cotangents and convolutions with a bf16 result, float32 BatchNorm statistics,
+# parameter nodes, head and loss). The chain's code is the same under each; the bf16 and tf32
+# chains are tied on the CPU in bf16 erasure. What a GPU will be handed can be read on this CPU,
+# with no GPU at all: the step lowered for CUDA from shapes alone (`gradtie.lowered`). Under
+# `tie` every contraction is at HIGHEST (full float32 on a GPU: its FP32 units); under `tf32`
+# none is; under `bf16` every convolution takes bf16 operands and returns bf16 (float32
+# accumulation inside cuDNN, one rounding: the suite's kind), and the forward's saved record, what
+# the backward reads back, is half as large. The earlier `bf16` conv sites inside a float32 chain
+# lower as `(bf16, bf16) -> f32` at HIGHEST, which XLA's GPU backend runs as float32 convolutions.
+
+# %% tags=["nbval-check-output"]
+lowered_programs = {name: lowered.program(resnet34.NET, resnet34.NET.config(policy=name), batch=2, image_size=64)
+                    for name in policy.NAMES}
+for name, prog in lowered_programs.items():
+    print(f"{name:<5} {prog.summary().split(': ', 1)[1]}")
+    assert lowered.violations(prog) == [], lowered.violations(prog)[:3]
+old_sites = lowered.program(resnet34.NET, resnet34.NET.config(bf16=True), batch=2, image_size=64)
+print(f"bf16 conv sites in a float32 chain: {old_sites.summary().split(': ', 1)[1]}")
+half = lowered_programs["bf16"].saved_bytes / lowered_programs["tie"].saved_bytes
+assert 0.45 < half < 0.55 and "(bf16, bf16) -> f32" in old_sites.signatures()
+print(f"saved record under bf16: {half:.2f} of float32's")
+
+# %% [markdown]
+# `benchmarks/gpu.sh` measures ResNet-34 at 224 px, 1000 classes, batch 64 and 256, under each
+# policy, and writes `benchmarks/results/gpu.json` with images/s, the ratio to autodiff of the same
+# forward, the device's peak memory and the model FLOP utilisation against the peak of the policy's
+# units (`bench.PEAK_TFLOPS`: on an H200 989 TFLOP/s in BF16, 495 in TF32, 67 in FP32, dense, from
+# NVIDIA's datasheet), beside plain JAX at the policy's precision and PyTorch eager as users run it
+# (`benchmarks/results/peers_gpu.json`). No GPU figure has been committed yet: the tables below
+# fill in from those files once `gpu.sh` has run on a device.
 
 # %% tags=["nbval-check-output"]
 gpu = bench.read(bench.RESULTS / "gpu.json")

@@ -7,6 +7,7 @@
     python tests/_mesh_worker.py drift
     python tests/_mesh_worker.py step
     python tests/_mesh_worker.py errors
+    python tests/_mesh_worker.py policy
 
 The device count must be fixed before jax initialises, and the test session has already imported
 jax, so tests/test_parallel.py runs this script in a fresh interpreter. Every tie runs at drawn
@@ -187,6 +188,39 @@ def step():
     return out
 
 
+def _all_reduce_dtypes(hlo: str) -> list[str]:
+    """The element types every all-reduce of an optimized HLO program returns."""
+    import re
+    return [t for line in hlo.splitlines() if " all-reduce(" in line
+            for t in re.findall(r"\b(bf16|f16|f32|f64)\[", line.split(" all-reduce(")[0])]
+
+
+def policy():
+    """The data-parallel step under the bf16 execution policy: BatchNorm statistics and parameter
+    nodes all-reduced in float32 (read off the compiled program), and the mesh step as far from the
+    float32 one as one device under bf16 is."""
+    from gradtie.kit import KIT
+    net = cifar8.NET
+    cfg32, cfg16 = cifar8.Config(head_width=64), cifar8.Config(head_width=64, policy="bf16")
+    x, t = data.photo_batch(8, 32, 10)
+    params = {k: jnp.asarray(v, jnp.float32) for k, v in init64(net, cfg32).items()}
+    x, t = x.astype(jnp.float32), t.astype(jnp.float32)
+    g32 = parallel.single_device(net, params, x, t, cfg32).grads
+    one16 = parallel.single_device(net, params, x, t, cfg16).grads
+    out = {}
+    for r in (2, 4):
+        mesh = parallel.data_mesh(r)
+        mesh16 = parallel.forward_backward(net, params, x, t, cfg16, mesh=mesh).grads
+        fn = parallel._compiled(net, KIT, cfg16, mesh, 0.0, True, True, False, False)
+        hlo = fn.lower(dict(params), x, t).compile().as_text()
+        dist = {name: max(_rel(g32[k], g[k]) for k in params if not (k.startswith("conv") and k.endswith("bias")))
+                for name, g in (("one", one16), ("mesh", mesh16))}
+        out[str(r)] = {"all_reduce": sorted(set(_all_reduce_dtypes(hlo))), "n_all_reduce": len(_all_reduce_dtypes(hlo)),
+                       "dtypes": sorted({str(v.dtype) for v in mesh16.values()}),
+                       "finite": bool(all(np.all(np.isfinite(np.asarray(v))) for v in mesh16.values())), **dist}
+    return out
+
+
 def errors():
     out = {}
     net, cfg = NETS["cifar8"]
@@ -221,5 +255,6 @@ if __name__ == "__main__":
     if cmd in ("tie", "catalogue"):
         result = {"tie": tie, "catalogue": catalogue}[cmd](sys.argv[2])
     else:
-        result = {"uneven": uneven, "control": control, "drift": drift, "step": step, "errors": errors}[cmd]()
+        result = {"uneven": uneven, "control": control, "drift": drift, "step": step, "errors": errors,
+                  "policy": policy}[cmd]()
     print(json.dumps(result))

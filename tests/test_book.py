@@ -341,3 +341,12 @@ def test_an_unknown_injected_parameter_names_the_chapter_s_parameters(monkeypatc
         book.validated(batch=4, seed=0)
     monkeypatch.setattr(book, "_injected", lambda: ["batch"])
     assert book.validated(batch=4, seed=0).batch == 4
+
+
+def test_decade_names_the_decade_a_figure_falls_in_and_refuses_what_has_none():
+    assert book.decade(3e-7) == book.decade(6e-7) == "[1e-07, 1e-06)"
+    assert book.decade(1e-6) == "[1e-06, 1e-05)"       # a power of ten opens its decade
+    assert book.decade(2e-6) != book.decade(3e-7)
+    for bad in (0.0, -1e-6, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="finite positive"):
+            book.decade(bad)

@@ -233,6 +233,18 @@ def test_train_step_on_mesh_matches_single_device_for_every_optimizer():
     assert out["bf16"] == {"finite": True, "dtypes": ["float32"]}
 
 
+def test_data_parallel_under_the_bf16_policy_syncs_batchnorm_in_float32():
+    """Every local device under `bf16`: BatchNorm statistics and the parameter nodes cross the mesh
+    in float32 (the compiled program's all-reduces), and the mesh step sits as far from the float32
+    gradient as one device under bf16 does (a bf16 exchange would add its own rounding on top)."""
+    out = run_mesh_worker("policy")
+    for r in ("2", "4"):
+        row = out[r]
+        assert row["all_reduce"] == ["f32"] and row["n_all_reduce"] > 0, row
+        assert row["dtypes"] == ["float32"] and row["finite"], row
+        assert 0 < row["mesh"] <= 3 * row["one"], row
+
+
 def test_bad_batches_give_clear_errors():
     out = run_mesh_worker("errors")
     assert "divisible by the 4 replicas" in out["indivisible"]

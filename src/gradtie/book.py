@@ -173,6 +173,7 @@ PARAMETERS: dict[str, Callable[[str, Any], Any]] = {
     "cifar10_path": _Rule("'' or a folder", _folder_or_empty),  # CIFAR-10 files; '' skips them
     "weights": _choice("drawn"),       # chapters tie at drawn γ, β, biases: at init (γ = 1, β = 0) some bugs hide
     "every_n": _Rule("True / False", _bool),   # a sweep over N: every N of 1…8 (False: 1, 2, 4)
+    "policy": _choice("bf16", "tf32"),   # a fast execution policy (`gradtie.policy`) a chapter ties
 }
 
 
@@ -278,6 +279,16 @@ def glue(key: str, value: Any, fmt: str = "{}") -> str:
 
         myst_nb.glue(key, text, display=False)
     return text
+
+
+def decade(value: float) -> str:
+    """The decade a positive figure falls in, "[1e-07, 1e-06)": how a chapter prints for nbval a
+    figure that follows the machine's measured round-off (it moves by a small factor between CPUs)."""
+    v = float(value)
+    if not math.isfinite(v) or v <= 0:
+        raise ValueError(f"decade: expected a finite positive figure, got {value!r}")
+    lo = math.floor(math.log10(v))
+    return f"[{10.0 ** lo:.0e}, {10.0 ** (lo + 1):.0e})"
 
 
 # ---- the build ---------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ def _check(args: argparse.Namespace) -> int:
     from .checks.check import run_check
     data = args.data or (None if args.plant_tie else "photos")   # --plant-tie: flat images
     report = run_check(args.net, batch=args.batch, image_size=args.image_size, data=data,
-                       dtype=args.dtype, bf16=args.bf16, seed=args.seed, weights=args.weights,
+                       dtype=args.dtype, bf16=args.bf16, policy=args.policy, seed=args.seed, weights=args.weights,
                        label_smoothing=args.label_smoothing, plant_tie=args.plant_tie,
                        plant_bug=args.plant_bug, replicas=args.replicas, replica_counts=args.replica_counts,
                        finite_differences=not args.no_fd, progress=not args.json)
@@ -339,6 +339,10 @@ def parser() -> argparse.ArgumentParser:
                    help="the rendered chain's dtype; either way it is tied to the float64 oracle, "
                         "within that dtype's envelope at the point")
     c.add_argument("--bf16", action="store_true", help="bf16 conv sites (operands rounded, f32 accumulation)")
+    c.add_argument("--policy", choices=POLICY_NAMES, default="tie",
+                   help="execution policy: tie (the default; float64/float32 at HIGHEST), tf32 or bf16 "
+                        "(the fast chains people train with, run from float32 and tied stage by stage "
+                        "within their own envelope)")
     c.add_argument("--label-smoothing", type=float, default=None, help="α of the smoothed target (default 0)")
     c.add_argument("--seed", type=_nonnegative, default=0)
     c.add_argument("--no-fd", action="store_true", help="skip the finite differences (autodiff tie only)")

@@ -10,7 +10,8 @@ config.
 Fields that make a parameter node or touch a named layer take the layer's name first (`conv1`,
 `layer2.0.downsample.1`, `fc`): the real ops ignore it; a recording names its sites by it. The
 contractions take the execution policy's `precision` (None: HIGHEST, what the checks run;
-`gradtie.policy`).
+`gradtie.policy`); under the `tie` policy the nets call them without it, so a kit written without a
+`precision` keyword still runs every check, and only the `tf32` and `bf16` policies need one.
 
 | field               | the real op (signature)                                                   | Lean                     |
 |---------------------|---------------------------------------------------------------------------|--------------------------|

@@ -63,6 +63,18 @@ POLICIES: dict[str, Policy] = {
 NAMES = tuple(POLICIES)
 
 
+def unit_roundoff_here(policy, backend: Optional[str] = None) -> float:
+    """The unit roundoff the policy's contractions have on `backend` (default JAX's): its own on a
+    GPU; on a CPU, which runs every float32 contraction in full float32 whatever the precision,
+    float32's for the float32 policies (tf32 on a CPU is float32 arithmetic), bf16's for bf16."""
+    import jax
+
+    pol = get(policy)
+    if (backend or jax.default_backend()) == "cpu" and pol.activations is None:
+        return 2.0 ** -24
+    return pol.unit_roundoff
+
+
 def get(policy) -> Policy:
     """A policy by name (a `Policy` passes through); ValueError naming the choices."""
     if isinstance(policy, Policy):

@@ -26,6 +26,12 @@ from .ops.head import as_targets
 # LLVM's optimisation passes off halve the compile (ResNet-34, N = 2: 5.7 → 3.0 s) and slow the run
 # ~4×, well under a second at a check's shapes. It changes no IEEE result (no fast-math either way).
 QUICK = {"xla_backend_optimization_level": 0}
+# Every bf16 rounding the program names, kept: by default XLA may compute a bf16 value in float32
+# and drop the f32 -> bf16 -> f32 convert pair ("excess precision"). On the CPU the bf16 policy's
+# cifar8 nodes then move by 20-50 % against the same chain run op by op, and a check reading the
+# recorded bf16 values would tie them to a computation that never used them. No effect on a program
+# without bf16 values.
+EXACT_ROUNDING = {"xla_allow_excess_precision": False}
 
 
 class Rendered(NamedTuple):
@@ -126,5 +132,5 @@ def run(net, kit: Kit, params, x, targets, cfg, *, alpha: float = 0.0, how: str 
     return fn(net, kit, params, x, targets, cfg, alpha=float(alpha))
 
 
-__all__ = ["KIT", "QUICK", "Chain", "Rendered", "Tape", "compiled", "forward", "new_tape", "quick", "run", "step",
+__all__ = ["EXACT_ROUNDING", "KIT", "QUICK", "Chain", "Rendered", "Tape", "compiled", "forward", "new_tape", "quick", "run", "step",
            "taped"]

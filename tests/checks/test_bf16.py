@@ -323,7 +323,9 @@ def test_replica_formula_is_judged_on_the_replica_nodes_where_the_kind_sums_its_
     report = bf16.replica_rows([case], 2, conv.bf16_operand)
     (row,) = report.rows
     d = report.arrays[case.name]
-    assert not row.equal_required and not row.nodes_rounded, row   # the case: a node an ulp off rnd(S_r)
+    # whether a node sits an ulp off rnd(S_r) depends on the order the machine's matrix product
+    # sums in (it does on some CPUs, not on others); the verdict must not
+    assert not row.equal_required, row   # the kind's sums are not the reference's: equality is not asked
     assert row.ok and row.formula_ratio == 0 and row.node_ratio <= 1, row
     assert np.array_equal(d["diff"], d["formula"]) and row.differing > 0.5
     assert report.control_red

@@ -28,7 +28,7 @@ from .. import tolerances as tol
 from ..host import available_memory, to_device
 from ..nets.protocol import Net, as_net, resolution_note
 from ..progress import bar, compile_clock, phase
-from . import bugs, census, fd, stages
+from . import bugs, census, fd, policies, stages
 from .bf16 import check as bf16_check
 from .tie import Chain, bn_cells, degenerate, degenerate_text, need_x64, reference_at, targets_matrix, tie
 
@@ -130,7 +130,8 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     net: a `Net` (yours or the book's). plant_bug: a catalogue entry (`checks.bugs`) planted in the
     chain; chain: any rendered side (`tie.Chain`) instead. replicas R > 1 (or counts): the
     data-parallel step on R host devices at R·N = batch, tied to one device. bf16: the chain's conv
-    sites as bf16 kinds, judged stage by stage (`checks.bf16`). The reference is float64: needs
+    sites as bf16 kinds, judged stage by stage (`checks.bf16`); cfg.policy tf32 or bf16: the chain
+    under that execution policy, judged stage by stage (`checks.policies`). The reference is float64: needs
     `jax_enable_x64`. progress: bars on stderr, in a terminal. Returns the report (`.exit_code`)."""
     net = as_net(net)
     cfg = net.cfg(cfg)
@@ -143,9 +144,11 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
                                                      uneven=len(set(counts or ())) > 1)
         if why:
             raise ValueError(f"plant-bug {why}")
-    if bf16 and replicas > 1:
-        raise ValueError("bf16 and replicas together: the bf16 check runs one device (check the data-parallel "
-                         "step in float32 or float64)")
+    fast = cfg.policy != "tie"   # a fast execution policy: tied stage by stage, like bf16 kinds
+    if (bf16 or fast) and replicas > 1:
+        what = "bf16" if bf16 else f"policy {cfg.policy}"
+        raise ValueError(f"{what} and replicas together: the {what} check runs one device (check the "
+                         f"data-parallel step in float32 or float64)")
     chain, single = chain or Chain(net), replicas == 1 and counts is None
     dtype = np.dtype(jnp.result_type(x)).name
     key = jax.random.key(0) if key is None else key
@@ -153,7 +156,7 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
     settings = dict(settings or {}, net=net.name, plant_bug=chain.planted or None)
     t = targets_matrix(targets, cfg.num_classes, jnp.result_type(x))
     smooth, parting, fd_rows, run_fd = None, None, [], finite_differences and dtype == "float64" and single
-    phases = smoothness + (1 if bf16 else 2 + run_fd)   # census; bf16, or reference, tie, differences
+    phases = smoothness + (1 if bf16 or fast else 2 + run_fd)   # census; bf16/policy, or reference, tie, differences
     flat = degenerate(bn_cells(net, params, x, cfg))   # M = 1 somewhere: nothing to judge, nothing to run
     if flat:
         return CheckReport(None, [], None, settings, timings, degenerate=flat)
@@ -163,13 +166,18 @@ def check(net, params, x, targets, cfg=None, *, label_smoothing: float = 0.0, pl
                 # the point's smoothness is the real loss's, read in float64: a bf16 chain rounds conv
                 # outputs to 8 bits, which makes exact ties between cells that are not twins
                 p64 = {k: to_device(v, np.float64) for k, v in params.items()}
-                smooth = census.smoothness(net, p64, to_device(x, np.float64), replace(cfg, bf16=False))
+                smooth = census.smoothness(net, p64, to_device(x, np.float64), replace(cfg, bf16=False, policy="tie"))
             if not smooth.ok:
                 return CheckReport(None, [], smooth, settings, timings)
         if bf16:   # a bf16 chain does not tie to float64 autodiff: its stages do, within a bf16 envelope
             with phase(timings, "bf16 check", steps):
                 rep = bf16_check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
                                   key=jax.random.fold_in(key, 2))
+            return CheckReport(rep, [], smooth, settings, timings)
+        if fast:   # a fast policy's chain ties stage by stage within its own envelope
+            with phase(timings, f"{cfg.policy} check", steps):
+                rep = policies.check(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing,
+                                     key=jax.random.fold_in(key, 2))
             return CheckReport(rep, [], smooth, settings, timings)
         with phase(timings, "reference + envelope", steps):
             point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, 3))
@@ -215,7 +223,8 @@ def _integer(name: str, value, least: int = 1) -> int:
 
 
 def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
-              data: Optional[str] = None, dtype: str = "float64", bf16: bool = False, seed: int = 0,
+              data: Optional[str] = None, dtype: str = "float64", bf16: bool = False, policy: str = "tie",
+              seed: int = 0,
               label_smoothing: Optional[float] = None, smoothness: bool = True, plant_tie: bool = False,
               weights: str = "drawn", plant_bug: Optional[str] = None, replicas: int = 1,
               replica_counts: Optional[tuple[int, ...]] = None,
@@ -226,7 +235,8 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     "drawn" (the default: γ ~ U(0.5,1.5), β and biases nonzero), "init" (γ = 1, β = 0, biases 0)
     or a checkpoint path. data: "randn" (the default), "photos" or "flat"; `x` overrides the
     images. dtype: the rendered chain's dtype, tied to the float64 oracle within that dtype's
-    envelope. plant_bug: a catalogue entry planted in the rendered chain. replicas: R > 1 ties the
+    envelope. policy: the execution policy (`gradtie.policy`: tie, tf32, bf16); tf32 and bf16 run
+    the chain from float32 and tie it stage by stage (`checks.policies`). plant_bug: a catalogue entry planted in the rendered chain. replicas: R > 1 ties the
     data-parallel step (synchronised BN) at R·N = batch to one device. replica_counts: (n_1, …,
     n_R) summing to batch, uneven replica batches (sets R). plant_tie: the convs before the first
     pool reduced to their centre tap, on flat images (`census.planted_tie`): a non-twin tie point,
@@ -242,6 +252,10 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     if replica_counts is not None:   # uneven replica batches: R from the counts, which hold the batch
         replica_counts = parallel.check_counts("replica-counts", replica_counts, len(tuple(replica_counts)), batch)
         replicas = len(replica_counts)
+    if replicas > 1 and (bf16 or policy != "tie"):
+        what = "bf16" if bf16 else f"policy {policy}"
+        raise ValueError(f"{what} and replicas together: the {what} check runs one device (check the "
+                         f"data-parallel step in float32 or float64)")
     if replicas > 1:
         parallel.data_mesh(replicas)   # more replicas than devices: refused before any work
     if replicas > 1 and batch % replicas and replica_counts is None:
@@ -256,11 +270,11 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
                          f"machine has {have / 2**30:.1f} GiB available; use a smaller --batch or --image-size")
     key = jax.random.key(seed)
     if weights in WEIGHTS:
-        cfg = net.config(bf16=bf16, **({"num_classes": 10} if net.name == "resnet34" else {}))
+        cfg = net.config(bf16=bf16, policy=policy, **({"num_classes": 10} if net.name == "resnet34" else {}))
         params = net.init(key, cfg, weights=weights)
     else:
         loaded, overrides = train.checkpoint_params(weights, net)
-        cfg = net.config(bf16=bf16, **overrides)
+        cfg = net.config(bf16=bf16, policy=policy, **overrides)
         params = {k: to_device(v) for k, v in loaded.items()}
     entry = bugs.catalogue(net).get(plant_bug)
     if label_smoothing is None and entry is not None and entry.needs_smoothing:
@@ -273,7 +287,7 @@ def run_check(net="cifar8", *, batch: int = 4, image_size: Optional[int] = None,
     params = {k: to_device(v, dtype) for k, v in params.items()}
     x = to_device(data_.images(data, batch, image_size, seed=seed, channels=net.channels) if x is None else x, dtype)
     labels = prng.randint(jax.random.fold_in(key, 1), (batch,), 0, cfg.num_classes)
-    settings = dict(batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16, seed=seed,
+    settings = dict(batch=batch, image_size=image_size, data=data, dtype=dtype, bf16=bf16, policy=policy, seed=seed,
                     label_smoothing=label_smoothing, plant_tie=plant_tie,
                     weights=weights if weights in WEIGHTS else str(weights), replicas=replicas,
                     replica_counts=replica_counts, beyond_literal_resolution=resolution_note(net, image_size))

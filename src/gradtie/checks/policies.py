@@ -16,9 +16,15 @@ of a window are within one rounding of each other, the float64 VJP takes the bra
 took). Everything a bug breaks by more than the policy's resolution parts its stage; `catalogue`
 plants every entry of `checks.bugs` under the policy and says where each one stands out.
 
-On a CPU `tf32` runs the float32 arithmetic of `tie` (no TF32 units) and is tied within the wider
-TF32 envelope all the same: what it would be held to on a GPU. Shown in: bf16 erasure (the bf16
-execution policy, beyond the suite), Performance.
+On a CPU `tf32` runs the float32 arithmetic of `tie` (no TF32 units): its envelope is measured with
+float32's nudges there (`policy.unit_roundoff_here`), TF32's (2⁻¹¹) on a GPU.
+
+The `bf16` policy is not tied this way: an honest bf16 envelope at a small batch is as wide as the
+gradient itself (autodiff under the policy rounds other values than the rendered chain, and a nudge
+of 2⁻⁸ crosses ReLU kinks), so no row could be judged. `check` ties it as the suite ties its bf16
+kinds (`checks.bf16`): every stage's float64 VJP at the chain's own rounding decisions, what is left
+held to the float32 envelope. Shown in: bf16 erasure (the bf16 execution policy, beyond the
+suite), Performance.
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
     need_x64("the policy stage ties")
     net = as_net(net)
     pol = policy_.get(cfg.policy)
+    unit = policy_.unit_roundoff_here(pol)   # measured where it runs: a CPU has no TF32 units
     chain = chain or Chain(net)
     key = jax.random.key(0) if key is None else key
     params = {k: jnp.asarray(v, jnp.float32) for k, v in params.items()}
@@ -87,7 +94,7 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
     values = {"params": params, "inputs": rec.inputs, "dys": dys, "selections": sel}
     outputs, labels = [], []
     for s in env_.samples(values, dtype="float32", key=key, nudged=("dys",),
-                          batched=("inputs", "dys", "selections"), nudges=nudges, unit=pol.unit_roundoff):
+                          batched=("inputs", "dys", "selections"), nudges=nudges, unit=unit):
         v = _cast_like(s.values, values)
         out = stages._stage_vjps(net, cfg, names, None, *tree_to_device((v["params"], v["inputs"], v["dys"])),
                                  v["selections"], (None, None))
@@ -109,7 +116,7 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
             "envelope_evaluations": labels}))
     cot = stages._cotangent_report(net, rec, dtype="float32", key=jax.random.fold_in(key, 1), factor=factor)
     return stages.StageReport(chain.label, pol.name, "stages", ties, cot, meta={
-        "policy": pol.name, "loss": rec.loss, "factor": factor, "unit_roundoff": pol.unit_roundoff,
+        "policy": pol.name, "loss": rec.loss, "factor": factor, "unit_roundoff": unit,
         "envelope_evaluations": labels})
 
 
@@ -157,3 +164,68 @@ def summary(report: stages.StageReport) -> str:
 
 def as_dict(report: stages.StageReport) -> dict[str, Any]:
     return {**report.as_dict(), "policy": report.meta["policy"], "summary": summary(report)}
+
+
+# ---- one check for every policy ------------------------------------------------------------------
+
+@dataclass
+class PolicyReport:
+    """A chain under the `tf32` policy tied stage by stage (`stage_ties`): what `gradtie check
+    --policy tf32` reports (the `bf16` policy's is `checks.bf16.Bf16Report`)."""
+    stages: stages.StageReport
+
+    @property
+    def meta(self) -> dict[str, Any]:
+        return self.stages.meta
+
+    @property
+    def rows(self) -> list:
+        return [r for t in self.stages.backward_order() for r in t.rows]
+
+    @property
+    def failed(self) -> list:
+        return [r for r in self.rows if not r.ok]
+
+    @property
+    def ill_conditioned(self) -> list:
+        return [r for r in self.rows if r.ill_conditioned]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        return summary(self.stages)
+
+    def table(self) -> str:
+        return self.stages.table()
+
+    def as_dict(self) -> dict[str, Any]:
+        return as_dict(self.stages)
+
+
+def check(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
+          key: Optional[jax.Array] = None):
+    """The chain under `cfg.policy`, tied stage by stage on the CPU: `bf16` with `checks.bf16.check`
+    (stages at the chain's own rounding decisions, every conv site = rnd(f32 node at rounded
+    operands)), `tf32` with `stage_ties` (the policy's own envelope). `tie` is `checks.tie`'s."""
+    from . import bf16   # the bf16 package reads this module's neighbours
+
+    pol = policy_.get(cfg.policy)
+    if pol.name == "tie":
+        raise ValueError("policies.check ties the fast policies (tf32, bf16); the tie policy is checks.tie's")
+    if pol.activations == "bfloat16":
+        return bf16.check(net, params, x, targets, cfg, chain=chain, label_smoothing=label_smoothing, key=key)
+    return PolicyReport(stage_ties(net, params, x, targets, cfg, chain=chain, label_smoothing=label_smoothing,
+                                   key=key))
+
+
+def caught(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Optional[Sequence[str]] = None,
+           key: Optional[jax.Array] = None) -> list:
+    """The catalogue planted under `cfg.policy`, one entry per row with `.bug`, `.caught`, `.where`:
+    `bf16` through `checks.bf16.catalogue`, `tf32` through `catalogue`."""
+    from . import bf16
+
+    if policy_.get(cfg.policy).activations == "bfloat16":
+        return bf16.catalogue(net, params, x, targets, cfg, label_smoothing=label_smoothing, names=names, key=key)
+    return catalogue(net, params, x, targets, cfg, label_smoothing=label_smoothing, names=names, key=key)

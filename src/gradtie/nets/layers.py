@@ -63,6 +63,15 @@ def precision(cfg) -> lax.Precision:
     return policy_.get(cfg.policy).precision
 
 
+def contraction(cfg) -> dict:
+    """The keyword a kit's conv and dense ops take under the config's policy: none under `tie` (the
+    ops' own default, HIGHEST), so a kit written before policies existed still runs every check;
+    `precision=` under the others, which such a kit must then accept."""
+    if cfg is None or policy_.get(cfg.policy).name == "tie":
+        return {}
+    return {"precision": precision(cfg)}
+
+
 def per_example(cfg) -> bool:
     return getattr(cfg, "bn", "batch") == "example"
 
@@ -77,7 +86,7 @@ def bn_eval(x, weight, bias, running_mean, running_var, eps):
 def conv_forward(params, name: str, x, cfg, how: Pass, *, stride: int = 1):
     """c = conv(x) (+ its bias) through the kit."""
     c, _ = how.kit.conv_forward(name, x, params[f"{name}.weight"], params.get(f"{name}.bias"), stride=stride,
-                                rnd=rounding(cfg), formulation=cfg.conv_formulation, precision=precision(cfg))
+                                rnd=rounding(cfg), formulation=cfg.conv_formulation, **contraction(cfg))
     return c
 
 
@@ -124,7 +133,7 @@ def pool_input(kit: Kit, name: str, spec: maxpool.PoolSpec, r, sigma, dy):
 def conv_input(kit: Kit, params, name: str, dc, input_shape, cfg, *, stride: int = 1):
     """The cotangent at a conv's input from the one at its output."""
     return kit.conv_backward(name, params[f"{name}.weight"], dc, input_shape=tuple(input_shape), stride=stride,
-                             rnd=rounding(cfg), formulation=cfg.conv_formulation, precision=precision(cfg))
+                             rnd=rounding(cfg), formulation=cfg.conv_formulation, **contraction(cfg))
 
 
 def conv_nodes(kit: Kit, params, name: str, x, dc, cfg, *, stride: int = 1) -> dict[str, jax.Array]:
@@ -133,7 +142,7 @@ def conv_nodes(kit: Kit, params, name: str, x, dc, cfg, *, stride: int = 1) -> d
     weight = params[f"{name}.weight"]
     nodes = {f"{name}.weight": kit.conv_grad_weight(name, x, dc, kernel_size=weight.shape[2], stride=stride,
                                                     rnd=rounding(cfg), formulation=cfg.conv_formulation,
-                                                    precision=precision(cfg)).astype(weight.dtype)}
+                                                    **contraction(cfg)).astype(weight.dtype)}
     if f"{name}.bias" in params:
         nodes[f"{name}.bias"] = kit.conv_grad_bias(name, dc).astype(params[f"{name}.bias"].dtype)
     return nodes
@@ -153,15 +162,15 @@ def bn_nodes(kit: Kit, params, name: str, saved: batchnorm.BNSaved, dn) -> dict[
 def dense_forward(params, name: str, x, cfg=None):
     """y = x @ Wᵀ + b in the weights' dtype, at the policy's precision (cfg None: HIGHEST)."""
     return dense.forward(x, params[f"{name}.weight"], params[f"{name}.bias"],
-                         precision=None if cfg is None else precision(cfg))[0]
+                         **contraction(cfg))[0]
 
 
 def dense_input(kit: Kit, params, name: str, dy, cfg=None):
     """The cotangent at a dense layer's input from the one at its output."""
-    return kit.dense_backward(name, params[f"{name}.weight"], dy, precision=None if cfg is None else precision(cfg))
+    return kit.dense_backward(name, params[f"{name}.weight"], dy, **contraction(cfg))
 
 
 def dense_nodes(kit: Kit, name: str, x, dy, cfg=None) -> dict[str, jax.Array]:
     """The dense weight and bias nodes (cfg: the policy's precision; None: HIGHEST)."""
-    return {f"{name}.weight": kit.dense_grad_weight(name, x, dy, precision=None if cfg is None else precision(cfg)),
+    return {f"{name}.weight": kit.dense_grad_weight(name, x, dy, **contraction(cfg)),
             f"{name}.bias": kit.dense_grad_bias(name, dy)}

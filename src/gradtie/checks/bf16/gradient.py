@@ -51,13 +51,15 @@ def _frozen_bwd(res, ct):
 _frozen.defvjp(lambda value, v, target, pre: (value, (target, pre)), _frozen_bwd)
 
 
-def _frozen_kit(acts: Optional[dict], dws: Optional[dict]):
+def _frozen_kit(acts: Optional[dict], dws: Optional[dict], *, bias_rounded: bool = False):
     """KIT with every conv forward a bf16 kind frozen at the chain's rounding decisions (None: KIT):
     its rounded input, weight and output are the chain's (acts[layer]: x, y and the backward's dc,
     dx; dws[layer]: dw), its derivative the kind's (every cotangent into and out of the contraction
     rounded as the kit's conv backwards round, the chain's way where it lies within one ulp). Under
     the bf16 execution policy every BatchNorm output is frozen too (acts[bn layer]: n and the
-    cotangent the chain handed back at it): the policy rounds it to bf16."""
+    cotangent the chain handed back at it): the policy rounds it to bf16, and a conv's bias node
+    (`bias_rounded`) sums the bf16 cotangent the chain rounded at the conv output, as the conv's own
+    backward reads it (in a float32 chain it sums the float32 one)."""
     if acts is None:
         return KIT
 
@@ -71,9 +73,18 @@ def _frozen_kit(acts: Optional[dict], dws: Optional[dict]):
     def conv_forward(name, x, w, b=None, *, stride=1, rnd=None, formulation=None, precision=None):
         (x0, y0, dc, dx), dw = acts[name], dws[name]
         xs, ws = _frozen(conv.round_bf16(x0), x, dx, dx), _frozen(conv.round_bf16(w), w, dw, dw)
-        y = _frozen(y0, conv.forward(xs, ws, None, stride=stride, formulation=formulation)[0], conv.round_bf16(dc), dc)
-        return (y if b is None else y + (b - lax.stop_gradient(b))[None, :, None, None]), conv.ConvSaved(x, stride)
+        y = conv.forward(xs, ws, None, stride=stride, formulation=formulation)[0]
+        zero_bias = None if b is None else (b - lax.stop_gradient(b))[None, :, None, None]   # 0, carrying db
+        if b is not None and bias_rounded:
+            return _frozen(y0, y + zero_bias, conv.round_bf16(dc), dc), conv.ConvSaved(x, stride)
+        y = _frozen(y0, y, conv.round_bf16(dc), dc)
+        return (y if b is None else y + zero_bias), conv.ConvSaved(x, stride)
     return KIT._replace(conv_forward=conv_forward, bn_forward=bn_forward)
+
+
+def _frozen_policy_kit(acts: Optional[dict], dws: Optional[dict]):
+    """`_frozen_kit` for the bf16 execution policy's chain (its conv biases read bf16 cotangents)."""
+    return _frozen_kit(acts, dws, bias_rounded=True)
 
 
 def _recorded(sites, bn: Optional[dict] = None) -> tuple[dict, dict]:
@@ -144,7 +155,8 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
                         tape.cotangents[net.stage_list(cfg)[-1].name], float(out.loss), t, label_smoothing)
     ties, cot = stages._ties(net, cfg, rec, dtype="float32", key=jax.random.key(0) if key is None else key,
                              factor=factor, selections=_selections(net, cfg, p64, i64, k64) or None,
-                             cells=node_cells(params, cells), kit_at=_frozen_kit, kit_args=kit_args)
+                             cells=node_cells(params, cells), kit_at=_frozen_policy_kit if policy else _frozen_kit,
+                             kit_args=kit_args)
     if policy:
         ties = [_residual_input_rounded(t_) for t_ in ties]
     return stages.StageReport(chain.label, "bf16", "stages", ties, cot, meta={

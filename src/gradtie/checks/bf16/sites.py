@@ -53,7 +53,7 @@ def contraction_length(op: str, a_shape, b_shape, kernel_size: int) -> int:
             "grad_weight": b_shape[0] * b_shape[2] * b_shape[3]}[op]
 
 
-@partial(jax.jit, static_argnums=1, compiler_options=rendered.QUICK)
+@partial(jax.jit, static_argnums=1, compiler_options={**rendered.QUICK, **rendered.EXACT_ROUNDING})
 def _numbers(sites: list[Site], rnd) -> list[tuple]:
     """Per site, in one program for a whole net: (rnd(S) [+ bias]; per output |error| against the
     exact value, and M). With a bias the error is the kind's contraction's: the bias is a float32 add
@@ -62,8 +62,9 @@ def _numbers(sites: list[Site], rnd) -> list[tuple]:
     for s in sites:
         nb = s.numbers(rnd)
         want = rnd(nb["s"]).astype(s.a.dtype)
-        # the bias is added in the node's dtype (bf16 activations: one more rounding, after the kind's)
-        out.append((want if s.bias is None else (want + s.bias[None, :, None, None]).astype(s.node.dtype),
+        # the bias is added as the conv adds it, in the result's dtype (bf16 activations: the bias
+        # rounded to bf16, then one more rounding of the sum, after the kind's)
+        out.append((want if s.bias is None else (want + s.bias.astype(want.dtype)[None, :, None, None]).astype(s.node.dtype),
                     jnp.abs((s.node if s.bias is None else nb["kind"]).astype(jnp.float64) - nb["exact"]), nb["mag"]))
     return out
 
@@ -163,7 +164,7 @@ def _run(net, kit, params, x, t, cfg, alpha, ops=CONV_OPS):
     return (recorded(log), out, tape) if ops == CONV_OPS else (recorded(log), out, tape, bn_recorded(log))
 
 
-_run_quick = jax.jit(_run, static_argnums=(0, 1, 5, 6, 7), compiler_options=rendered.QUICK)
+_run_quick = jax.jit(_run, static_argnums=(0, 1, 5, 6, 7), compiler_options={**rendered.QUICK, **rendered.EXACT_ROUNDING})
 
 
 def conv_sites(chain, params, x, targets, cfg, *, label_smoothing: float = 0.0, how: str = "quick"):
