@@ -124,7 +124,8 @@ def _bn_backward(*, mean_term: bool = True, xhat_term: bool = True, gamma: bool 
             if saved.axis_name is not None and not saved.per_example and global_means:
                 means = lax.pmean(means, saved.axis_name)
         mean_t, mean_xt = bc(means[0]), bc(means[1])
-        return w * (bc(s) * (t - (mean_t if mean_term else 0.0) - (xhat * mean_xt if xhat_term else 0.0)))
+        dx = w * (bc(s) * (t - (mean_t if mean_term else 0.0) - (xhat * mean_xt if xhat_term else 0.0)))
+        return dx.astype(saved.x.dtype)   # in the activations' dtype, as the real op (bf16 policy)
     return backward
 
 
