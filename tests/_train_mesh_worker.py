@@ -3,11 +3,12 @@
     python tests/_train_mesh_worker.py mesh OUT            # one process, 4 host devices: R = 4 and R = 1
     python tests/_train_mesh_worker.py process ID PORT OUT  # one of two processes on 127.0.0.1, 2 devices each
 
-Every run is the same float64 run of cifar8 (no conv biases, whose nodes are round-off only) on 64
-digits: one epoch of four global batches of 16, evaluated on 32 test digits. `mesh` trains it on
-four replicas (N = 4), on one device (batch 16), and on four replicas with per-replica BatchNorm
-(the control that must part from the single-device run), and tries to resume the four-replica
-run on two replicas (refused). `process` trains it on two replicas in each of two processes
+Every run is the same float64 run of cifar8 (no conv biases, whose nodes are round-off only) on 32
+digits: one epoch of two global batches of 16, evaluated on 16 test digits. `mesh` trains it on
+four replicas (N = 4), on one device (batch 16), on one device with every batch's rows reversed
+(the round-off envelope: the same run in ℝ, its sums in another order), and on four replicas with
+per-replica BatchNorm (the control that must part from the single-device run), and tries to resume
+the four-replica run on two replicas (refused). `process` trains it on two replicas in each of two processes
 (gloo collectives). Each writes OUT/<name>.npz: the final parameters, running statistics and the
 history's figures, as this process holds them.
 """
@@ -43,12 +44,12 @@ from gradtie.nets import cifar8  # noqa: E402
 
 GLOBAL_BATCH = 16
 CFG = cifar8.Config(head_width=16, conv_bias=False)
-DIGITS = data.load("digits", n_train=64, n_test=32)
+DIGITS = data.load("digits", n_train=32, n_test=16)
 
 
 def run(name: str, replicas: int) -> dict:
     config = train.FitConfig(optimizer="nesterov", lr=0.02, epochs=1, batch=GLOBAL_BATCH // (replicas * jax.process_count()),
-                             dtype="float64", precise_batches=2, eval_batch=32, replicas=replicas)
+                             dtype="float64", precise_batches=1, eval_batch=16, replicas=replicas)
     result = train.fit(cifar8.NET, CFG, DIGITS, config, out=out / name, progress=False)
     host = lambda v: np.asarray(v.addressable_data(0)) if isinstance(v, jax.Array) else np.asarray(v)  # noqa: E731
     h = result.history[-1]
@@ -63,6 +64,13 @@ def run(name: str, replicas: int) -> dict:
 
 if mode == "mesh":
     summary = {"r4": run("r4", 4), "r1": run("r1", 1)}
+    # the envelope: the single-device run with every batch's rows reversed, the same run in ℝ, its
+    # sums (BatchNorm's, the gradient's mean over the batch) taken in another order
+    real_batches = train._Plan.batches
+    train._Plan.batches = lambda self, epoch, start=0: ((i, x[::-1], t[::-1]) for i, x, t in
+                                                         real_batches(self, epoch, start))
+    summary["r1_reversed"] = run("r1_reversed", 1)
+    train._Plan.batches = real_batches
     real = parallel.make_step
     parallel.make_step = functools.partial(real, sync_bn=False)     # the control: per-replica BatchNorm
     summary["r4_local_bn"] = run("r4_local_bn", 4)

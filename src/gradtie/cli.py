@@ -98,6 +98,9 @@ def _bench(args: argparse.Namespace) -> int:
                   f"(no data), XLA's convolutions at every conv site; memory from XLA's analysis")
             print(table)
         return 0 if ok else 1
+    if args.input:
+        return _bench_input(args)
+    args.batch = args.batch or [32]
     if args.peers and args.conv_floor:
         raise ValueError("gradtie bench: --peers and --conv-floor are two runs; give one")
     if args.peers or args.conv_floor:
@@ -132,6 +135,45 @@ def _bench(args: argparse.Namespace) -> int:
         for r in results:
             print(r.row())
     return 0
+
+
+def _bench_input(args: argparse.Namespace) -> int:
+    """The input pipeline alone (`gradtie.pipeline.measure`): training batches of an image folder
+    decoded, cropped, flipped and normalised by 1, 2, … worker processes, images per second."""
+    import json
+    import tempfile
+
+    from . import bench, folder, pipeline
+    size = (args.image_size or [224])[0]
+    batch = (args.batch or [64])[0]
+    with tempfile.TemporaryDirectory(prefix="gradtie-input-") as tmp:
+        if args.data:
+            path = folder.parse_spec(args.data)
+            if path is None:
+                raise ValueError(f"gradtie bench --input: --data must be folder:PATH, got {args.data!r}")
+            listing = folder.read(path).train
+            source = str(path)
+        else:    # JPEGs of ImageNet's most common size, cut from the shipped photos
+            listing = folder.write_photo_folder(Path(tmp) / "photos", per_class=INPUT_PER_CLASS, val_per_class=1,
+                                                size=(500, 375)).train
+            source = f"{len(listing)} JPEGs of 500×375 px cut from the shipped photos"
+        rates = [pipeline.measure(listing, workers=w, size=size, batch=batch, batches=args.repeats or 16)
+                 for w in args.workers]
+    rows = [{**r._asdict(), "images_per_second": r.images_per_second} for r in rates]
+    if args.out:
+        bench.write_json(args.out, {"suite": "input", "source": source, "batch": batch, "machine": bench.machine(),
+                                    "rows": rows})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"input pipeline: {source}; batches of {batch} at {size} px (decode, random resized crop, flip, "
+          f"normalise), timed after the workers' start and every batch they held ready")
+    for r in rates:
+        print(r.row())
+    return 0
+
+
+INPUT_PER_CLASS = 40   # `bench --input`'s generated folder: 7 classes × 40 JPEGs
 
 
 def _bench_gpu(args: argparse.Namespace) -> int:
@@ -411,13 +453,15 @@ def parser() -> argparse.ArgumentParser:
                "  JAX_COMPILATION_CACHE_DIR=~/.cache/jax gradtie bench --suite gpu --warm-cache --out gpu.json\n"
                "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB\n"
                "  gradtie bench --peers --suite peers --out benchmarks/results/peers_cpu.json\n"
-               "  gradtie bench --conv-floor --suite peers --rounds 2 --out benchmarks/results/conv_floor_cpu.json\n\n"
+               "  gradtie bench --conv-floor --suite peers --rounds 2 --out benchmarks/results/conv_floor_cpu.json\n"
+               "  gradtie bench --input --workers 1 2 --out benchmarks/results/input_cpu.json\n\n"
                "exit codes:\n  0  measured (with --abstract: every computation fits the profile's memory)\n"
                "  1  with --abstract: some computation needs more memory than the profile's device has\n"
                "  3  invalid input (one line on stderr)")
     be.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
-    be.add_argument("--batch", type=_positive, nargs="+", default=[32], help="per-replica batch size(s)")
-    be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32")
+    be.add_argument("--batch", type=_positive, nargs="+", default=None,
+                    help="per-replica batch size(s) (default 32; with --input 64)")
+    be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32 (--input: 224)")
     be.add_argument("--num-classes", type=int, default=10, help="classes K (1000 for ImageNet)")
     be.add_argument("--bf16", action="store_true",
                     help="bf16 conv sites inside the float32 chain (the suite's kinds; policy tie only)")
@@ -442,6 +486,13 @@ def parser() -> argparse.ArgumentParser:
                     help="time every conv site of the configurations alone, gradtie's conv nodes against "
                          "PyTorch's conv forward and backward, and PyTorch's whole step: where gradtie's "
                          "convolutions alone take longer than the goal allows, the kernels are the limit")
+    be.add_argument("--input", action="store_true",
+                    help="time the input pipeline alone: training batches of an image folder (--data folder:PATH, "
+                         "default a generated folder of 500×375 JPEGs) decoded, cropped, flipped and normalised "
+                         "at --image-size by each --workers count; --repeats batches timed (default 16)")
+    be.add_argument("--data", default=None, help="with --input: folder:PATH")
+    be.add_argument("--workers", type=_nonnegative, nargs="+", default=[1, 2],
+                    help="with --input: worker process counts to time (default 1 2)")
     be.add_argument("--rounds", type=_positive, default=3,
                     help="with --peers or --conv-floor: alternating rounds (median)")
     be.add_argument("--out", type=Path, default=None, help="write the results as JSON here, with the machine")

@@ -959,6 +959,8 @@ def _epoch(plan: _Plan, where, feed, step_fn, sched, live: _Progress, total: int
             seconds = seconds0 + time.perf_counter() - start
             sums = {"loss": live.sums["loss"] + loss, "accuracy": live.sums["accuracy"] + acc,
                     "seconds": seconds, "lr": lr_seen, "step_seconds": stepping0 + stepping}
+            if plan.folder is not None:     # files skipped in the epoch so far (a resume carries them on)
+                sums["skipped_images"] = live.sums.get("skipped_images", 0) + feed.take_skipped()
             live = _Progress(state, live.step + 1, sums, live.history)
             steps.update(1)
             taken = i + 1 - done
@@ -1008,8 +1010,8 @@ def _evaluated(net: Net, cfg, plan: _Plan, where, feed, live: _Progress) -> tupl
              "devices": plan.devices,
              "images_per_second_per_device": images / max(seconds, 1e-9) / plan.devices,
              "step_images_per_second_per_device": images / max(stepping, 1e-9) / plan.devices}
-    if plan.folder is not None:
-        entry["skipped_images"] = feed.take_skipped()
+    if plan.folder is not None:     # in the epoch's batches, its precise-BN batches and its evaluation
+        entry["skipped_images"] = s.get("skipped_images", 0) + feed.take_skipped()
     return _Progress(live.state, live.step, _zero_sums(), live.history + [entry]), precise
 
 

@@ -1,0 +1,259 @@
+"""Training at scale: `train.fit` on a data mesh of host devices and across two processes against
+one device; one replica is the single-device run bit for bit; a folder run interrupted mid-epoch
+and resumed is the uninterrupted run bit for bit.
+
+The mesh runs need their device count fixed before JAX starts, so they run in fresh interpreters
+(tests/_train_mesh_worker.py): one process with four host devices, and two processes on 127.0.0.1
+(gloo collectives) with two each, all three at once.
+"""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gradtie import data, folder, pipeline, train
+from gradtie import tolerances as tol
+from gradtie.nets import cifar8
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "_train_mesh_worker.py"
+TIMEOUT_S = 300
+CONTROL_REL = 1e-3      # per-replica BatchNorm is another function: it parts from one device by far more
+
+
+def worker_env() -> dict:
+    env = dict(os.environ)
+    env.pop("XLA_FLAGS", None)          # each worker sets its own device count
+    env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rel(a: dict, b: dict) -> float:
+    """The worst relative difference, tensor by tensor, of the parameters and running statistics."""
+    keys = [k for k in b if k.startswith(("params/", "running/"))]
+    assert keys and set(keys) <= set(a)
+    return max(float(np.max(np.abs(a[k] - b[k])) / np.max(np.abs(b[k]))) for k in keys)
+
+
+@pytest.fixture(scope="module")
+def mesh_runs(tmp_path_factory):
+    """The three worker processes, started together: (summary of the 4-device process, its runs, the
+    two processes' runs)."""
+    out = tmp_path_factory.mktemp("mesh")
+    port = free_port()
+    cmds = [[sys.executable, str(WORKER), "mesh", str(out / "mesh")]] + [
+        [sys.executable, str(WORKER), "process", str(i), str(port), str(out / "two")] for i in range(2)]
+    for d in ("mesh", "two"):
+        (out / d).mkdir()
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(),
+                              cwd=HERE.parent) for c in cmds]
+    try:
+        logs = [p.communicate(timeout=TIMEOUT_S) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    for p, (_, err) in zip(procs, logs):
+        assert p.returncode == 0, err[-4000:]
+    summary = json.loads(logs[0][0].strip().splitlines()[-1])
+    load = lambda d, name: dict(np.load(out / d / f"{name}.npz"))  # noqa: E731
+    runs = {name: load("mesh", f"{name}-0") for name in ("r4", "r1", "r1_reversed", "r4_local_bn")}
+    two = [load("two", f"p2-{i}") for i in range(2)]
+    return summary, runs, two, [json.loads(log[0].strip().splitlines()[-1]) for log in logs[1:]], out
+
+
+def limit(runs: dict) -> float:
+    """10 × the single-device run's own round-off envelope (its batches' rows reversed), floored at
+    the float64 floor of the tie kit."""
+    return max(tol.ENVELOPE_FACTOR * rel(runs["r1_reversed"], runs["r1"]), tol.FLOORS["float64"])
+
+
+def test_four_replicas_are_the_single_device_run_at_the_same_global_batch(mesh_runs):
+    summary, runs, _, _, _ = mesh_runs
+    r4, r1 = runs["r4"], runs["r1"]
+    assert int(r4["devices"]) == 4 and int(r1["devices"]) == 1 and int(r4["step"]) == int(r1["step"]) == 2
+    assert rel(r4, r1) <= limit(runs), (rel(r4, r1), limit(runs))
+    for k in ("test_accuracy", "test_top5", "test_accuracy_running", "train_accuracy"):
+        assert float(r4[k]) == float(r1[k]), k        # the mesh's evaluation counts the same hits
+    assert abs(float(r4["loss"]) - float(r1["loss"])) <= limit(runs) * abs(float(r1["loss"]))
+    # the control: per-replica BatchNorm is another function of the weights
+    assert rel(runs["r4_local_bn"], r1) > CONTROL_REL
+    # another device count cannot resume the run: one line naming both counts
+    msg = summary["resume_refused"]
+    assert "on 2 device(s) in 1 process(es)" in msg and "trained on 4 device(s) in 1 process(es)" in msg
+    assert "\n" not in msg
+
+
+def test_two_processes_are_one_process_with_four_devices(mesh_runs):
+    _, runs, two, said, out = mesh_runs
+    assert [s["process"] for s in said] == [0, 1] and all(s["processes"] == 2 and s["devices"] == 4 for s in said)
+    first, second = two
+    assert first.keys() == second.keys() and all(np.array_equal(first[k], second[k]) for k in first)
+    assert rel(first, runs["r4"]) <= limit(runs), (rel(first, runs["r4"]), limit(runs))
+    assert rel(first, runs["r1"]) <= limit(runs)
+    assert rel(first, runs["r4_local_bn"]) > CONTROL_REL           # the control, from this side too
+    # one run folder, written by process 0; the orbax checkpoint holds both processes' work
+    run = json.loads((out / "two" / "p2" / "run.json").read_text())
+    assert (run["replicas"], run["processes"], run["global_batch"], run["batch"]) == (4, 2, 16, 4)
+    assert len((out / "two" / "p2" / train.METRICS).read_text().splitlines()) == 1
+    assert (out / "two" / "p2" / "checkpoints" / "2" / "state").is_dir()
+
+
+# ---- in this process: one device --------------------------------------------------------------------
+
+# one net, batch and image size for every run below: they share their compiled programs
+CFG = cifar8.Config(head_width=16, num_classes=7)
+BATCH = 8
+
+
+def test_one_replica_is_the_single_device_loop_bit_for_bit(tmp_path):
+    """`fit` with replicas=1 takes the steps the single-device loop always took: that loop, written
+    out here (the batch order, the flips, the schedule, `make_step`), lands on the same bits; one
+    batch in another order does not."""
+    photos = data.load("photos", n_train=3 * BATCH, n_test=16)
+    config = train.FitConfig(optimizer="nesterov", lr=0.02, epochs=1, batch=BATCH, precise_batches=1, eval_batch=16,
+                             replicas=1)
+    result = train.fit(cifar8.NET, CFG, photos, config, out=tmp_path / "run", progress=False)
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["checkpoints"] == "npz"
+    assert (tmp_path / "run" / train.CHECKPOINT).is_file()
+
+    def loop(swap_last: bool):
+        key = jax.random.key(0)
+        params = {k: v.astype(jnp.float32) for k, v in cifar8.NET.init(jax.random.fold_in(key, 0), CFG).items()}
+        opt = train.nesterov()
+        state = train.init_state(cifar8.NET, CFG, params, opt)
+        step = train.make_step(cifar8.NET, CFG, opt)
+        sched = train.cosine_warmup(0.02, 0, 3)
+        k_batch, k_flip, _ = jax.random.split(jax.random.fold_in(key, 1), 3)
+        for i, (xb, yb) in enumerate(data.batches(photos.split.x_train, photos.split.y_train, BATCH, key=k_batch)):
+            if swap_last and i == 2:
+                xb, yb = xb[::-1], yb[::-1]
+            xb = data.augment_flip(jnp.asarray(xb, jnp.float32), jax.random.fold_in(k_flip, i))
+            state, _ = step(state, xb, jnp.asarray(yb), sched(i))
+        return state
+
+    state = loop(swap_last=False)
+    assert all(np.array_equal(state.params[k], result.state.params[k]) for k in state.params)
+    assert all(np.array_equal(state.running[k], result.state.running[k]) for k in state.running)
+    control = loop(swap_last=True)
+    assert not all(np.array_equal(control.params[k], result.state.params[k]) for k in state.params)
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    """7 classes × 4 training JPEGs (and a truncated one, an empty one, a README.txt), 2 val a class."""
+    return folder.write_photo_folder(tmp_path_factory.mktemp("photos") / "photos", per_class=4, val_per_class=2,
+                                     size=(48, 40), corrupt=True)
+
+
+FOLDER_RUN = train.FitConfig(optimizer="nesterov", lr=0.02, epochs=2, batch=BATCH, precise_batches=1,
+                             eval_batch=16, workers=0, keep=2)
+
+
+def folder_fit(photos, out, **kwargs):
+    return train.fit(cifar8.NET, CFG, photos, FOLDER_RUN, out=out, image_size=32, progress=False, **kwargs)
+
+
+def interrupting(monkeypatch, at_step):
+    """make_step whose step raises KeyboardInterrupt instead of taking step `at_step` (1-based)."""
+    real = train.make_step
+
+    def make_step(*args, **kwargs):
+        step = real(*args, **kwargs)
+
+        def wrapped(state, x, targets, lr):
+            if int(state.step) + 1 == at_step:
+                raise KeyboardInterrupt
+            return step(state, x, targets, lr)
+        return wrapped
+
+    monkeypatch.setattr(train, "make_step", make_step)
+
+
+def same_state(a, b) -> bool:
+    return all(np.array_equal(getattr(a, part)[k], getattr(b, part)[k])
+               for part in ("params", "running") for k in getattr(b, part))
+
+
+def trajectory(history):
+    return [{k: v for k, v in h.items() if k not in train.WALL_CLOCK} for h in history]
+
+
+def test_folder_run_interrupted_mid_epoch_resumes_bit_for_bit(photos, tmp_path, monkeypatch):
+    spe = len(photos.train) // FOLDER_RUN.batch                       # 30 files (two broken): 3 steps
+    lines = []
+    straight = folder_fit(photos, tmp_path / "a", log=lines.append)
+    assert spe == 3 and [h["step"] for h in straight.history] == [3, 6]
+    # the run names the README it skips by its name and the first file that does not decode, once each
+    assert lines[0].startswith("skipped 1 file that is not JPEG or PNG by name") and "README.txt" in lines[0]
+    assert lines[1].startswith("skipped ") and "broken_" in lines[1] and "metrics.jsonl" in lines[1]
+    assert sum(line.startswith("skipped") for line in lines) == 2 and all("\n" not in line for line in lines)
+    assert all(h["skipped_images"] >= 2 for h in straight.history)   # both broken files, every epoch
+    run = json.loads((tmp_path / "a" / "run.json").read_text())
+    assert run["data"]["classes"] == sorted(data.PHOTO_NAMES) and run["checkpoints"] == "orbax"
+    assert run["data"]["name"] == f"folder:{photos.path}" and len(run["data"]["fingerprint"]) == 16
+
+    with monkeypatch.context() as m:
+        interrupting(m, at_step=spe + 2)
+        with pytest.raises(KeyboardInterrupt):
+            folder_fit(photos, tmp_path / "b")
+    # the interrupted run's checkpoint: the step taken last and the pipeline's position at it
+    from gradtie import checkpoints
+    kept = checkpoints.Checkpoints(tmp_path / "b")
+    assert kept.latest_step() == spe + 1 and kept.steps() == [spe, spe + 1]
+    got = kept.restore(straight.state)
+    kept.close()
+    assert got.data["step"] == spe + 1 and got.data["workers"] == 0 and len(got.meta["history"]) == 1
+    resumed = folder_fit(photos, tmp_path / "b", resume=True)
+    assert same_state(resumed.state, straight.state)
+    assert trajectory(resumed.history) == trajectory(straight.history)
+    # `gradtie check --weights RUN` reads an orbax run folder: the latest checkpoint's parameters
+    params, _ = train.checkpoint_params(tmp_path / "b", cifar8.NET)
+    assert all(np.array_equal(params[k], resumed.state.params[k]) for k in params)
+
+    # the control: a resume that reads its epoch's last batch again in place of the next parts from it
+    shutil.copytree(tmp_path / "b", tmp_path / "c")
+    for late in (tmp_path / "c" / "checkpoints").iterdir():
+        if late.name.isdigit() and int(late.name) > spe + 1:
+            shutil.rmtree(late)                         # back to where the interrupted run stood
+    real = train._FolderFeed.batches
+    with monkeypatch.context() as m:
+        m.setattr(train._FolderFeed, "batches", lambda self, epoch, start: real(self, epoch, max(start - 1, 0)))
+        replayed = folder_fit(photos, tmp_path / "c", resume=True)
+    assert not same_state(replayed.state, straight.state)
+
+
+def test_resuming_under_another_worker_count_reads_the_same_batches(photos):
+    """grain's record of the position holds for the worker count it was taken under; under another
+    one the reader starts at the step instead, and the batches are the same."""
+    files = pipeline.Files(photos.train)
+    layout = pipeline.Layout(8)
+    reader = pipeline.Reader(files, size=16, seed=3, steps_per_epoch=3, epochs=2, layout=layout, workers=0)
+    first = [next(reader) for _ in range(2)]
+    state = reader.state()
+    rest = [next(reader)["image"] for _ in range(3)]
+    reader.close()
+    for workers in (0, 1):
+        again = pipeline.Reader(files, size=16, seed=3, steps_per_epoch=3, epochs=2, layout=layout, workers=workers)
+        again.seek(2, state)
+        got = [next(again)["image"] for _ in range(3)]
+        again.close()
+        assert all(np.array_equal(a, b) for a, b in zip(got, rest)), workers
+    assert not np.array_equal(first[1]["image"], rest[0])     # the control: the batches do differ
