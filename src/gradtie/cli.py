@@ -260,8 +260,8 @@ def _bench_peers(args: argparse.Namespace) -> int:
 TRAIN_DEFAULTS = {"net": "cifar8", "data": "digits", "optimizer": "nesterov", "epochs": None, "batch": 128,
                   "lr": None, "warmup_epochs": 0, "label_smoothing": None, "image_size": 32,
                   "head_width": 512, "n_train": None, "n_test": None, "bf16": False, "grads": "rendered",
-                  "seed": 0, "flip": None, "precise_batches": 16, "replicas": None, "dtype": "float32",
-                  "checkpoints": None}
+                  "seed": 0, "flip": None, "precise_batches": 16, "replicas": None, "sync_bn": True,
+                  "dtype": "float32", "checkpoints": None}
 # upstream's runs, as option values (what a recipe leaves out keeps its default)
 RECIPES = {
     # ResNet-34 on ImageNet: 4 replicas × 64, heavy ball (momentum 0.9, coupled weight decay 1e-4),
@@ -325,7 +325,7 @@ def _train(args: argparse.Namespace) -> int:
         config = train.FitConfig(optimizer=o.optimizer, lr=o.lr, epochs=o.epochs, batch=o.batch, grads=o.grads,
                                  seed=o.seed, flip=o.flip, warmup_epochs=o.warmup_epochs,
                                  label_smoothing=o.label_smoothing, precise_batches=o.precise_batches,
-                                 dtype=o.dtype, replicas=replicas, checkpoints=o.checkpoints,
+                                 dtype=o.dtype, replicas=replicas, sync_bn=o.sync_bn, checkpoints=o.checkpoints,
                                  keep=args.keep, workers=workers)
         result = train.fit(net, cfg, dataset, config, out=args.out, resume=args.resume,
                            extend_epochs=args.extend_epochs or 0, stop_after=args.stop_after,
@@ -575,6 +575,9 @@ def parser() -> argparse.ArgumentParser:
                     help="devices of this process to train on, R (default: every local device; on a CPU, R host "
                          "devices). R·P > 1 (P processes) runs the synchronised-BN data-parallel step on a data "
                          "mesh; --batch is then each replica's N and the global batch is N·R·P")
+    tr.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None,
+                    help="BatchNorm statistics over the global batch (default); --no-sync-bn: each replica over "
+                         "its own N (per-replica BatchNorm, another function of the weights)")
     tr.add_argument("--recipe", choices=sorted(RECIPES), default=None,
                     help="resnet34-imagenet: upstream's ResNet-34 ImageNet run (4 replicas × 64, heavy ball, lr 0.1 "
                          "cosine, 5 warmup epochs, 90 epochs, wd 1e-4, label smoothing 0.1, crops and flips at "

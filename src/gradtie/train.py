@@ -561,7 +561,8 @@ class FitConfig:
     process the run trains on; `batch` is then each replica's N, and the global batch is N·R·P over
     P processes. R·P = 1 is the single-device step (`make_step`); more is the synchronised-BN
     data-parallel step (`parallel.make_step`) on the data mesh, at the same global batch the same
-    run up to round-off. checkpoints: "npz" (one file, `checkpoint.npz`) or "orbax" (asynchronous,
+    run up to round-off; sync_bn=False normalises each replica with its own N examples instead
+    (per-replica BatchNorm: another function of the weights). checkpoints: "npz" (one file, `checkpoint.npz`) or "orbax" (asynchronous,
     sharded, the last `keep` and the best kept: `gradtie.checkpoints`); None picks npz for a
     single-device run on in-memory data and orbax otherwise. workers: the input pipeline's worker
     processes for an image folder (`gradtie.pipeline`); keep and workers are not recorded.
@@ -581,6 +582,7 @@ class FitConfig:
     precise_batches: int = PRECISE_BATCHES
     eval_batch: int = 256
     replicas: int = 1
+    sync_bn: bool = True
     checkpoints: Optional[str] = None
     keep: int = 3
     workers: int = 0
@@ -715,6 +717,11 @@ def _scaled(op: str, plan: _Plan, config: FitConfig) -> _Plan:
 
 
 def _resolved_format(op: str, c: FitConfig, processes: int, *, in_memory: bool) -> FitConfig:
+    if c.replicas * processes > 1 and c.grads != "rendered":
+        raise ValueError(f"{op}: the data-parallel step is the rendered one; grads={c.grads!r} runs on one "
+                         f"device (replicas 1, one process)")
+    if c.replicas * processes == 1 and not c.sync_bn:
+        raise ValueError(f"{op}: sync_bn=False (per-replica BatchNorm) needs more than one replica")
     fmt = c.checkpoints or ("npz" if in_memory and c.replicas * processes == 1 else "orbax")
     if fmt == "npz" and processes > 1:
         raise ValueError(f"{op}: a run on {processes} processes writes orbax checkpoints (every process its "
@@ -778,13 +785,13 @@ def _run_record(net: Net, cfg, plan: _Plan) -> dict:
         "dtype": c.dtype, "precise_batches": c.precise_batches, "running_momentum": RUNNING_MOMENTUM,
         "segments": _first_segment(plan),
         "replicas": plan.devices, "processes": plan.processes, "global_batch": plan.global_batch,
-        "checkpoints": c.checkpoints or "npz",
+        "sync_bn": bool(c.sync_bn), "checkpoints": c.checkpoints or "npz",
     }
     return json.loads(json.dumps(run))       # tuples become lists, as run.json reads back
 
 
 # what a run recorded before meshes and orbax checkpoints ran on one device, in one process, into checkpoint.npz
-LEGACY_RUN = {"replicas": 1, "processes": 1, "checkpoints": "npz"}
+LEGACY_RUN = {"replicas": 1, "processes": 1, "sync_bn": True, "checkpoints": "npz"}
 
 
 def fingerprint(split: data_.Split) -> str:
@@ -963,9 +970,11 @@ def _epoch(plan: _Plan, where, feed, step_fn, sched, live: _Progress, total: int
                 sums["skipped_images"] = live.sums.get("skipped_images", 0) + feed.take_skipped()
             live = _Progress(state, live.step + 1, sums, live.history)
             steps.update(1)
-            taken = i + 1 - done
-            steps.set_postfix(loss=f"{loss:.4f}", loop=f"{taken * plan.global_batch / max(seconds - seconds0, 1e-9):.0f} img/s",
-                              step=f"{taken * plan.global_batch / max(stepping, 1e-9):.0f} img/s", refresh=False)
+            if steps.n % 10 == 0 or steps.n == spe:      # images a second, in total (and per device)
+                rates = [(i + 1 - done) * plan.global_batch / max(t, 1e-9) for t in (seconds - seconds0, stepping)]
+                shown = [f"{r:.0f} img/s" + (f" ({r / plan.devices:.0f}/device)" if plan.devices > 1 else "")
+                         for r in rates]
+                steps.set_postfix(loss=f"{loss:.4f}", loop=shown[0], step=shown[1], refresh=False)
             yield live
     finally:
         steps.close()
@@ -1081,10 +1090,8 @@ class _OnMesh:
     def step_fn(self):
         from . import parallel
         c = self.plan.config
-        if c.grads != "rendered":
-            raise ValueError(f"train.fit: the data-parallel step is the rendered one; grads={c.grads!r} runs "
-                             f"on one device (replicas 1)")
-        return parallel.make_step(self.net, self.cfg, self.plan.opt, mesh=self.mesh, label_smoothing=c.label_smoothing)
+        return parallel.make_step(self.net, self.cfg, self.plan.opt, mesh=self.mesh, label_smoothing=c.label_smoothing,
+                                  sync_bn=c.sync_bn)
 
     def place(self, tree):
         from . import parallel
@@ -1492,7 +1499,7 @@ def resume_arguments(out) -> dict[str, Any]:
             "label_smoothing": run["label_smoothing"], "grads": run["grads"], "seed": run["seed"],
             "flip": run["flip"], "precise_batches": run["precise_batches"], "bf16": cfg.get("bf16", False),
             "dtype": run.get("dtype", "float32"), "checkpoints": run.get("checkpoints", "npz"),
-            "replicas": run.get("replicas", 1) // run.get("processes", 1)}
+            "replicas": run.get("replicas", 1) // run.get("processes", 1), "sync_bn": run.get("sync_bn", True)}
     if "head_width" in cfg:
         args["head_width"] = cfg["head_width"]
     return args
