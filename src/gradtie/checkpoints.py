@@ -198,8 +198,8 @@ def _check_against(folder: Path, stored, template) -> None:
 
 
 def read_params(out, step: Optional[int] = None) -> dict[str, np.ndarray]:
-    """The parameters of a run folder's checkpoint `step` (default the latest), as host arrays:
-    what `gradtie check --weights RUN` reads."""
+    """The parameters of a run folder's checkpoint `step` (default the latest), as host arrays in
+    their stored dtype: what `gradtie check --weights RUN` reads."""
     ocp = _ocp()
     directory = Path(out).absolute() / FOLDER
     with ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(create=False)) as manager:
@@ -207,10 +207,9 @@ def read_params(out, step: Optional[int] = None) -> dict[str, np.ndarray]:
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {str(directory)!r}")
         params = _stored_tree(directory / str(step))["params"]
-        abstract = {k: jax.ShapeDtypeStruct(tuple(v.shape), v.dtype,
-                                            sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0]))
-                    for k, v in params.items()}
+        # host arrays in the stored dtype (float64 stays float64 whether or not JAX has x64 on)
+        item = {"params": {k: np.zeros((), v.dtype) for k, v in params.items()}}
+        restore = {"params": {k: ocp.RestoreArgs(restore_type=np.ndarray, dtype=v.dtype) for k, v in params.items()}}
         got = manager.restore(step, args=ocp.args.Composite(state=ocp.args.PyTreeRestore(
-            item={"params": abstract}, restore_args=jax.tree.map(lambda a: ocp.ArrayRestoreArgs(sharding=a.sharding),
-                                                                 {"params": abstract}), partial_restore=True)))
-    return {k: np.asarray(v) for k, v in got["state"]["params"].items()}
+            item=item, restore_args=restore, partial_restore=True)))
+    return {k: np.asarray(got["state"]["params"][k]) for k in params}

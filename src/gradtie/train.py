@@ -484,6 +484,18 @@ def checkpoint_params(path, net) -> tuple[dict, dict]:
     return _named_params(net, file, params)
 
 
+def tensor_distances(a: Mapping, b: Mapping, skip=()) -> dict[str, float]:
+    """max|a − b| / max|b|, tensor by tensor of `b` (host arrays or device arrays; names in `skip`
+    left out, e.g. the conv biases behind BatchNorm, which are 0 in ℝ and round-off only)."""
+    out = {}
+    for k, ref in b.items():
+        if k in skip:
+            continue
+        x, y = np.asarray(a[k], np.float64), np.asarray(ref, np.float64)
+        out[k] = float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(y))), np.finfo(np.float64).tiny))
+    return out
+
+
 def _named_params(net, file: Path, params: dict) -> tuple[dict, dict]:
     """A checkpoint's tensors in the net's signature order, and the Config its shapes imply."""
     overrides = {}
