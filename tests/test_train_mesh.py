@@ -118,6 +118,8 @@ def test_gradtie_train_on_four_host_devices_is_the_single_device_run(mesh_runs):
     said, states, out = mesh_runs["said"][0], mesh_runs["states"], mesh_runs["out"]
     r4, r1 = states["r4"], states["r1"]
     assert said["devices"] == 4 and int(r4.step) == int(r1.step) == 2
+    print(f"4 replicas vs one device: {rel(r4, r1):.1e} (envelope {rel(states['r1_reversed'], r1):.1e}, "
+          f"limit {limit(states):.1e}); per-replica BN: {rel(states['r4_local_bn'], r1):.1e}")   # pytest -s
     assert 0 < rel(states["r1_reversed"], r1) and rel(r4, r1) <= limit(states), (rel(r4, r1), limit(states))
     mesh, one = history(out / "r4")[-1], mesh_runs["r1"].history[-1]
     assert mesh["devices"] == 4 and one["devices"] == 1
@@ -141,6 +143,8 @@ def test_two_processes_of_two_devices_are_one_process_of_four(mesh_runs):
     assert [s["process"] for s in said] == [0, 1] and all(s["processes"] == 2 and s["devices"] == 4 for s in said)
     # process 0 prints and writes run.json and metrics.jsonl; every process writes its checkpoint shards
     assert said[0]["out"].strip().splitlines()[-1].startswith("test accuracy: ") and said[1]["out"] == ""
+    print(f"2 processes × 2 devices vs 1 × 4: {rel(states['p2'], states['r4']):.1e}, "
+          f"vs one device: {rel(states['p2'], states['r1']):.1e} (limit {limit(states):.1e})")   # pytest -s
     assert rel(states["p2"], states["r4"]) <= limit(states), (rel(states["p2"], states["r4"]), limit(states))
     assert rel(states["p2"], states["r1"]) <= limit(states)
     assert rel(states["p2"], states["r4_local_bn"]) > CONTROL_REL      # the control, from this side too

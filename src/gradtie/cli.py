@@ -413,7 +413,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--weights", default="drawn", metavar="{drawn,init,PATH}",
                    help="drawn (default: γ ~ U(0.5,1.5), β and biases nonzero, where a backward that "
                         "confuses γ, β or a bias shows), init (γ = 1, β = 0: such bugs hide), or a "
-                        "training checkpoint (checkpoint.npz or its run folder)")
+                        "training checkpoint (checkpoint.npz, or a run folder: its checkpoint.npz or its latest orbax "
+                        "checkpoint)")
     c.add_argument("--plant-bug", default=None, metavar="NAME",
                    help="plant one bug of the catalogue in the rendered backward (exit 1 expected); "
                         "'list' prints the entries that apply to --net")
@@ -549,7 +550,8 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--epochs", type=int, default=None,
                     help="the run's total epochs; it fixes the cosine schedule (default 1; on --resume, the "
                          "recorded total)")
-    tr.add_argument("--batch", type=int, default=None, help="default 128")
+    tr.add_argument("--batch", type=int, default=None,
+                    help="examples per replica, N (default 128); the global batch is N·R·P")
     tr.add_argument("--lr", type=float, default=None,
                     help="base learning rate (default: the upstream recipe's, SGD 0.1, Nesterov 0.02, "
                          "heavy ball 0.1, AdamW 1e-3)")

@@ -851,7 +851,8 @@ class _Progress(NamedTuple):
     statements never leaves the state and the epoch's sums out of step with each other)."""
     state: TrainState
     step: int
-    sums: dict          # loss, accuracy, seconds (the loop), step_seconds (the step alone), lr of the epoch in progress
+    sums: dict          # loss, accuracy, seconds (the loop), step_seconds and step_images (the step alone,
+                        # its compiling first call left out), lr of the epoch in progress
     history: list
 
     def meta(self) -> dict:
@@ -859,7 +860,7 @@ class _Progress(NamedTuple):
 
 
 def _zero_sums() -> dict:
-    return {"loss": 0.0, "accuracy": 0.0, "seconds": 0.0, "lr": 0.0, "step_seconds": 0.0}
+    return {"loss": 0.0, "accuracy": 0.0, "seconds": 0.0, "lr": 0.0, "step_seconds": 0.0, "step_images": 0}
 
 
 def fit(net, cfg, dataset, config: FitConfig = FitConfig(), *,
@@ -886,9 +887,10 @@ def fit(net, cfg, dataset, config: FitConfig = FitConfig(), *,
                      segments, replicas and processes …);
       metrics.jsonl  one JSON object per epoch, appended (epoch, step, loss, train_accuracy,
                      test_accuracy, test_top5, test_accuracy_running, bn_gap, lr, seconds,
-                     step_seconds, eval_seconds, devices, images_per_second (the whole loop) and
-                     step_images_per_second (the step alone), in total and per device; for a folder
-                     skipped_images);
+                     step_seconds, eval_seconds, devices, images_per_second (the whole loop,
+                     compiling included) and step_images_per_second (the step alone, its first call
+                     in the process left out: null for an epoch of that one step), in total and per
+                     device; for a folder skipped_images);
       checkpoints    `checkpoint.npz` written atomically, or orbax's `checkpoints/<step>/` written
                      asynchronously (`config.checkpoints`), after every epoch and on Ctrl-C
                      (KeyboardInterrupt, which is then re-raised).
@@ -928,12 +930,12 @@ def fit(net, cfg, dataset, config: FitConfig = FitConfig(), *,
     sched = _segments_schedule(c.schedule, run["segments"])
     step_fn = where.step_fn()
     feed = _ArrayFeed(plan) if plan.folder is None else _FolderFeed(plan, total, log)
-    precise = None
+    precise, warm = None, {"compiled": False}
     try:
         feed.seek(live.step, data_state)
         while len(live.history) < min(total, stop_after or total):
             for live in _epoch(plan, where, feed, step_fn, sched, live, total, out, store, fresh,
-                               progress and primary):
+                               progress and primary, warm):
                 pass    # `live` follows every step taken: a Ctrl-C saves the last one
             live, precise = _evaluated(net, cfg, plan, where, feed, live)
             if store is not None:
@@ -956,34 +958,39 @@ def fit(net, cfg, dataset, config: FitConfig = FitConfig(), *,
 
 
 def _epoch(plan: _Plan, where, feed, step_fn, sched, live: _Progress, total: int, out: Optional[Path], store,
-           fresh: TrainState, progress: bool) -> Iterator[_Progress]:
+           fresh: TrainState, progress: bool, warm: dict) -> Iterator[_Progress]:
     """The steps left of the epoch in progress, one `_Progress` after each. The bar shows the loss
-    and the images a second of the whole loop (input included) and of the step alone."""
+    and the images a second of the whole loop (input included) and of the step alone (after the
+    step's first call in the process, `warm["compiled"]`, which compiles it)."""
     spe = plan.steps_per_epoch
     epoch = len(live.history)
     done = live.step - epoch * spe                    # batches of this epoch already taken
     steps = bar(desc=f"epoch {epoch + 1}/{total}", total=spe, initial=done, enabled=progress)
     start, seconds0 = time.perf_counter(), live.sums["seconds"]
-    stepping0 = live.sums.get("step_seconds", 0.0)
-    stepping = 0.0
+    stepping0, stepped0 = live.sums.get("step_seconds", 0.0), live.sums.get("step_images", 0)
+    stepping, stepped = 0.0, 0
     try:
         for i, xb, targets in feed.batches(epoch, done):
             lr_now = sched(live.step)
             tic = time.perf_counter()
             state, metrics = where.step(step_fn, live.state, xb, targets, lr_now)
             loss, acc, gnorm, lr_seen = (float(where.host(metrics[k])) for k in ("loss", "accuracy", "grad_norm", "lr"))
-            stepping += time.perf_counter() - tic
+            if warm["compiled"]:        # the step alone, its first call in this process (it compiles) left out
+                stepping, stepped = stepping + time.perf_counter() - tic, stepped + plan.global_batch
+            warm["compiled"] = True
             if not (math.isfinite(loss) and math.isfinite(gnorm)):
                 raise _non_finite(loss, gnorm, live.step + 1, epoch, i, spe, float(lr_now), store, fresh)
             seconds = seconds0 + time.perf_counter() - start
             sums = {"loss": live.sums["loss"] + loss, "accuracy": live.sums["accuracy"] + acc,
-                    "seconds": seconds, "lr": lr_seen, "step_seconds": stepping0 + stepping}
+                    "seconds": seconds, "lr": lr_seen, "step_seconds": stepping0 + stepping,
+                    "step_images": stepped0 + stepped}
             if plan.folder is not None:     # files skipped in the epoch so far (a resume carries them on)
                 sums["skipped_images"] = live.sums.get("skipped_images", 0) + feed.take_skipped()
             live = _Progress(state, live.step + 1, sums, live.history)
             steps.update(1)
             if steps.n % 10 == 0 or steps.n == spe:      # images a second, in total (and per device)
-                rates = [(i + 1 - done) * plan.global_batch / max(t, 1e-9) for t in (seconds - seconds0, stepping)]
+                rates = [(i + 1 - done) * plan.global_batch / max(seconds - seconds0, 1e-9),
+                         stepped / stepping if stepped else math.nan]
                 shown = [f"{r:.0f} img/s" + (f" ({r / plan.devices:.0f}/device)" if plan.devices > 1 else "")
                          for r in rates]
                 steps.set_postfix(loss=f"{loss:.4f}", loop=shown[0], step=shown[1], refresh=False)
@@ -1020,17 +1027,18 @@ def _evaluated(net: Net, cfg, plan: _Plan, where, feed, live: _Progress) -> tupl
         (test_acc, top5), (test_running, _) = where.accuracies(params, (precise, live.state.running),
                                                                feed.eval_chunks(c.eval_batch))
     s = live.sums
-    seconds, stepping, images = s["seconds"], s.get("step_seconds", 0.0), spe * plan.global_batch
+    seconds, images = s["seconds"], spe * plan.global_batch
+    stepping, stepped = s.get("step_seconds", 0.0), s.get("step_images", 0)
+    step_rate = stepped / stepping if stepped else None     # None: the epoch's one step compiled
     entry = {"epoch": len(live.history) + 1, "step": live.step,
              "loss": s["loss"] / spe, "train_accuracy": s["accuracy"] / spe,
              "test_accuracy": test_acc, "test_accuracy_running": test_running,
              "bn_gap": test_acc - test_running, "lr": s["lr"], "seconds": seconds,
              "eval_seconds": time.perf_counter() - tic,
              "images_per_second": images / max(seconds, 1e-9), "test_top5": top5,
-             "step_seconds": stepping, "step_images_per_second": images / max(stepping, 1e-9),
-             "devices": plan.devices,
+             "step_seconds": stepping, "step_images_per_second": step_rate, "devices": plan.devices,
              "images_per_second_per_device": images / max(seconds, 1e-9) / plan.devices,
-             "step_images_per_second_per_device": images / max(stepping, 1e-9) / plan.devices}
+             "step_images_per_second_per_device": None if step_rate is None else step_rate / plan.devices}
     if plan.folder is not None:     # in the epoch's batches, its precise-BN batches and its evaluation
         entry["skipped_images"] = s.get("skipped_images", 0) + feed.take_skipped()
     return _Progress(live.state, live.step, _zero_sums(), live.history + [entry]), precise
