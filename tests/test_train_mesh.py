@@ -302,3 +302,28 @@ def test_resuming_under_another_worker_count_reads_the_same_batches(photos):
         again.close()
         assert all(np.array_equal(a, b) for a, b in zip(got, rest)), workers
     assert not np.array_equal(first[1]["image"], rest[0])     # the control: the batches do differ
+
+
+def test_checkpoints_keep_the_last_k_and_the_best_and_an_interrupted_write_replaces_nothing(tmp_path):
+    state = train.TrainState({"w": jnp.ones((2, 3))}, {}, {"bn.running_mean": jnp.ones(2)}, jnp.zeros((), jnp.int32))
+    at = lambda s: state._replace(step=jnp.asarray(s, jnp.int32))  # noqa: E731
+    kept = checkpoints.Checkpoints(tmp_path, keep=2)
+    for step, accuracy in [(1, 0.5), (2, None), (3, 0.9), (4, None), (5, 0.6)]:   # None: taken mid-epoch
+        kept.save(step, at(step), {"step": step}, metrics=None if accuracy is None else {"test_accuracy": accuracy})
+    kept.close()
+    folder = tmp_path / checkpoints.FOLDER
+    assert sorted(p.name for p in folder.iterdir()) == ["3", "4", "5"]       # the last two and the best
+    # a write cut off half way: orbax's temporary folder for step 6, never renamed into place
+    partial = folder / "6.orbax-checkpoint-tmp-1234567"
+    shutil.copytree(folder / "5", partial)
+    (partial / "state" / "manifest.ocdbt").write_bytes(b"cut off")
+    kept = checkpoints.Checkpoints(tmp_path, keep=2)
+    assert (kept.latest_step(), kept.best_step()) == (5, 3)
+    got = kept.restore(state)
+    assert got.step == 5 and int(got.state.step) == 5 and got.meta == {"step": 5} and got.data is None
+    with pytest.raises(ValueError, match=r"first mismatching tensor 'params/w' has shape \(2, 3\), this run "
+                                         r"expects \(3, 3\)"):
+        kept.restore(state._replace(params={"w": jnp.ones((3, 3))}))
+    kept.save(6, at(6), {"step": 6})          # the next save clears the cut-off folder
+    kept.close()
+    assert sorted(p.name for p in folder.iterdir()) == ["3", "5", "6"]

@@ -12,7 +12,7 @@ One checkpoint is one step's folder, `checkpoints/<step>/`, holding three items:
 Saves are asynchronous: `save` returns once the arrays are copied off the device, and the files
 are written while training goes on. orbax writes each checkpoint into a temporary folder and
 renames it when every process is done, so an interrupted write leaves the last complete
-checkpoint the newest one `latest_step` sees; the temporary folder is removed at the next start.
+checkpoint the newest one `latest_step` sees; the temporary folder is removed by the next save.
 Kept: the last `keep` checkpoints and the one with the best test accuracy (top-1, precise BN).
 
 Beyond the suite: the suite states train steps, not how a run is stored.
