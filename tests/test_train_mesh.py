@@ -327,3 +327,19 @@ def test_checkpoints_keep_the_last_k_and_the_best_and_an_interrupted_write_repla
     kept.save(6, at(6), {"step": 6})          # the next save clears the cut-off folder
     kept.close()
     assert sorted(p.name for p in folder.iterdir()) == ["3", "5", "6"]
+
+
+def test_the_resnet34_imagenet_recipe_sets_upstreams_run_and_options_override_it(tmp_path, capsys):
+    from gradtie import cli
+    args = cli.parser().parse_args(["train", "--recipe", "resnet34-imagenet", "--data", "folder:/data/imagenet",
+                                    "--replicas", "8", "--batch", "32", "--out", str(tmp_path / "r34")])
+    o = cli._train_options(args)
+    assert (o.net, o.optimizer, o.lr, o.epochs, o.warmup_epochs, o.label_smoothing, o.image_size, o.flip) == \
+        ("resnet34", "heavy-ball", 0.1, 90, 5, 0.1, 224, True)
+    assert (o.replicas, o.batch) == (8, 32)                                # given: they win
+    assert train.make_optimizer(o.optimizer).hyper == {"momentum": 0.9, "weight_decay": 1e-4}
+    assert (cli.RECIPES["resnet34-imagenet"]["replicas"], cli.RECIPES["resnet34-imagenet"]["batch"]) == (4, 64)
+    # without an image folder the recipe has nothing to train on: one line, exit 3
+    assert cli.main(["train", "--recipe", "resnet34-imagenet", "--out", str(tmp_path / "x")]) == 3
+    err = capsys.readouterr().err
+    assert "--data folder:PATH" in err and len(err.strip().splitlines()) == 1
