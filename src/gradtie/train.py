@@ -17,11 +17,16 @@ The three SGD rules are written out: they are the rendered side of the train-ste
 them to optax's (`checks.step`). AdamW is optax's `scale_by_adam` and `add_decayed_weights`.
 Every optimizer is a pair of pure functions on dict-of-array pytrees, `init(params) -> state` and
 `update(params, grads, state, lr) -> (params, state)`; states are dicts of arrays, so checkpoints
-are plain `.npz` files.
+are plain `.npz` files (or orbax's, `gradtie.checkpoints`).
 
 `fit` is the training loop behind `gradtie train`: a run (`FitConfig`) trained epoch by epoch,
 evaluated with recomputed (precise) BN statistics beside the running ones, in a run folder with
-`run.json`, an append-only `metrics.jsonl` and atomic checkpoints, and an exact resume.
+`run.json`, an append-only `metrics.jsonl` and atomic checkpoints, and an exact resume. It runs on
+one device (`make_step`) or on the data mesh of every local device and every host
+(`parallel.make_step`, `gradtie.cluster`), on in-memory data or an image folder read through
+`gradtie.pipeline`; where the arrays live (`_OneDevice`, `_OnMesh`), what the run reads
+(`_ArrayFeed`, `_FolderFeed`) and where it is stored (`_NpzStore`, `_OrbaxStore`) are one small
+class each.
 `side_by_side` follows the same run with the rendered and the autodiff step in lockstep and bounds
 their distance by the float32 round-off envelope.
 """
