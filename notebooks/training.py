@@ -36,12 +36,18 @@
 #    results, quoted as theirs;
 # 5. two train steps of each net, tied tensor by tensor to optax on autodiff gradients: the
 #    updated weights, momentum buffers and running statistics (beyond the suite, whose step ties
-#    stop at the raw gradient nodes of `r34_net_tiedB` and `cifar8Bbn_train_step_tiedB`).
+#    stop at the raw gradient nodes of `r34_net_tiedB` and `cifar8Bbn_train_step_tiedB`);
+# 6. the same run on several devices (the data-parallel step on a mesh of host devices) against
+#    one device, and the input pipeline an image folder is read through.
 #
 # The same runs are a command away: `gradtie train` (see the README) writes `run.json`,
 # `metrics.jsonl` and resumable checkpoints.
 
 # %%
+import json
+import os
+import subprocess
+import sys
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -49,10 +55,11 @@ from pathlib import Path
 import jax
 import matplotlib.pyplot as plt
 
-from gradtie import book, data, plots, train
+from gradtie import book, data, folder, pipeline, plots, train
 from gradtie.checks import bugs, step
 from gradtie import tolerances as tol
 from gradtie.nets import cifar8, protocol, resnet34
+from gradtie.nets.layers import zero_in_reals
 
 # %% tags=["parameters"]
 net: str = "cifar8"   # or "resnet34" (32 px digits)
@@ -65,11 +72,12 @@ cifar10_path: str = ""  # the cifar-10-batches-py or cifar-10-batches-bin folder
 tie_batch: int = 4    # photos per step in the two step ties (the last section)
 image_size: int = 32  # their side in pixels
 conv_bias: bool = False  # True ties the 146-tensor ResNet-34 step (a bias on every conv)
+replicas: int = 4     # host devices of the data-parallel run (the section Every device, every host)
 
 # %%
 p = book.validated(net=net, batch=batch, epochs=epochs, steps=steps, lr=lr, seed=seed,
                    cifar10_path=cifar10_path, tie_batch=tie_batch, image_size=image_size,
-                   conv_bias=conv_bias)
+                   conv_bias=conv_bias, replicas=replicas)
 assert p.epochs >= 2, "the chapter interrupts its run after epoch 1 and resumes it: epochs ≥ 2"
 model = {"cifar8": cifar8.NET, "resnet34": resnet34.NET}[p.net]
 cfg = model.config(num_classes=10)
@@ -274,6 +282,113 @@ if p.cifar10_path:
 else:
     print("CIFAR-10: skipped, no files given (set cifar10_path to the cifar-10-batches-py or "
           "cifar-10-batches-bin folder)")
+
+# %% [markdown]
+# ## Every device, every host
+#
+# ```{admonition} Beyond the suite, in part
+# :class: attention
+# The suite ties the data-parallel step's all-reduced nodes to the single-device nodes at batch
+# R·N (`r34_net_syncTiedB`; chapter Data-parallel tie). A run of many such steps, its evaluation,
+# the input pipeline, the checkpoints and the hosts lie beyond it.
+# ```
+#
+# `gradtie train --replicas R` trains with the data-parallel step that chapter ties
+# (`parallel.make_step`): R replicas on a data mesh, each running the rendered chain on its own N
+# examples, every BatchNorm layer normalising with the statistics of the whole global batch of
+# R·N, the gradients all-reduced. The precise BN statistics and the evaluation run on the mesh
+# too. In ℝ this is the single-device run at batch R·N, step for step; in float64 the two may
+# part only by round-off. `--replicas 1` is the single-device run, bit for bit.
+#
+# Here are three runs of that command on this machine's host devices, in float64 (a short run of
+# cifar8 on digits, one epoch): R replicas of N examples, the same with per-replica BatchNorm
+# (`--no-sync-bn`, each replica normalising with its own N examples), and one device at R·N. The
+# limit is the float64 floor of the tie kit. The control is per-replica BatchNorm, which is
+# another function of the weights and must leave the limit far behind.
+
+# %%
+scale_dir = Path(tempfile.mkdtemp(prefix="gradtie-scale-"))
+per_replica = 4
+scale_command = [sys.executable, "-m", "gradtie", "train", "--net", "cifar8", "--head-width", "32",
+                 "--data", "digits", "--n-train", str(4 * p.replicas * per_replica), "--n-test", "64",
+                 "--epochs", "1", "--precise-batches", "1", "--dtype", "float64", "--seed", str(p.seed)]
+scale_runs = {"mesh": ["--replicas", str(p.replicas), "--batch", str(per_replica)],
+              "per-replica BN": ["--replicas", str(p.replicas), "--batch", str(per_replica), "--no-sync-bn"],
+              "one device": ["--replicas", "1", "--batch", str(p.replicas * per_replica)]}
+# the three commands at once, each on this CPU's host devices
+launched = {name: subprocess.Popen(scale_command + args + ["--out", str(scale_dir / name)], text=True,
+                                   env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE)
+            for name, args in scale_runs.items()}
+finished = {name: (*proc.communicate(), proc.returncode) for name, proc in launched.items()}
+assert all(code == 0 for _, _, code in finished.values()), {n: e[-800:] for n, (_, e, c) in finished.items() if c}
+scale_params = {name: train.checkpoint_params(scale_dir / name, cifar8.NET)[0] for name in scale_runs}
+scale_last = {name: json.loads((scale_dir / name / train.METRICS).read_text().splitlines()[-1]) for name in scale_runs}
+reference = scale_params["one device"]
+distances = {name: train.tensor_distances(scale_params[name], reference, skip=set(zero_in_reals(reference)))
+             for name in ("mesh", "per-replica BN")}
+for name, d in distances.items():
+    print(f"{name} ({scale_last[name]['devices']} devices): worst tensor {max(d, key=d.get)} at "
+          f"{max(d.values()):.1e}; test accuracy {scale_last[name]['test_accuracy']:.4f}")
+print(f"one device: test accuracy {scale_last['one device']['test_accuracy']:.4f}")
+
+# %% tags=["nbval-check-output"]
+mesh_limit = tol.FLOORS["float64"]
+worst = {name: max(d.values()) for name, d in distances.items()}
+same_figures = all(scale_last["mesh"][k] == scale_last["one device"][k]
+                   for k in ("test_accuracy", "test_top5", "test_accuracy_running", "train_accuracy"))
+print(f"{p.replicas} replicas × {per_replica} against one device at {p.replicas * per_replica}, float64, "
+      f"{scale_last['mesh']['step']} steps: every tensor within {mesh_limit:g}: {worst['mesh'] <= mesh_limit}")
+print(f"the mesh's evaluation counts the same hits (top-1, top-5, running statistics) and the same "
+      f"training accuracy: {same_figures}")
+print(f"control, per-replica BatchNorm: some tensor off by more than 1e-3: {worst['per-replica BN'] > 1e-3}")
+book.glue("mesh_run", (p.replicas, per_replica, worst["mesh"] <= mesh_limit),
+          "{} replicas × {} within the float64 floor of one device at the same global batch: {}")
+assert worst["mesh"] <= mesh_limit and same_figures
+assert worst["per-replica BN"] > 1e-3
+
+# %%
+plots.training.mesh_agreement(distances, mesh_limit)
+plt.show()
+
+# %% [markdown]
+# Every tensor of the mesh run sits at round-off from the single-device run's, and the
+# per-replica BatchNorm run sits orders of magnitude above the limit: its statistics come from N
+# examples, not R·N, so its gradients are those of another loss. Both runs wrote their
+# checkpoints with orbax (`checkpoints/<step>/`, every process its share, asynchronously, the
+# last `--keep` and the best kept); the single-device run wrote `checkpoint.npz` as every run
+# before it did. `gradtie check --weights RUN` reads either.
+#
+# Across hosts the command is the same, started once per host with the coordinator, the process
+# count and the process id in the environment (`JAX_COORDINATOR_ADDRESS=host0:1234
+# JAX_NUM_PROCESSES=P JAX_PROCESS_ID=p`, see the README). The mesh then spans every host's
+# devices and each host reads only its own rows of each global batch. `tests/test_train_mesh.py`
+# starts two such processes on 127.0.0.1 with two host devices each (gloo collectives) and holds
+# their run to one process of four devices and to one device, within ten times the
+# single-device run's own round-off envelope.
+#
+# ### The input pipeline
+#
+# ImageNet arrives as a folder of JPEGs, one subfolder per class (`--data folder:PATH`, as
+# torchvision's `ImageFolder` reads it). `gradtie.pipeline` decodes and augments it in worker
+# processes with grain, JAX's data library: a random resized crop and a flip for training, the
+# centre crop for evaluation, per-channel normalisation. The order is fixed by the seed and the
+# epoch, whatever the number of workers or hosts, and its position is checkpointed with the
+# weights, so a run resumed mid-epoch reads exactly the batches it would have read. A file that
+# does not decode is skipped and named. Below, the pipeline alone on JPEGs of ImageNet's most
+# common size (500×375) cut from the shipped photos, at 224 px, in this process's thread and in
+# one worker process. Set the figure against the step's own images per second (the
+# `step_images_per_second` of `metrics.jsonl`) to tell a data-bound run from a compute-bound
+# one; `gradtie bench --input` measures the same on any folder.
+
+# %%
+photo_folder = folder.write_photo_folder(scale_dir / "photos", per_class=16, val_per_class=1, size=(500, 375))
+input_rates = [pipeline.measure(photo_folder.train, workers=w, size=224, batch=16, batches=4) for w in (0, 1)]
+for rate in input_rates:
+    print(rate.row())
+print(f"the mesh run's step alone, cifar8 at 32 px: {scale_last['mesh']['step_images_per_second_per_device']:.0f} "
+      f"images/s per device")
+assert all(r.images_per_second > 0 for r in input_rates)
 
 # %% [markdown]
 # ## Upstream's results, quoted

@@ -31,8 +31,8 @@ CACHE = Path(os.environ.get("GRADTIE_VENVS", Path.home() / ".cache" / "gradtie" 
 COMPLETE = ".gradtie-requirements"   # written last: a shared venv without it is rebuilt
 # imported once into the shared venv, which writes their byte code there
 WARM = ("jax", "jax.numpy", "numpy", "scipy.optimize", "sklearn.datasets", "skimage.data", "skimage.transform",
-        "matplotlib.pyplot", "optax", "tqdm", "hypothesis", "pytest", "xdist", "nbval.plugin", "ipykernel.kernelapp",
-        "papermill", "jupytext", "jupyter_book.cli.main")
+        "matplotlib.pyplot", "optax", "grain", "orbax.checkpoint", "tqdm", "hypothesis", "pytest", "xdist",
+        "nbval.plugin", "ipykernel.kernelapp", "papermill", "jupytext", "jupyter_book.cli.main")
 
 
 KEEP = 3   # shared venvs kept (the newest); the clones' hard links keep their files alive anyway

@@ -207,6 +207,11 @@ BEYOND: tuple[Claim, ...] = (
           "not a statement of the suite",
           (_s("head_fold", "Where the smoothed loss bottoms out (beyond the suite)", "smoothed_minimum"),),
           beyond_suite=True),
+    Claim("training on a mesh", "a run on R devices (and on several hosts) against one device at the same "
+          "global batch", "the suite ties one data-parallel step's all-reduced nodes to the single-device "
+          "nodes (`r34_net_syncTiedB`); a run of many steps, its evaluation, the input pipeline and the hosts "
+          "lie beyond it",
+          (_s("training", "Every device, every host", "mesh_run"),), beyond_suite=True),
     Claim("training accuracy", "training with the rendered step",
           "the suite states one step; accuracy is no theorem",
           (_s("training", "Evaluation that reflects the model", "digits_accuracy"),), beyond_suite=True),

@@ -98,6 +98,9 @@ def _bench(args: argparse.Namespace) -> int:
                   f"(no data), XLA's convolutions at every conv site; memory from XLA's analysis")
             print(table)
         return 0 if ok else 1
+    if args.input:
+        return _bench_input(args)
+    args.batch = args.batch or [32]
     if args.peers and args.conv_floor:
         raise ValueError("gradtie bench: --peers and --conv-floor are two runs; give one")
     if args.peers or args.conv_floor:
@@ -132,6 +135,45 @@ def _bench(args: argparse.Namespace) -> int:
         for r in results:
             print(r.row())
     return 0
+
+
+def _bench_input(args: argparse.Namespace) -> int:
+    """The input pipeline alone (`gradtie.pipeline.measure`): training batches of an image folder
+    decoded, cropped, flipped and normalised by 1, 2, … worker processes, images per second."""
+    import json
+    import tempfile
+
+    from . import bench, folder, pipeline
+    size = (args.image_size or [224])[0]
+    batch = (args.batch or [64])[0]
+    with tempfile.TemporaryDirectory(prefix="gradtie-input-") as tmp:
+        if args.data:
+            path = folder.parse_spec(args.data)
+            if path is None:
+                raise ValueError(f"gradtie bench --input: --data must be folder:PATH, got {args.data!r}")
+            listing = folder.read(path).train
+            source = str(path)
+        else:    # JPEGs of ImageNet's most common size, cut from the shipped photos
+            listing = folder.write_photo_folder(Path(tmp) / "photos", per_class=INPUT_PER_CLASS, val_per_class=1,
+                                                size=(500, 375)).train
+            source = f"{len(listing)} JPEGs of 500×375 px cut from the shipped photos"
+        rates = [pipeline.measure(listing, workers=w, size=size, batch=batch, batches=args.repeats or 16)
+                 for w in args.workers]
+    rows = [{**r._asdict(), "images_per_second": r.images_per_second} for r in rates]
+    if args.out:
+        bench.write_json(args.out, {"suite": "input", "source": source, "batch": batch, "machine": bench.machine(),
+                                    "rows": rows})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"input pipeline: {source}; batches of {batch} at {size} px (decode, random resized crop, flip, "
+          f"normalise), timed after the workers' start and every batch they held ready")
+    for r in rates:
+        print(r.row())
+    return 0
+
+
+INPUT_PER_CLASS = 40   # `bench --input`'s generated folder: 7 classes × 40 JPEGs
 
 
 def _bench_gpu(args: argparse.Namespace) -> int:
@@ -214,33 +256,81 @@ def _bench_peers(args: argparse.Namespace) -> int:
 
 
 # `gradtie train` options and their defaults; an option left out takes the run's recorded value
-# with --resume, else this default
+# with --resume, else the recipe's (--recipe), else this default
 TRAIN_DEFAULTS = {"net": "cifar8", "data": "digits", "optimizer": "nesterov", "epochs": None, "batch": 128,
                   "lr": None, "warmup_epochs": 0, "label_smoothing": None, "image_size": 32,
                   "head_width": 512, "n_train": None, "n_test": None, "bf16": False, "grads": "rendered",
-                  "seed": 0, "flip": None, "precise_batches": 16}
+                  "seed": 0, "flip": None, "precise_batches": 16, "replicas": None, "sync_bn": True,
+                  "dtype": "float32", "checkpoints": None}
+# upstream's runs, as option values (what a recipe leaves out keeps its default)
+RECIPES = {
+    # ResNet-34 on ImageNet: 4 replicas × 64, heavy ball (momentum 0.9, coupled weight decay 1e-4),
+    # peak lr 0.1 on a cosine with 5 warmup epochs, 90 epochs, label smoothing 0.1, random resized
+    # crops and flips at 224 px (upstream: 74.17 % top-1 / 91.89 % top-5, synchronised BN)
+    "resnet34-imagenet": {"net": "resnet34", "optimizer": "heavy-ball", "lr": 0.1, "epochs": 90,
+                          "warmup_epochs": 5, "batch": 64, "replicas": 4, "label_smoothing": 0.1,
+                          "image_size": 224, "flip": True},
+}
 EXIT_NOT_FINITE = 4
 EXIT_INTERRUPTED = 130
 
 
-def _train(args: argparse.Namespace) -> int:
-    from . import data, nets, train
+def _train_options(args: argparse.Namespace) -> argparse.Namespace:
+    """Every `gradtie train` option resolved: given, else recorded (--resume), else the recipe's,
+    else the default. Reads run.json without starting JAX."""
+    from . import train
     recorded = train.resume_arguments(args.out) if args.resume else {}
-    o = argparse.Namespace(**{k: getattr(args, k) if getattr(args, k) is not None else recorded.get(k, default)
-                              for k, default in TRAIN_DEFAULTS.items()})
+    recipe = RECIPES[args.recipe] if args.recipe else {}
+    if args.recipe and args.data is None and not recorded:
+        raise ValueError(f"--recipe {args.recipe} trains on an ImageNet folder: give --data folder:PATH "
+                         f"(PATH/train/<class>/*.JPEG and PATH/val/<class>/*.JPEG)")
+    def pick(k, default):
+        return next((v for v in (getattr(args, k), recorded.get(k), recipe.get(k)) if v is not None), default)
+    return argparse.Namespace(**{k: pick(k, default) for k, default in TRAIN_DEFAULTS.items()})
+
+
+def _default_workers() -> int:
+    """Decoding processes for an image folder: the cores but one, at most 8."""
+    import os
+    return min(8, max(1, (os.cpu_count() or 2) - 1))
+
+
+def _train(args: argparse.Namespace) -> int:
+    from . import cluster, fake_devices
+    o = _train_options(args)
+    # before JAX starts: host devices for --replicas on a CPU (read by XLA when JAX starts) and
+    # the cluster from the environment (JAX_COORDINATOR_ADDRESS, JAX_NUM_PROCESSES, JAX_PROCESS_ID)
+    if o.replicas is not None and o.replicas > 1:
+        fake_devices.request_host_devices(o.replicas)
+    cluster.initialize(cluster.from_environment())
+    import jax
+    if o.dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    from . import data, folder, nets, train
     net = nets.load(o.net)
-    dataset = data.load(o.data, size=o.image_size, n_train=o.n_train, n_test=o.n_test, seed=o.seed)
-    kwargs = {"num_classes": dataset.num_classes}
+    path = folder.parse_spec(o.data)
+    if path is not None:
+        dataset = folder.read(path)
+        num_classes = len(dataset.classes)
+    else:
+        dataset = data.load(o.data, size=o.image_size, n_train=o.n_train, n_test=o.n_test, seed=o.seed)
+        num_classes = dataset.num_classes
+    kwargs = {"num_classes": num_classes}
     if o.net == "cifar8":
         kwargs["head_width"] = o.head_width
     cfg = net.config(bf16=o.bf16, **kwargs)
+    replicas = cluster.local_replicas(o.replicas)
+    workers = args.workers if args.workers is not None else (_default_workers() if path is not None else 0)
     try:
         config = train.FitConfig(optimizer=o.optimizer, lr=o.lr, epochs=o.epochs, batch=o.batch, grads=o.grads,
                                  seed=o.seed, flip=o.flip, warmup_epochs=o.warmup_epochs,
-                                 label_smoothing=o.label_smoothing, precise_batches=o.precise_batches)
+                                 label_smoothing=o.label_smoothing, precise_batches=o.precise_batches,
+                                 dtype=o.dtype, replicas=replicas, sync_bn=o.sync_bn, checkpoints=o.checkpoints,
+                                 keep=args.keep, workers=workers)
         result = train.fit(net, cfg, dataset, config, out=args.out, resume=args.resume,
                            extend_epochs=args.extend_epochs or 0, stop_after=args.stop_after,
-                           log=lambda line: print(line, flush=True), force=args.force)
+                           log=lambda line: print(line, flush=True), force=args.force,
+                           image_size=o.image_size if path is not None else None)
     except train.NonFiniteLoss as e:
         print(f"gradtie train: error: {e}", file=sys.stderr)
         return EXIT_NOT_FINITE
@@ -248,7 +338,8 @@ def _train(args: argparse.Namespace) -> int:
         print(f"gradtie train: interrupted; the checkpoint in {args.out} holds the last step taken; "
               f"continue with: gradtie train --out {args.out} --resume", file=sys.stderr)
         return EXIT_INTERRUPTED
-    print(f"test accuracy: {result.history[-1]['test_accuracy']:.4f}")
+    if jax.process_index() == 0:
+        print(f"test accuracy: {result.history[-1]['test_accuracy']:.4f}")
     return 0
 
 
@@ -322,7 +413,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--weights", default="drawn", metavar="{drawn,init,PATH}",
                    help="drawn (default: γ ~ U(0.5,1.5), β and biases nonzero, where a backward that "
                         "confuses γ, β or a bias shows), init (γ = 1, β = 0: such bugs hide), or a "
-                        "training checkpoint (checkpoint.npz or its run folder)")
+                        "training checkpoint (checkpoint.npz, or a run folder: its checkpoint.npz or its latest orbax "
+                        "checkpoint)")
     c.add_argument("--plant-bug", default=None, metavar="NAME",
                    help="plant one bug of the catalogue in the rendered backward (exit 1 expected); "
                         "'list' prints the entries that apply to --net")
@@ -366,13 +458,15 @@ def parser() -> argparse.ArgumentParser:
                "  JAX_COMPILATION_CACHE_DIR=~/.cache/jax gradtie bench --suite gpu --warm-cache --out gpu.json\n"
                "  gradtie bench --abstract --profile gpu     # exit 1 if a chapter needs over 120 GiB\n"
                "  gradtie bench --peers --suite peers --out benchmarks/results/peers_cpu.json\n"
-               "  gradtie bench --conv-floor --suite peers --rounds 2 --out benchmarks/results/conv_floor_cpu.json\n\n"
+               "  gradtie bench --conv-floor --suite peers --rounds 2 --out benchmarks/results/conv_floor_cpu.json\n"
+               "  gradtie bench --input --workers 1 2 --out benchmarks/results/input_cpu.json\n\n"
                "exit codes:\n  0  measured (with --abstract: every computation fits the profile's memory)\n"
                "  1  with --abstract: some computation needs more memory than the profile's device has\n"
                "  3  invalid input (one line on stderr)")
     be.add_argument("--net", choices=("cifar8", "resnet34"), default="cifar8")
-    be.add_argument("--batch", type=_positive, nargs="+", default=[32], help="per-replica batch size(s)")
-    be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32")
+    be.add_argument("--batch", type=_positive, nargs="+", default=None,
+                    help="per-replica batch size(s) (default 32; with --input 64)")
+    be.add_argument("--image-size", type=int, nargs="+", default=None, help="image side(s), default 32 (--input: 224)")
     be.add_argument("--num-classes", type=int, default=10, help="classes K (1000 for ImageNet)")
     be.add_argument("--bf16", action="store_true",
                     help="bf16 conv sites inside the float32 chain (the suite's kinds; policy tie only)")
@@ -397,6 +491,13 @@ def parser() -> argparse.ArgumentParser:
                     help="time every conv site of the configurations alone, gradtie's conv nodes against "
                          "PyTorch's conv forward and backward, and PyTorch's whole step: where gradtie's "
                          "convolutions alone take longer than the goal allows, the kernels are the limit")
+    be.add_argument("--input", action="store_true",
+                    help="time the input pipeline alone: training batches of an image folder (--data folder:PATH, "
+                         "default a generated folder of 500×375 JPEGs) decoded, cropped, flipped and normalised "
+                         "at --image-size by each --workers count; --repeats batches timed (default 16)")
+    be.add_argument("--data", default=None, help="with --input: folder:PATH")
+    be.add_argument("--workers", type=_nonnegative, nargs="+", default=[1, 2],
+                    help="with --input: worker process counts to time (default 1 2)")
     be.add_argument("--rounds", type=_positive, default=3,
                     help="with --peers or --conv-floor: alternating rounds (median)")
     be.add_argument("--out", type=Path, default=None, help="write the results as JSON here, with the machine")
@@ -423,28 +524,38 @@ def parser() -> argparse.ArgumentParser:
                     "(precise BN: the reported test accuracy) and with the running statistics the step "
                     "keeps (momentum 0.01; they lag the weights). The run folder --out receives run.json "
                     "(the full configuration), metrics.jsonl (one JSON object per epoch, appended) and "
-                    "checkpoint.npz (written atomically every epoch and on Ctrl-C). The last line printed "
-                    "is 'test accuracy: X'.",
+                    "checkpoints (checkpoint.npz written atomically, or orbax's checkpoints/ written "
+                    "asynchronously; every epoch and on Ctrl-C). Each epoch's line gives top-1 and top-5; the "
+                    "last line printed is 'test accuracy: X' (top-1).",
         epilog="resume: 'gradtie train --out DIR --resume' continues the run in DIR exactly (same schedule, "
-               "data order and optimizer state); options left out are read from DIR/run.json, options "
-               "given must match it. --extend-epochs N adds N epochs as a new cosine cycle.\n\n"
+               "data order, optimizer state and input position, mid-epoch too); options left out are read "
+               "from DIR/run.json, options given must match it; another device or process count is refused "
+               "naming both. --extend-epochs N adds N epochs as a new cosine cycle.\n\n"
                "data: digits (sklearn's 8x8 digits, upsampled), photos (crops of the shipped photos, a "
-               "class per photo), synthetic, or cifar10:PATH (PATH is cifar-10-batches-py or "
+               "class per photo), synthetic, cifar10:PATH (PATH is cifar-10-batches-py or "
                "cifar-10-batches-bin from https://www.cs.toronto.edu/~kriz/cifar.html, or the folder "
-               "holding it).\n\n"
+               "holding it), or folder:PATH, an image folder as torchvision's ImageFolder reads it "
+               "(PATH/train/<class>/ and PATH/val/<class>/, or PATH/<class>/ split 9:1; JPEG or PNG; "
+               "classes in sorted order, recorded in run.json; decoded, randomly cropped and flipped in "
+               "--workers processes at --image-size px; a file that does not decode is skipped and named).\n\n"
+               "several hosts: run the same command on every host with JAX_COORDINATOR_ADDRESS=host0:port, "
+               "JAX_NUM_PROCESSES=P and JAX_PROCESS_ID=p (0 … P−1) in its environment, --out on a shared "
+               "file system; each host reads its own rows of every global batch.\n\n"
                "exit codes:\n  0  trained; the last line is 'test accuracy: X'\n"
                "  3  invalid input, a mismatched resume or an unreadable checkpoint (one line says which)\n"
                "  4  the loss or the gradient became NaN or Inf (the step is named; the last good "
                "checkpoint is kept)\n  130  interrupted (Ctrl-C): a checkpoint of the last step was saved")
     tr.add_argument("--net", choices=("cifar8", "resnet34"), default=None, help="default cifar8")
     tr.add_argument("--data", default=None,
-                    help="digits (default), photos, synthetic or cifar10:PATH (python or binary version)")
+                    help="digits (default), photos, synthetic, cifar10:PATH (python or binary version) or "
+                         "folder:PATH (an ImageFolder of JPEG/PNG files)")
     tr.add_argument("--optimizer", choices=("sgd", "nesterov", "heavy-ball", "adamw"), default=None,
                     help="default nesterov")
     tr.add_argument("--epochs", type=int, default=None,
                     help="the run's total epochs; it fixes the cosine schedule (default 1; on --resume, the "
                          "recorded total)")
-    tr.add_argument("--batch", type=int, default=None, help="default 128")
+    tr.add_argument("--batch", type=int, default=None,
+                    help="examples per replica, N (default 128); the global batch is N·R·P")
     tr.add_argument("--lr", type=float, default=None,
                     help="base learning rate (default: the upstream recipe's, SGD 0.1, Nesterov 0.02, "
                          "heavy ball 0.1, AdamW 1e-3)")
@@ -463,9 +574,33 @@ def parser() -> argparse.ArgumentParser:
     tr.add_argument("--precise-batches", type=int, default=None,
                     help="training batches the BN statistics are recomputed over before each evaluation "
                          "(default 16)")
-    tr.add_argument("--grads", choices=("rendered", "autodiff"), default=None, help="default rendered")
+    tr.add_argument("--grads", choices=("rendered", "autodiff"), default=None,
+                    help="default rendered (autodiff runs on one device only)")
     tr.add_argument("--seed", type=_nonnegative, default=None, help="default 0")
-    tr.add_argument("--out", required=True, help="the run folder: run.json, metrics.jsonl, checkpoint.npz")
+    tr.add_argument("--replicas", type=_positive, default=None,
+                    help="devices of this process to train on, R (default: every local device; on a CPU, R host "
+                         "devices). R·P > 1 (P processes) runs the synchronised-BN data-parallel step on a data "
+                         "mesh; --batch is then each replica's N and the global batch is N·R·P")
+    tr.add_argument("--sync-bn", action=argparse.BooleanOptionalAction, default=None,
+                    help="BatchNorm statistics over the global batch (default); --no-sync-bn: each replica over "
+                         "its own N (per-replica BatchNorm, another function of the weights)")
+    tr.add_argument("--recipe", choices=sorted(RECIPES), default=None,
+                    help="resnet34-imagenet: upstream's ResNet-34 ImageNet run (4 replicas × 64, heavy ball, lr 0.1 "
+                         "cosine, 5 warmup epochs, 90 epochs, wd 1e-4, label smoothing 0.1, crops and flips at "
+                         "224 px); options given override it; needs --data folder:PATH")
+    tr.add_argument("--dtype", choices=("float32", "float64"), default=None, help="parameters and activations "
+                    "(default float32)")
+    tr.add_argument("--workers", type=_nonnegative, default=None,
+                    help="decoding processes for --data folder:PATH (default: the cores but one, at most 8; "
+                         "0 decodes in a thread of this process)")
+    tr.add_argument("--checkpoints", choices=("npz", "orbax"), default=None,
+                    help="npz: one checkpoint.npz, rewritten atomically; orbax: checkpoints/<step>/, written "
+                         "asynchronously by every process, the last --keep and the best kept (default: npz on "
+                         "one device with in-memory data, orbax otherwise)")
+    tr.add_argument("--keep", type=_positive, default=3, help="orbax checkpoints kept besides the best (default 3)")
+    tr.add_argument("--out", required=True,
+                    help="the run folder (on a shared file system for several hosts): run.json, metrics.jsonl, "
+                         "checkpoints")
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     tr.add_argument("--force", action="store_true",
                     help="train in a non-empty --out that holds no run (refused otherwise: nothing of it is lost)")

@@ -17,11 +17,16 @@ The three SGD rules are written out: they are the rendered side of the train-ste
 them to optax's (`checks.step`). AdamW is optax's `scale_by_adam` and `add_decayed_weights`.
 Every optimizer is a pair of pure functions on dict-of-array pytrees, `init(params) -> state` and
 `update(params, grads, state, lr) -> (params, state)`; states are dicts of arrays, so checkpoints
-are plain `.npz` files.
+are plain `.npz` files (or orbax's, `gradtie.checkpoints`).
 
 `fit` is the training loop behind `gradtie train`: a run (`FitConfig`) trained epoch by epoch,
 evaluated with recomputed (precise) BN statistics beside the running ones, in a run folder with
-`run.json`, an append-only `metrics.jsonl` and atomic checkpoints, and an exact resume.
+`run.json`, an append-only `metrics.jsonl` and atomic checkpoints, and an exact resume. It runs on
+one device (`make_step`) or on the data mesh of every local device and every host
+(`parallel.make_step`, `gradtie.cluster`), on in-memory data or an image folder read through
+`gradtie.pipeline`; where the arrays live (`_OneDevice`, `_OnMesh`), what the run reads
+(`_ArrayFeed`, `_FolderFeed`) and where it is stored (`_NpzStore`, `_OrbaxStore`) are one small
+class each.
 `side_by_side` follows the same run with the rendered and the autodiff step in lockstep and bounds
 their distance by the float32 round-off envelope.
 """
@@ -47,6 +52,7 @@ import optax
 from . import data as data_
 from . import reference, rendered
 from . import tolerances as tol
+from .host import to_device
 from .kit import KIT, Kit
 from .nets.layers import zero_in_reals
 from .nets.protocol import Net, as_net
@@ -58,7 +64,11 @@ OptState = dict[str, Any]
 
 RUNNING_MOMENTUM = 0.01     # running ← (1 − 0.01)·running + 0.01·batch (PyTorch's BatchNorm default)
 CHECKPOINT = "checkpoint.npz"
+CHECKPOINT_FORMATS = ("npz", "orbax")
 METRICS = "metrics.jsonl"     # one JSON object per epoch, appended
+# the fields of a metrics.jsonl record that time the run (everything else repeats bit for bit on a resume)
+WALL_CLOCK = frozenset({"seconds", "eval_seconds", "images_per_second", "step_seconds", "step_images_per_second",
+                        "images_per_second_per_device", "step_images_per_second_per_device"})
 RUN = "run.json"
 
 
@@ -352,6 +362,12 @@ def precise_statistics(net, cfg, params: Params, x, *, batch: int, batches: int 
     dtype = next(iter(params.values())).dtype
     per_batch = [_batch_stats(net, cfg, params, jnp.asarray(x[order[i * batch:(i + 1) * batch]], dtype))
                  for i in range(k)]
+    return combine_statistics(per_batch)
+
+
+def combine_statistics(per_batch: Sequence[Mapping]) -> dict[str, jax.Array]:
+    """Batches' BN statistics (equal counts) -> the statistics over all their cells: per layer
+    μ = mean_b μ_b and σ² = mean_b[σ_b² + (μ_b − μ)²] (Chan's rule), in the statistics' dtype."""
     out = {}
     for name in per_batch[0]:
         if name.endswith(".running_var"):
@@ -373,6 +389,24 @@ def evaluate(net, cfg, state: TrainState, x, labels, batch: int = 256, *,
     The last chunk is padded to the chunk size (eval mode treats examples independently), so one
     compiled forward serves every chunk.
     """
+    return evaluate_topk(net, cfg, state, x, labels, batch, running=running)[0]
+
+
+TOP_K = 5     # the second accuracy every evaluation reports: the label among the 5 largest logits
+
+
+def hits(logits: np.ndarray, labels: np.ndarray) -> tuple[int, int]:
+    """(top-1, top-5) hits of host logits [n,K] against int labels [n]: top-1 is the first largest
+    logit's class (argmax); top-5 counts a label with fewer than 5 classes scored above it."""
+    logits, labels = np.asarray(logits), np.asarray(labels)
+    top1 = int(np.sum(np.argmax(logits, axis=1) == labels))
+    above = np.sum(logits > np.take_along_axis(logits, labels[:, None], axis=1), axis=1)
+    return top1, int(np.sum(above < TOP_K))
+
+
+def evaluate_topk(net, cfg, state: TrainState, x, labels, batch: int = 256, *,
+                  running: Optional[Mapping] = None) -> tuple[float, float]:
+    """(top-1, top-5) accuracy of the eval-mode net on (x, labels), as `evaluate` reads them."""
     batch = data_._positive_int("train.evaluate", "batch", batch)
     n = len(labels)
     if n == 0 or len(x) != n:
@@ -383,15 +417,16 @@ def evaluate(net, cfg, state: TrainState, x, labels, batch: int = 256, *,
     dtype = next(iter(state.params.values())).dtype
     chunk = min(batch, n)
     labels = np.asarray(labels)
-    correct = 0
+    correct = top5 = 0
     for start in range(0, n, chunk):
         xb = np.asarray(x[start:start + chunk])
         m = len(xb)
         if m < chunk:
             xb = np.concatenate([xb, np.zeros((chunk - m,) + xb.shape[1:], xb.dtype)])
         logits = _eval_logits(net, cfg, state.params, stats, jnp.asarray(xb, dtype))
-        correct += int(np.sum(np.argmax(np.asarray(logits)[:m], axis=1) == labels[start:start + m]))
-    return correct / n
+        one, five = hits(np.asarray(logits)[:m], labels[start:start + m])
+        correct, top5 = correct + one, top5 + five
+    return correct / n, top5 / n
 
 
 # ---- checkpoints ---------------------------------------------------------------------------------
@@ -433,9 +468,13 @@ def save_checkpoint(out, state: TrainState, meta: Mapping) -> Path:
 
 def checkpoint_params(path, net) -> tuple[dict, dict]:
     """(params, Config overrides) from a training checkpoint (`gradtie train`'s checkpoint.npz, or a
-    folder holding one, or an .npz of state_dict names). One-line errors name the file and what is wrong."""
+    folder holding one, or a run folder of orbax checkpoints: the latest; or an .npz of state_dict
+    names). One-line errors name the file and what is wrong."""
     net = as_net(net)
     file = Path(path)
+    if file.is_dir() and not (file / CHECKPOINT).is_file() and (file / "checkpoints").is_dir():
+        from . import checkpoints   # a run's orbax checkpoints: the latest one's parameters
+        return _named_params(net, file, checkpoints.read_params(file))
     if file.is_dir():
         file = file / "checkpoint.npz"
     if not file.is_file():
@@ -447,6 +486,23 @@ def checkpoint_params(path, net) -> tuple[dict, dict]:
     except Exception:  # a truncated or foreign file, or one holding Python objects
         raise ValueError(f"weights {str(file)!r}: not a readable .npz checkpoint of arrays") from None
     params = {k[len("params/"):]: v for k, v in flat.items() if k.startswith("params/")} or flat
+    return _named_params(net, file, params)
+
+
+def tensor_distances(a: Mapping, b: Mapping, skip=()) -> dict[str, float]:
+    """max|a − b| / max|b|, tensor by tensor of `b` (host arrays or device arrays; names in `skip`
+    left out, e.g. the conv biases behind BatchNorm, which are 0 in ℝ and round-off only)."""
+    out = {}
+    for k, ref in b.items():
+        if k in skip:
+            continue
+        x, y = np.asarray(a[k], np.float64), np.asarray(ref, np.float64)
+        out[k] = float(np.max(np.abs(x - y)) / max(float(np.max(np.abs(y))), np.finfo(np.float64).tiny))
+    return out
+
+
+def _named_params(net, file: Path, params: dict) -> tuple[dict, dict]:
+    """A checkpoint's tensors in the net's signature order, and the Config its shapes imply."""
     overrides = {}
     if net.suite is not None:   # the book's nets: their Config read off the tensors
         overrides["conv_bias"] = "conv1.bias" in params
@@ -517,6 +573,16 @@ class FitConfig:
     the augmentations. dtype: "float32" or "float64". precise_batches: the training batches the BN
     statistics are recomputed over before each evaluation; eval_batch: the evaluation's chunk size
     (not recorded: it changes no accuracy).
+
+    Scale (`gradtie train --replicas`, `gradtie.cluster`): replicas is R, the devices of each
+    process the run trains on; `batch` is then each replica's N, and the global batch is N·R·P over
+    P processes. R·P = 1 is the single-device step (`make_step`); more is the synchronised-BN
+    data-parallel step (`parallel.make_step`) on the data mesh, at the same global batch the same
+    run up to round-off; sync_bn=False normalises each replica with its own N examples instead
+    (per-replica BatchNorm: another function of the weights). checkpoints: "npz" (one file, `checkpoint.npz`) or "orbax" (asynchronous,
+    sharded, the last `keep` and the best kept: `gradtie.checkpoints`); None picks npz for a
+    single-device run on in-memory data and orbax otherwise. workers: the input pipeline's worker
+    processes for an image folder (`gradtie.pipeline`); keep and workers are not recorded.
     """
     optimizer: str = "sgd"
     lr: Optional[float] = None
@@ -532,10 +598,22 @@ class FitConfig:
     dtype: str = "float32"
     precise_batches: int = PRECISE_BATCHES
     eval_batch: int = 256
+    replicas: int = 1
+    sync_bn: bool = True
+    checkpoints: Optional[str] = None
+    keep: int = 3
+    workers: int = 0
 
     def __post_init__(self):
         op = "train.FitConfig"
         _known_optimizer(op, self.optimizer)
+        for name in ("replicas", "keep"):
+            data_._positive_int(op, name, getattr(self, name))
+        if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 0:
+            raise ValueError(f"{op}: workers must be a non-negative integer, got {self.workers!r}")
+        if self.checkpoints not in (None, *CHECKPOINT_FORMATS):
+            raise ValueError(f"{op}: checkpoints must be None, {' or '.join(map(repr, CHECKPOINT_FORMATS))}, "
+                             f"got {self.checkpoints!r}")
         if self.lr is not None and not (math.isfinite(float(self.lr)) and self.lr > 0):
             raise ValueError(f"{op}: lr must be a positive number, got {self.lr!r}")
         if self.epochs is not None:
@@ -563,14 +641,36 @@ def default_label_smoothing(net) -> float:
 
 
 class _Plan(NamedTuple):
-    """A run laid out: the config with every default resolved, the data, the optimizer, the key."""
+    """A run laid out: the config with every default resolved, the data, the optimizer, the key,
+    and where it runs (the data mesh over R·P devices, or None for one device)."""
     config: FitConfig          # lr, label_smoothing and flip filled in; epochs: the requested total or None
-    split: data_.Split
+    split: Optional[data_.Split]     # in-memory data (None for an image folder)
     data_name: str
     num_classes: int
     steps_per_epoch: int
     opt: Optimizer
     key: jax.Array
+    folder: Any = None         # a `gradtie.folder.Folder` (None for in-memory data)
+    image_size: int = 0
+    mesh: Any = None           # the data mesh (None: one device)
+    processes: int = 1
+
+    @property
+    def devices(self) -> int:
+        """R·P: the replicas of the whole run."""
+        return self.config.replicas * self.processes
+
+    @property
+    def global_batch(self) -> int:
+        return self.config.batch * self.devices
+
+    @property
+    def n_train(self) -> int:
+        return len(self.split.y_train) if self.folder is None else len(self.folder.train)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.split.y_test) if self.folder is None else len(self.folder.val)
 
     @property
     def dtype(self):
@@ -580,16 +680,31 @@ class _Plan(NamedTuple):
         return {k: v.astype(self.dtype) for k, v in net.init(jax.random.fold_in(self.key, 0), cfg).items()}
 
     def batches(self, epoch: int, start: int = 0):
+        """The global batches of an epoch from `start` on (in-memory data; flips and mixes drawn on
+        the global batch, so a mesh run sees what the single-device run at that batch sees)."""
         c = self.config
-        return _batch_stream(self.split, batch=c.batch, key=self.key, epoch=epoch, start=start, flip=c.flip,
-                             mix=c.mix, num_classes=self.num_classes, dtype=self.dtype)
+        return _batch_stream(self.split, batch=self.global_batch, key=self.key, epoch=epoch, start=start,
+                             flip=c.flip, mix=c.mix, num_classes=self.num_classes, dtype=self.dtype)
 
 
-def _plan(op: str, net: Net, cfg, dataset, config: FitConfig) -> _Plan:
+def _plan(op: str, net: Net, cfg, dataset, config: FitConfig, *, image_size: Optional[int] = None) -> _Plan:
     if not isinstance(config, FitConfig):
         raise ValueError(f"{op}: config must be a train.FitConfig, got {type(config).__name__}")
     if config.dtype == "float64" and not jax.config.jax_enable_x64:
         raise ValueError(f"{op}: dtype float64 needs jax_enable_x64 (jax.config.update('jax_enable_x64', True))")
+    from .folder import Folder
+    if isinstance(dataset, Folder):
+        return _folder_plan(op, net, cfg, dataset, config, image_size)
+    if config.replicas * jax.process_count() > 1 or config.checkpoints == "orbax":
+        return _scaled(op, _array_plan(op, net, cfg, dataset, dataclasses.replace(
+            config, batch=config.batch * config.replicas * jax.process_count())), config)
+    plan = _array_plan(op, net, cfg, dataset, config)
+    return plan._replace(config=dataclasses.replace(plan.config, checkpoints="npz"))
+
+
+def _array_plan(op: str, net: Net, cfg, dataset, config: FitConfig) -> _Plan:
+    """In-memory data on one device: the plan every run had before meshes (kept as it was, so that
+    a single-device run is the same run bit for bit)."""
     split = dataset.split if isinstance(dataset, data_.Dataset) else data_.Split(*dataset)
     data_name = dataset.name if isinstance(dataset, data_.Dataset) else "split"
     num_classes = getattr(cfg, "num_classes", None)
@@ -606,7 +721,61 @@ def _plan(op: str, net: Net, cfg, dataset, config: FitConfig) -> _Plan:
                               else config.label_smoothing),
         flip=data_.flips_keep_class(data_name) if config.flip is None else bool(config.flip))
     return _Plan(config, split, data_name, num_classes, steps_per_epoch, make_optimizer(config.optimizer),
-                 jax.random.key(config.seed))
+                 jax.random.key(config.seed), image_size=int(split.x_train.shape[-1]))
+
+
+def _scaled(op: str, plan: _Plan, config: FitConfig) -> _Plan:
+    """A plan laid out at the global batch, put back at the per-replica batch with its mesh."""
+    from . import cluster
+    c = dataclasses.replace(plan.config, batch=config.batch)
+    processes = jax.process_count()
+    mesh = cluster.mesh(cluster.local_replicas(config.replicas)) if config.replicas * processes > 1 else None
+    return plan._replace(config=_resolved_format(op, c, processes, in_memory=True), mesh=mesh, processes=processes)
+
+
+def _resolved_format(op: str, c: FitConfig, processes: int, *, in_memory: bool) -> FitConfig:
+    if c.replicas * processes > 1 and c.grads != "rendered":
+        raise ValueError(f"{op}: the data-parallel step is the rendered one; grads={c.grads!r} runs on one "
+                         f"device (replicas 1, one process)")
+    if c.replicas * processes == 1 and not c.sync_bn:
+        raise ValueError(f"{op}: sync_bn=False (per-replica BatchNorm) needs more than one replica")
+    fmt = c.checkpoints or ("npz" if in_memory and c.replicas * processes == 1 else "orbax")
+    if fmt == "npz" and processes > 1:
+        raise ValueError(f"{op}: a run on {processes} processes writes orbax checkpoints (every process its "
+                         f"shards); checkpoints='npz' is one file from one process")
+    return dataclasses.replace(c, checkpoints=fmt)
+
+
+def _folder_plan(op: str, net: Net, cfg, folder, config: FitConfig, image_size: Optional[int]) -> _Plan:
+    """An image folder read through `gradtie.pipeline`, on one device or the mesh."""
+    from . import cluster
+    if image_size is None:
+        raise ValueError(f"{op}: an image folder needs the image side the pipeline crops to (image_size)")
+    data_._positive_int(op, "image_size", image_size)
+    if config.mix is not None:
+        raise ValueError(f"{op}: mixup and cutmix are drawn on in-memory batches; an image folder trains "
+                         f"with random resized crops and flips (mix=None)")
+    num_classes = getattr(cfg, "num_classes", None)
+    if num_classes is not None and num_classes != len(folder.classes):
+        raise ValueError(f"{op}: the net has {num_classes} classes but the folder {str(folder.path)!r} has "
+                         f"{len(folder.classes)}; build the config with num_classes={len(folder.classes)}")
+    processes = jax.process_count()
+    replicas = cluster.local_replicas(config.replicas)
+    global_batch = config.batch * replicas * processes
+    steps_per_epoch = len(folder.train) // global_batch
+    if steps_per_epoch == 0:
+        raise ValueError(f"{op}: {len(folder.train)} training images in {str(folder.path)!r} make no full "
+                         f"global batch of {global_batch}")
+    config = dataclasses.replace(
+        config, lr=float(DEFAULT_LR[config.optimizer] if config.lr is None else config.lr),
+        label_smoothing=float(default_label_smoothing(net) if config.label_smoothing is None
+                              else config.label_smoothing),
+        flip=True if config.flip is None else bool(config.flip))
+    config = _resolved_format(op, config, processes, in_memory=False)
+    mesh = cluster.mesh(replicas) if replicas * processes > 1 else None
+    return _Plan(config, None, f"folder:{folder.path}", len(folder.classes), steps_per_epoch,
+                 make_optimizer(config.optimizer), jax.random.key(config.seed), folder=folder,
+                 image_size=int(image_size), mesh=mesh, processes=processes)
 
 
 def _first_segment(plan: _Plan) -> list[dict]:
@@ -618,19 +787,28 @@ def _first_segment(plan: _Plan) -> list[dict]:
 
 def _run_record(net: Net, cfg, plan: _Plan) -> dict:
     """What run.json holds (before the environment is added): the run, as JSON reads it back."""
-    c, spe, split = plan.config, plan.steps_per_epoch, plan.split
+    c, spe = plan.config, plan.steps_per_epoch
+    data = {"name": plan.data_name, "image_size": plan.image_size, "n_train": plan.n_train, "n_test": plan.n_test,
+            "num_classes": int(plan.num_classes),
+            "fingerprint": fingerprint(plan.split) if plan.folder is None else plan.folder.fingerprint()}
+    if plan.folder is not None:     # label k is classes[k]: the sorted class folder names
+        data.update(classes=list(plan.folder.classes), split=plan.folder.split)
     run = {
         "net": net.name, "config": dataclasses.asdict(cfg) if dataclasses.is_dataclass(cfg) else repr(cfg),
-        "data": {"name": plan.data_name, "image_size": int(split.x_train.shape[-1]),
-                 "n_train": int(len(split.y_train)), "n_test": int(len(split.y_test)),
-                 "num_classes": int(plan.num_classes), "fingerprint": fingerprint(split)},
+        "data": data,
         "optimizer": plan.opt.name, "hyper": plan.opt.hyper, "lr": c.lr, "schedule": c.schedule,
         "warmup_epochs": c.warmup_epochs, "epochs": c.epochs or 1, "batch": c.batch, "steps_per_epoch": spe,
         "grads": c.grads, "label_smoothing": c.label_smoothing, "flip": c.flip, "mix": c.mix, "seed": c.seed,
         "dtype": c.dtype, "precise_batches": c.precise_batches, "running_momentum": RUNNING_MOMENTUM,
         "segments": _first_segment(plan),
+        "replicas": plan.devices, "processes": plan.processes, "global_batch": plan.global_batch,
+        "sync_bn": bool(c.sync_bn), "checkpoints": c.checkpoints or "npz",
     }
     return json.loads(json.dumps(run))       # tuples become lists, as run.json reads back
+
+
+# what a run recorded before meshes and orbax checkpoints ran on one device, in one process, into checkpoint.npz
+LEGACY_RUN = {"replicas": 1, "processes": 1, "sync_bn": True, "checkpoints": "npz"}
 
 
 def fingerprint(split: data_.Split) -> str:
@@ -678,7 +856,8 @@ class _Progress(NamedTuple):
     statements never leaves the state and the epoch's sums out of step with each other)."""
     state: TrainState
     step: int
-    sums: dict          # loss, accuracy, seconds, lr of the epoch in progress
+    sums: dict          # loss, accuracy, seconds (the loop), step_seconds and step_images (the step alone,
+                        # its compiling first call left out), lr of the epoch in progress
     history: list
 
     def meta(self) -> dict:
@@ -686,35 +865,49 @@ class _Progress(NamedTuple):
 
 
 def _zero_sums() -> dict:
-    return {"loss": 0.0, "accuracy": 0.0, "seconds": 0.0, "lr": 0.0}
+    return {"loss": 0.0, "accuracy": 0.0, "seconds": 0.0, "lr": 0.0, "step_seconds": 0.0, "step_images": 0}
 
 
-def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], config: FitConfig = FitConfig(), *,
+def fit(net, cfg, dataset, config: FitConfig = FitConfig(), *,
         out=None, resume: bool = False, extend_epochs: int = 0, stop_after: Optional[int] = None,
-        progress: bool = True, log: Optional[Callable[[str], None]] = None, force: bool = False) -> FitResult:
+        progress: bool = True, log: Optional[Callable[[str], None]] = None, force: bool = False,
+        image_size: Optional[int] = None) -> FitResult:
     """Train `net` on a dataset's train split as `config` says; after each epoch evaluate on its
     test split twice: with BN statistics recomputed over `config.precise_batches` training batches
-    (`test_accuracy`) and with the running statistics the tied step keeps (`test_accuracy_running`).
+    (`test_accuracy`, and `test_top5`) and with the running statistics the tied step keeps
+    (`test_accuracy_running`).
 
     Lean: each step is the rendered train step whose gradient nodes `cifar8Bbn_train_step_tiedB`
-    (cifar8-BN) and `r34_net_tiedB` (ResNet-34) tie to the loss's gradient; training accuracy itself
-    goes beyond what the suite states. Shown in: Training with the rendered step.
+    (cifar8-BN) and `r34_net_tiedB` (ResNet-34) tie to the loss's gradient; on R·P > 1 devices the
+    synchronised-BN step whose all-reduced nodes are `r34_net_syncTiedB`'s. Training accuracy
+    itself goes beyond what the suite states. Shown in: Training with the rendered step.
 
-    With `out`, the run writes there:
-      run.json       the full configuration (net, data fingerprint, optimizer, schedule segments …);
+    dataset: a `data.Dataset` or `data.Split` (in memory), or a `folder.Folder` (an image folder,
+    read through `gradtie.pipeline` at `image_size` px in `config.workers` worker processes).
+    config.replicas > 1, or several processes (`gradtie.cluster`): the data-parallel step on the
+    mesh at the global batch N·R·P; evaluation and the precise statistics run on the mesh too.
+
+    With `out`, the run writes there (process 0 the files, every process its checkpoint shards):
+      run.json       the full configuration (net, data fingerprint and classes, optimizer, schedule
+                     segments, replicas and processes …);
       metrics.jsonl  one JSON object per epoch, appended (epoch, step, loss, train_accuracy,
-                     test_accuracy, test_accuracy_running, bn_gap, lr, seconds, eval_seconds,
-                     images_per_second);
-      checkpoint.npz written atomically after every epoch and on Ctrl-C (KeyboardInterrupt, which
-                     is then re-raised).
-    resume=True continues the run in `out` exactly (same schedule, data order, optimizer state):
-    any other configuration is a ValueError naming the field; a different `config.epochs` too,
+                     test_accuracy, test_top5, test_accuracy_running, bn_gap, lr, seconds,
+                     step_seconds, eval_seconds, devices, images_per_second (the whole loop,
+                     compiling included) and step_images_per_second (the step alone, its first call
+                     in the process left out: null for an epoch of that one step), in total and per
+                     device; for a folder skipped_images);
+      checkpoints    `checkpoint.npz` written atomically, or orbax's `checkpoints/<step>/` written
+                     asynchronously (`config.checkpoints`), after every epoch and on Ctrl-C
+                     (KeyboardInterrupt, which is then re-raised).
+    resume=True continues the run in `out` exactly (same schedule, data order, optimizer state,
+    the input pipeline's position): any other configuration is a ValueError naming the field, and
+    another device or process count one naming both counts; a different `config.epochs` too,
     unless `extend_epochs` > 0 adds that many epochs as a new cosine cycle after the recorded total.
     stop_after=E stops once E epochs of the run are done (the schedule still spans the run).
     A non-empty `out` that holds no run is refused (nothing of it is overwritten) unless `force`.
     A NaN or Inf loss or gradient raises NonFiniteLoss naming the step; the last checkpoint stays.
-    progress: a bar per epoch on a terminal's stderr. log: called with one line per epoch (the CLI
-    prints them).
+    progress: a bar per epoch on a terminal's stderr (loss, images/s). log: called with one line
+    per epoch and with notes (a skipped file); the CLI prints them.
     """
     op = "train.fit"
     net = as_net(net)
@@ -726,114 +919,516 @@ def fit(net, cfg, dataset: Union[data_.Dataset, data_.Split], config: FitConfig 
         raise ValueError(f"{op}: resume and extend_epochs need the run's folder (out)")
     if extend_epochs and not resume:
         raise ValueError(f"{op}: extend_epochs extends a run being resumed; pass resume=True")
-    plan = _plan(op, net, cfg, dataset, config)
+    plan = _plan(op, net, cfg, dataset, config, image_size=image_size)
     c = plan.config
-    fresh = init_state(net, cfg, plan.init_params(net, cfg), plan.opt)
+    where = _OneDevice(net, cfg, plan) if plan.mesh is None else _OnMesh(net, cfg, plan)
+    fresh = where.place(init_state(net, cfg, plan.init_params(net, cfg), plan.opt))
     out = None if out is None else Path(out)
-    run, live = _open_run(op, out, _run_record(net, cfg, plan), fresh, resume, c.epochs, extend_epochs, force)
+    primary = jax.process_index() == 0
+    log = log if primary else None
+    run, live, data_state, store = _open_run(op, out, _run_record(net, cfg, plan), fresh, resume, c.epochs,
+                                             extend_epochs, force, c)
     total = run["epochs"]
     if resume and len(live.history) >= total and log is not None:
         log(f"the run in {str(out)!r} is finished ({total} epochs); its results are in {out / METRICS} "
             f"(add epochs with --extend-epochs N)")
     sched = _segments_schedule(c.schedule, run["segments"])
-    step_fn = make_step(net, cfg, plan.opt, grads=c.grads, label_smoothing=c.label_smoothing)
-    precise = None
+    step_fn = where.step_fn()
+    feed = _ArrayFeed(plan) if plan.folder is None else _FolderFeed(plan, total, log)
+    precise, warm = None, {"compiled": False}
     try:
+        feed.seek(live.step, data_state)
         while len(live.history) < min(total, stop_after or total):
-            for live in _epoch(plan, step_fn, sched, live, total, out, fresh, progress):
+            for live in _epoch(plan, where, feed, step_fn, sched, live, total, out, store, fresh,
+                               progress and primary, warm):
                 pass    # `live` follows every step taken: a Ctrl-C saves the last one
-            live, precise = _evaluated(net, cfg, plan, live)
-            if out is not None:
-                save_checkpoint(out, live.state, live.meta())
-                with open(out / METRICS, "a") as f:
-                    f.write(json.dumps(live.history[-1]) + "\n")
+            live, precise = _evaluated(net, cfg, plan, where, feed, live)
+            if store is not None:
+                store.save(live, feed.state_at(live.step), {"test_accuracy": live.history[-1]["test_accuracy"]})
+                if primary:
+                    with open(out / METRICS, "a") as f:
+                        f.write(json.dumps(live.history[-1]) + "\n")
             if log is not None:
                 log(epoch_line(live.history[-1], total))
     except KeyboardInterrupt:
-        if out is not None:
-            save_checkpoint(out, live.state, live.meta())
+        if store is not None:
+            store.save(live, feed.state_at(live.step))
+            store.wait()
         raise
+    finally:
+        feed.close()
+        if store is not None:
+            store.close()
     return FitResult(live.state, live.history, precise, out)
 
 
-def _epoch(plan: _Plan, step_fn, sched, live: _Progress, total: int, out: Optional[Path], fresh: TrainState,
-           progress: bool) -> Iterator[_Progress]:
-    """The steps left of the epoch in progress, one `_Progress` after each."""
+def _epoch(plan: _Plan, where, feed, step_fn, sched, live: _Progress, total: int, out: Optional[Path], store,
+           fresh: TrainState, progress: bool, warm: dict) -> Iterator[_Progress]:
+    """The steps left of the epoch in progress, one `_Progress` after each. The bar shows the loss
+    and the images a second of the whole loop (input included) and of the step alone (after the
+    step's first call in the process, `warm["compiled"]`, which compiles it)."""
     spe = plan.steps_per_epoch
     epoch = len(live.history)
     done = live.step - epoch * spe                    # batches of this epoch already taken
     steps = bar(desc=f"epoch {epoch + 1}/{total}", total=spe, initial=done, enabled=progress)
     start, seconds0 = time.perf_counter(), live.sums["seconds"]
+    stepping0, stepped0 = live.sums.get("step_seconds", 0.0), live.sums.get("step_images", 0)
+    stepping, stepped = 0.0, 0
     try:
-        for i, xb, targets in plan.batches(epoch, done):
+        for i, xb, targets in feed.batches(epoch, done):
             lr_now = sched(live.step)
-            state, metrics = step_fn(live.state, xb, targets, lr_now)
-            loss, acc, gnorm = (float(metrics[k]) for k in ("loss", "accuracy", "grad_norm"))
+            tic = time.perf_counter()
+            state, metrics = where.step(step_fn, live.state, xb, targets, lr_now)
+            loss, acc, gnorm, lr_seen = (float(where.host(metrics[k])) for k in ("loss", "accuracy", "grad_norm", "lr"))
+            if warm["compiled"]:        # the step alone, its first call in this process (it compiles) left out
+                stepping, stepped = stepping + time.perf_counter() - tic, stepped + plan.global_batch
+            warm["compiled"] = True
             if not (math.isfinite(loss) and math.isfinite(gnorm)):
-                raise _non_finite(loss, gnorm, live.step + 1, epoch, i, spe, float(lr_now), out, fresh)
+                raise _non_finite(loss, gnorm, live.step + 1, epoch, i, spe, float(lr_now), store, fresh)
+            seconds = seconds0 + time.perf_counter() - start
             sums = {"loss": live.sums["loss"] + loss, "accuracy": live.sums["accuracy"] + acc,
-                    "seconds": seconds0 + time.perf_counter() - start, "lr": float(metrics["lr"])}
+                    "seconds": seconds, "lr": lr_seen, "step_seconds": stepping0 + stepping,
+                    "step_images": stepped0 + stepped}
+            if plan.folder is not None:     # files skipped in the epoch so far (a resume carries them on)
+                sums["skipped_images"] = live.sums.get("skipped_images", 0) + feed.take_skipped()
             live = _Progress(state, live.step + 1, sums, live.history)
             steps.update(1)
-            steps.set_postfix(loss=f"{loss:.4f}", refresh=False)
+            if steps.n % 10 == 0 or steps.n == spe:      # images a second, in total (and per device)
+                rates = [(i + 1 - done) * plan.global_batch / max(seconds - seconds0, 1e-9),
+                         stepped / stepping if stepped else math.nan]
+                shown = [f"{r:.0f} img/s" + (f" ({r / plan.devices:.0f}/device)" if plan.devices > 1 else "")
+                         for r in rates]
+                steps.set_postfix(loss=f"{loss:.4f}", loop=shown[0], step=shown[1], refresh=False)
             yield live
     finally:
         steps.close()
 
 
 def _non_finite(loss: float, gnorm: float, step: int, epoch: int, i: int, spe: int, lr: float,
-                out: Optional[Path], fresh: TrainState) -> NonFiniteLoss:
+                store, fresh: TrainState) -> NonFiniteLoss:
     """The error a NaN or Inf at `step` stops the run with, saying which checkpoint is left."""
-    kept = (f"the last good checkpoint {str(out / CHECKPOINT)!r} (step {int(load_checkpoint(out, fresh)[0].step)}) "
-            f"is kept" if out is not None and (out / CHECKPOINT).exists() else "no checkpoint was written")
+    kept = store.kept(fresh) if store is not None else None
+    kept = kept or "no checkpoint was written"
     return NonFiniteLoss(f"the loss is {loss} and the gradient norm {gnorm} at step {step} (epoch {epoch + 1}, "
                          f"batch {i + 1} of {spe}, lr {lr:.4g}); stopped, {kept}")
 
 
-def _evaluated(net: Net, cfg, plan: _Plan, live: _Progress) -> tuple[_Progress, dict]:
+def _evaluated(net: Net, cfg, plan: _Plan, where, feed, live: _Progress) -> tuple[_Progress, dict]:
     """The epoch just trained, closed: evaluated with recomputed and with running statistics, its
     record appended to the history, the sums reset. Returns it and the recomputed statistics."""
-    c, spe, split = plan.config, plan.steps_per_epoch, plan.split
+    c, spe = plan.config, plan.steps_per_epoch
     tic = time.perf_counter()
-    precise = precise_statistics(net, cfg, live.state.params, split.x_train, batch=c.batch,
-                                 batches=c.precise_batches, seed=c.seed)
-    test_acc = evaluate(net, cfg, live.state, split.x_test, split.y_test, c.eval_batch, running=precise)
-    test_running = evaluate(net, cfg, live.state, split.x_test, split.y_test, c.eval_batch)
+    params = live.state.params
+    if plan.folder is None and plan.mesh is None:     # in memory, one device: as it always was
+        split = plan.split
+        precise = precise_statistics(net, cfg, params, split.x_train, batch=c.batch,
+                                     batches=c.precise_batches, seed=c.seed)
+        test_acc, top5 = evaluate_topk(net, cfg, live.state, split.x_test, split.y_test, c.eval_batch,
+                                       running=precise)
+        test_running = evaluate(net, cfg, live.state, split.x_test, split.y_test, c.eval_batch)
+    else:
+        precise = where.place_statistics(combine_statistics(
+            [where.batch_statistics(params, x) for x in feed.precise_batches()]))
+        (test_acc, top5), (test_running, _) = where.accuracies(params, (precise, live.state.running),
+                                                               feed.eval_chunks(c.eval_batch))
     s = live.sums
+    seconds, images = s["seconds"], spe * plan.global_batch
+    stepping, stepped = s.get("step_seconds", 0.0), s.get("step_images", 0)
+    step_rate = stepped / stepping if stepped else None     # None: the epoch's one step compiled
     entry = {"epoch": len(live.history) + 1, "step": live.step,
              "loss": s["loss"] / spe, "train_accuracy": s["accuracy"] / spe,
              "test_accuracy": test_acc, "test_accuracy_running": test_running,
-             "bn_gap": test_acc - test_running, "lr": s["lr"], "seconds": s["seconds"],
+             "bn_gap": test_acc - test_running, "lr": s["lr"], "seconds": seconds,
              "eval_seconds": time.perf_counter() - tic,
-             "images_per_second": spe * c.batch / max(s["seconds"], 1e-9)}
+             "images_per_second": images / max(seconds, 1e-9), "test_top5": top5,
+             "step_seconds": stepping, "step_images_per_second": step_rate, "devices": plan.devices,
+             "images_per_second_per_device": images / max(seconds, 1e-9) / plan.devices,
+             "step_images_per_second_per_device": None if step_rate is None else step_rate / plan.devices}
+    if plan.folder is not None:     # in the epoch's batches, its precise-BN batches and its evaluation
+        entry["skipped_images"] = s.get("skipped_images", 0) + feed.take_skipped()
     return _Progress(live.state, live.step, _zero_sums(), live.history + [entry]), precise
 
 
 def epoch_line(entry: Mapping, total: int) -> str:
     """One line per epoch: the figures metrics.jsonl records, rounded for reading."""
+    top5 = f"top-5 {entry['test_top5']:.4f}; " if "test_top5" in entry else ""
     return (f"epoch {entry['epoch']}/{total} (step {entry['step']}): loss {entry['loss']:.4f}, "
             f"train accuracy {entry['train_accuracy']:.4f}, test accuracy {entry['test_accuracy']:.4f} "
-            f"(running statistics {entry['test_accuracy_running']:.4f}, gap {entry['bn_gap']:+.4f}), "
+            f"({top5}running statistics {entry['test_accuracy_running']:.4f}, gap {entry['bn_gap']:+.4f}), "
             f"lr {entry['lr']:.4g}, {entry['images_per_second']:.0f} images/s")
+
+
+# ---- where the arrays live: one device, or the data mesh ---------------------------------------------
+
+class _OneDevice:
+    """A run on one device: `make_step`, statistics and evaluation of whole batches."""
+    mesh = None
+
+    def __init__(self, net: Net, cfg, plan: _Plan):
+        self.net, self.cfg, self.plan = net, cfg, plan
+
+    def step_fn(self):
+        c = self.plan.config
+        return make_step(self.net, self.cfg, self.plan.opt, grads=c.grads, label_smoothing=c.label_smoothing)
+
+    def place(self, tree):
+        return tree
+
+    def host(self, v):
+        return v
+
+    def step(self, step_fn, state, x, targets, lr):
+        if isinstance(x, np.ndarray):       # an image folder's batch: onto the device
+            x, targets = to_device(x, self.plan.dtype), to_device(targets)
+        return step_fn(state, x, targets, lr)
+
+    def batch_statistics(self, params, x):
+        return _batch_stats(self.net, self.cfg, params, to_device(x, self.plan.dtype))
+
+    def place_statistics(self, stats):
+        return stats
+
+    def accuracies(self, params, stats_sets, chunks) -> list[tuple[float, float]]:
+        counts, n = np.zeros((len(stats_sets), 2), np.int64), 0
+        for x, labels, valid in chunks:
+            keep = np.asarray(valid) > 0
+            n += int(keep.sum())
+            for j, stats in enumerate(stats_sets):
+                logits = np.asarray(_eval_logits(self.net, self.cfg, params, stats, to_device(x, self.plan.dtype)))
+                counts[j] += hits(logits[keep], np.asarray(labels)[keep])
+        return _rates(counts, n)
+
+
+def _rates(counts: np.ndarray, n: int) -> list[tuple[float, float]]:
+    if n == 0:
+        raise ValueError("train.evaluate: no test image could be read")
+    return [(int(a) / n, int(b) / n) for a, b in counts]
+
+
+class _OnMesh:
+    """A run on the data mesh: `parallel.make_step` (synchronised BN) on the global batch, every
+    process handing in its own rows; statistics and evaluation sharded the same way."""
+
+    def __init__(self, net: Net, cfg, plan: _Plan):
+        self.net, self.cfg, self.plan, self.mesh = net, cfg, plan, plan.mesh
+
+    def step_fn(self):
+        from . import parallel
+        c = self.plan.config
+        return parallel.make_step(self.net, self.cfg, self.plan.opt, mesh=self.mesh, label_smoothing=c.label_smoothing,
+                                  sync_bn=c.sync_bn)
+
+    def place(self, tree):
+        from . import parallel
+        return parallel.replicate(self.mesh, tree)
+
+    def host(self, v):
+        """A replicated value as this process holds it."""
+        return np.asarray(v.addressable_data(0)) if isinstance(v, jax.Array) else v
+
+    def step(self, step_fn, state, x, targets, lr):
+        from . import parallel
+        gx, gt = parallel.global_batch(self.mesh, (np.asarray(x, self.plan.dtype), np.asarray(targets)))
+        return step_fn(state, gx, gt, np.asarray(lr))
+
+    def batch_statistics(self, params, x):
+        from . import parallel
+        stats = _mesh_statistics_fn(self.net, self.cfg, self.mesh)(params, parallel.global_batch(
+            self.mesh, np.asarray(x, self.plan.dtype)))
+        return {k: v.addressable_data(0) for k, v in stats.items()}
+
+    def place_statistics(self, stats):
+        return self.place({k: np.asarray(v) for k, v in stats.items()})
+
+    def accuracies(self, params, stats_sets, chunks) -> list[tuple[float, float]]:
+        from . import parallel
+        fn = _mesh_counts_fn(self.net, self.cfg, self.mesh)
+        counts, n = np.zeros((len(stats_sets), 2), np.int64), 0
+        for x, labels, valid in chunks:
+            gx, gl, gv = parallel.global_batch(self.mesh, (np.asarray(x, self.plan.dtype), np.asarray(labels, np.int32),
+                                                           np.asarray(valid, np.int32)))
+            for j, stats in enumerate(stats_sets):
+                counts[j] += [int(self.host(v)) for v in fn(params, stats, gx, gl, gv)]
+            n += int(self.host(_mesh_sum_fn(self.mesh)(gv)))
+        return _rates(counts, n)
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh_statistics_fn(net, cfg, mesh):
+    """BN batch statistics of the global batch (synchronised over the mesh), replicated."""
+    from jax.sharding import PartitionSpec as P
+
+    from . import parallel
+    rcfg = parallel.replica_config(cfg, True)
+
+    def stats(params, x):
+        return jax.tree.map(parallel._global, net.batch_stats(net.forward(params, x, rcfg)[1]))
+
+    return jax.jit(jax.shard_map(stats, mesh=mesh, in_specs=(P(), P(parallel.AXIS)), out_specs=P()))
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh_counts_fn(net, cfg, mesh):
+    """(top-1, top-5) hits among the valid rows of a sharded evaluation chunk, summed over the mesh."""
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    from . import parallel
+
+    def counts(params, stats, x, labels, valid):
+        logits = net.forward_eval(params, stats, x, cfg)
+        one = (jnp.argmax(logits, axis=1) == labels).astype(jnp.int32)
+        above = jnp.sum(logits > jnp.take_along_axis(logits, labels[:, None], axis=1), axis=1)
+        five = (above < TOP_K).astype(jnp.int32)
+        return lax.psum(jnp.sum(valid * one), parallel.AXIS), lax.psum(jnp.sum(valid * five), parallel.AXIS)
+
+    a = P(parallel.AXIS)
+    return jax.jit(jax.shard_map(counts, mesh=mesh, in_specs=(P(), P(), a, a, a), out_specs=(P(), P())))
+
+
+@functools.lru_cache(maxsize=None)
+def _mesh_sum_fn(mesh):
+    from jax import lax
+    from jax.sharding import PartitionSpec as P
+
+    from . import parallel
+    return jax.jit(jax.shard_map(lambda v: lax.psum(jnp.sum(v), parallel.AXIS), mesh=mesh,
+                                 in_specs=P(parallel.AXIS), out_specs=P()))
+
+
+# ---- what a run reads: in-memory arrays, or an image folder through the pipeline ------------------
+
+class _ArrayFeed:
+    """In-memory data: each global batch drawn as the single-device run at that batch draws it
+    (`_Plan.batches`), this process keeping its rows; the order follows from the step alone."""
+
+    def __init__(self, plan: _Plan):
+        from . import cluster
+        self.plan = plan
+        self.rows = None if plan.mesh is None else cluster.rows(plan.global_batch)
+
+    def seek(self, step: int, state) -> None:
+        pass
+
+    def batches(self, epoch: int, start: int):
+        for i, xb, targets in self.plan.batches(epoch, start):
+            yield (i, xb, targets) if self.rows is None else (i, xb[self.rows], targets[self.rows])
+
+    def state_at(self, step: int) -> None:
+        return None
+
+    def precise_batches(self):
+        """This process's rows of the fixed batches of the precise statistics (as `precise_statistics`
+        picks them, at the global batch)."""
+        c, split, g = self.plan.config, self.plan.split, self.plan.global_batch
+        n = len(split.x_train)
+        k = min(c.precise_batches, n // g)
+        order = np.asarray(jax.random.permutation(jax.random.fold_in(jax.random.key(c.seed), _PRECISE_STREAM), n))
+        rows = self.rows or slice(0, g)
+        for i in range(k):
+            yield split.x_train[order[i * g:(i + 1) * g][rows]]
+
+    def eval_chunks(self, eval_batch: int):
+        """This process's rows of the test split in chunks of eval_batch rounded up to the devices,
+        the last one padded (valid = 0 on padding)."""
+        split, devices = self.plan.split, self.plan.devices
+        g = -(-min(eval_batch, len(split.y_test)) // devices) * devices
+        rows = self.rows_of(g)
+        for start in range(0, len(split.y_test), g):
+            x, y = split.x_test[start:start + g], split.y_test[start:start + g]
+            valid = np.zeros(g, np.int32)
+            valid[:len(y)] = 1
+            pad = g - len(y)
+            if pad:
+                x = np.concatenate([x, np.zeros((pad,) + x.shape[1:], x.dtype)])
+                y = np.concatenate([y, np.zeros(pad, y.dtype)])
+            yield x[rows], y[rows], valid[rows]
+
+    def rows_of(self, g: int) -> slice:
+        from . import cluster
+        return slice(0, g) if self.plan.mesh is None else cluster.rows(g)
+
+    def close(self) -> None:
+        pass
+
+
+class _FolderFeed:
+    """An image folder through `gradtie.pipeline`: one reader over the run's epochs whose position
+    is checkpointed; the precise-BN batches and the evaluation chunks read the same way."""
+
+    def __init__(self, plan: _Plan, epochs: int, log: Optional[Callable[[str], None]]):
+        from . import pipeline
+        c, folder = plan.config, plan.folder
+        self.plan, self.log = plan, log
+        self.layout = pipeline.Layout(plan.global_batch, jax.process_index(), jax.process_count())
+        self.train_files, self.val_files = pipeline.Files(folder.train), pipeline.Files(folder.val)
+        self.reader = pipeline.Reader(self.train_files, size=plan.image_size, seed=c.seed,
+                                      steps_per_epoch=plan.steps_per_epoch, epochs=epochs, layout=self.layout,
+                                      workers=c.workers, dtype=c.dtype, flip=c.flip)
+        self.skipped: set[tuple[str, int]] = set()
+        self.epoch_skipped = 0
+        self._before: Optional[tuple[int, dict]] = None
+        if log is not None and folder.skipped_line():
+            log(folder.skipped_line())
+
+    def seek(self, step: int, state: Optional[dict]) -> None:
+        self.reader.seek(step, state)
+
+    def batches(self, epoch: int, start: int):
+        want = epoch * self.plan.steps_per_epoch + start
+        if self.reader.position != want:
+            self.reader.seek(want)
+        for i in range(start, self.plan.steps_per_epoch):
+            self._before = (self.reader.position, self.reader.state())
+            element = next(self.reader)
+            self._note(element, self.train_files)
+            yield i, element["image"], element["label"]
+
+    def state_at(self, step: int) -> Optional[dict]:
+        """The pipeline's state standing at global step `step` (None: unknown; a resume then seeks
+        by position)."""
+        if self.reader.position == step:
+            return self.reader.state()
+        if self._before is not None and self._before[0] == step:
+            return self._before[1]
+        return None
+
+    def precise_batches(self):
+        from . import pipeline
+        c, g = self.plan.config, self.plan.global_batch
+        k = min(c.precise_batches, len(self.train_files) // g)
+        source = pipeline.PreciseBatches(self.train_files, self.plan.image_size, c.seed, self.layout)
+        for element in pipeline.chunks(source, k, workers=c.workers, dtype=c.dtype):
+            self._note(element, self.train_files)
+            yield element["image"]
+
+    def eval_chunks(self, eval_batch: int):
+        from . import pipeline
+        c, devices = self.plan.config, self.plan.devices
+        n = len(self.val_files)
+        g = -(-min(eval_batch, n) // devices) * devices
+        layout = pipeline.Layout(g, self.layout.process_index, self.layout.process_count)
+        source = pipeline.EvalChunks(self.val_files, self.plan.image_size, layout)
+        for element in pipeline.chunks(source, -(-n // g), workers=c.workers, dtype=c.dtype):
+            self._note(element, self.val_files)
+            yield element["image"], element["label"], element["valid"]
+
+    def _note(self, element: dict, files) -> None:
+        """Count the files an element skipped; name the first one the run meets, once."""
+        from . import pipeline
+        for record in pipeline.skipped_records([element]):
+            self.epoch_skipped += 1
+            key = (files.path(record), record)
+            if key not in self.skipped:
+                if not self.skipped and self.log is not None:
+                    path = files.path(record)
+                    self.log(f"skipped {path}: {pipeline.why_unreadable(path)} (the run goes on without it; "
+                             f"skipped images are counted in {METRICS})")
+                self.skipped.add(key)
+
+    def take_skipped(self) -> int:
+        n, self.epoch_skipped = self.epoch_skipped, 0
+        return n
+
+    def close(self) -> None:
+        self.reader.close()
+
+
+# ---- where a run is stored: checkpoint.npz or orbax's checkpoints/ -----------------------------------
+
+def _store(out: Path, fmt: str, keep: int):
+    return _NpzStore(out) if fmt == "npz" else _OrbaxStore(out, keep)
+
+
+class _NpzStore:
+    """`checkpoint.npz`, one file written atomically (the pipeline's position, if any, in its meta)."""
+
+    def __init__(self, out: Path):
+        self.out = out
+
+    def exists(self) -> bool:
+        return (self.out / CHECKPOINT).exists()
+
+    def load(self, template: TrainState) -> tuple[TrainState, dict, Optional[dict]]:
+        state, meta = load_checkpoint(self.out, template)
+        return state, meta, meta.get("data")
+
+    def save(self, live: _Progress, data: Optional[dict], metrics: Optional[dict] = None) -> None:
+        meta = live.meta()
+        if data is not None:
+            meta["data"] = data
+        save_checkpoint(self.out, live.state, meta)
+
+    def kept(self, fresh: TrainState) -> Optional[str]:
+        if not self.exists():
+            return None
+        return (f"the last good checkpoint {str(self.out / CHECKPOINT)!r} "
+                f"(step {int(load_checkpoint(self.out, fresh)[0].step)}) is kept")
+
+    def wait(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class _OrbaxStore:
+    """orbax's `checkpoints/<step>/` (`gradtie.checkpoints`): asynchronous, sharded, last k and best."""
+
+    def __init__(self, out: Path, keep: int):
+        from . import checkpoints
+        self.checkpoints = checkpoints.Checkpoints(out, keep=keep)
+
+    def exists(self) -> bool:
+        return self.checkpoints.exists()
+
+    def load(self, template: TrainState) -> tuple[TrainState, dict, Optional[dict]]:
+        got = self.checkpoints.restore(template)
+        return got.state, got.meta, got.data
+
+    def save(self, live: _Progress, data: Optional[dict], metrics: Optional[dict] = None) -> None:
+        if self.checkpoints.latest_step() == live.step:
+            return      # this step is saved already (an interrupt right after an epoch's checkpoint)
+        self.checkpoints.save(live.step, live.state, live.meta(), data=data, metrics=metrics)
+
+    def kept(self, fresh: TrainState) -> Optional[str]:
+        self.checkpoints.wait()
+        step = self.checkpoints.latest_step()
+        if step is None:
+            return None
+        return f"the last good checkpoint {str(self.checkpoints.directory / str(step))!r} (step {step}) is kept"
+
+    def wait(self) -> None:
+        self.checkpoints.wait()
+
+    def close(self) -> None:
+        self.checkpoints.close()
 
 
 # ---- resume ----------------------------------------------------------------------------------------
 
 def _open_run(op: str, out: Optional[Path], run: dict, fresh: TrainState, resume: bool,
-              epochs: Optional[int], extend_epochs: int, force: bool = False) -> tuple[dict, _Progress]:
-    """The run record to train under and where training stands: a new run (its folder prepared),
-    or the run in `out` resumed from its checkpoint (its record checked against `run`, extended if
-    asked, its metrics log reconciled with the checkpoint)."""
-    live = _Progress(fresh, 0, _zero_sums(), [])
+              epochs: Optional[int], extend_epochs: int, force: bool = False,
+              config: Optional[FitConfig] = None) -> tuple[dict, _Progress, Optional[dict], Any]:
+    """The run record to train under, where training stands, the pipeline's position and the
+    checkpoint store: a new run (its folder prepared), or the run in `out` resumed from its
+    checkpoint (its record checked against `run`, extended if asked, its metrics log reconciled
+    with the checkpoint). Every process checks before any writes; process 0 writes."""
+    from . import cluster
+    live, data, store = _Progress(fresh, 0, _zero_sums(), []), None, None
+    primary = jax.process_index() == 0
     if out is not None and (out / RUN).exists():
         if not resume:
             raise ValueError(f"{op}: {str(out)!r} already holds a run ({RUN}); pass resume=True "
                              f"(--resume) to continue it, or choose another folder")
         run = _resumed_run(op, out, run, epochs, extend_epochs)
-        if (out / CHECKPOINT).exists():
-            state, meta = load_checkpoint(out, fresh)
-            live = _Progress(state, int(state.step), meta["sums"], meta["history"])
-        _reconcile_metrics(out / METRICS, live.history)
+        cluster.barrier("gradtie-run-read")
+        store = _store(out, run["checkpoints"], config.keep if config else 3)
+        if store.exists():
+            state, meta, data = store.load(fresh)
+            live = _Progress(state, meta_step(state), meta["sums"], meta["history"])
+        if primary:
+            _reconcile_metrics(out / METRICS, live.history)
     elif resume:
         read_run(out)                        # raises the clear "no run to resume" error
     elif out is not None:
@@ -842,17 +1437,38 @@ def _open_run(op: str, out: Optional[Path], run: dict, fresh: TrainState, resume
         if out.is_dir() and any(out.iterdir()) and not force:
             raise ValueError(f"{op}: {str(out)!r} is not empty and holds no run ({RUN}); choose another "
                              f"folder, or pass force=True (--force) to train there anyway")
-        out.mkdir(parents=True, exist_ok=True)
-        (out / METRICS).unlink(missing_ok=True)
+        cluster.barrier("gradtie-run-checked")
+        if primary:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / METRICS).unlink(missing_ok=True)
+        cluster.barrier("gradtie-run-made")
+        store = _store(out, run["checkpoints"], config.keep if config else 3)
     if out is not None:
         run["environment"] = {"jax": jax.__version__, "backend": jax.default_backend()}
-        _atomic_write(out / RUN, json.dumps(run, indent=1) + "\n")
-    return run, live
+        if primary:
+            _atomic_write(out / RUN, json.dumps(run, indent=1) + "\n")
+        cluster.barrier("gradtie-run-written")
+    return run, live, data, store
+
+
+def meta_step(state: TrainState) -> int:
+    """The step a (possibly replicated, multi-process) train state stands at."""
+    step = state.step
+    if isinstance(step, jax.Array) and not step.is_fully_addressable:
+        step = step.addressable_data(0)
+    return int(np.asarray(step))
 
 
 def _resumed_run(op: str, out: Path, requested: dict, epochs: Optional[int], extend_epochs: int) -> dict:
     """The recorded run, checked field by field against the requested one; extended if asked."""
-    saved = read_run(out)
+    saved = {**LEGACY_RUN, **read_run(out)}
+    saved.setdefault("global_batch", saved["batch"])
+    was, now = (saved["replicas"], saved["processes"]), (requested["replicas"], requested["processes"])
+    if was != now:
+        raise ValueError(f"{op}: cannot resume the run in {str(out)!r} on {now[0]} device(s) in {now[1]} "
+                         f"process(es): it was trained on {was[0]} device(s) in {was[1]} process(es), and its "
+                         f"global batch, data order and checkpoints are laid out for them (resume with "
+                         f"--replicas {was[0] // was[1]} on {was[1]} process(es))")
     for field in requested:
         if field in ("epochs", "segments"):
             continue
@@ -906,7 +1522,9 @@ def resume_arguments(out) -> dict[str, Any]:
             "n_test": d["n_test"], "optimizer": run["optimizer"], "lr": run["lr"], "epochs": run["epochs"],
             "batch": run["batch"], "warmup_epochs": run["warmup_epochs"],
             "label_smoothing": run["label_smoothing"], "grads": run["grads"], "seed": run["seed"],
-            "flip": run["flip"], "precise_batches": run["precise_batches"], "bf16": cfg.get("bf16", False)}
+            "flip": run["flip"], "precise_batches": run["precise_batches"], "bf16": cfg.get("bf16", False),
+            "dtype": run.get("dtype", "float32"), "checkpoints": run.get("checkpoints", "npz"),
+            "replicas": run.get("replicas", 1) // run.get("processes", 1), "sync_bn": run.get("sync_bn", True)}
     if "head_width" in cfg:
         args["head_width"] = cfg["head_width"]
     return args

@@ -138,3 +138,20 @@ def step_tie(ties: Sequence, controls: Sequence = ()) -> plt.Figure:
     fig.suptitle("The rendered train step against optax on autodiff: every tensor under its limit", fontsize=11)
     fig.tight_layout()
     return fig
+
+
+def mesh_agreement(distances: Mapping[str, Mapping[str, float]], limit: float) -> plt.Figure:
+    """Per tensor (signature order), the relative distance of each run's final weights from the
+    single-device run's: the synchronised-BN mesh under the limit (dashed), the per-replica-BN
+    control far above it."""
+    fig, ax = plt.subplots(figsize=(FIGSIZE[0] + 2.0, FIGSIZE[1]))
+    floor = 1e-18   # an exact 0 drawn at the bottom of the log axis
+    for (name, d), color, marker in zip(distances.items(), (OK_COLOR, CONTROL_COLOR, "0.5"), ("o", "x", "s")):
+        ax.semilogy(np.arange(len(d)), np.maximum(list(d.values()), floor), marker, color=color, ms=4, label=name)
+    ax.axhline(limit, color="k", ls="--", lw=1, label=f"limit {limit:g}")
+    ax.set_xlabel("tensor (signature order; conv biases behind BatchNorm left out)")
+    ax.set_ylabel("max|θ − θ_one device| / max|θ_one device|")
+    ax.set_title("Final weights of the data-parallel runs against one device at the same global batch", fontsize=10)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
