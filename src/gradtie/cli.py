@@ -261,7 +261,7 @@ TRAIN_DEFAULTS = {"net": "cifar8", "data": "digits", "optimizer": "nesterov", "e
                   "lr": None, "warmup_epochs": 0, "label_smoothing": None, "image_size": 32,
                   "head_width": 512, "n_train": None, "n_test": None, "bf16": False, "grads": "rendered",
                   "seed": 0, "flip": None, "precise_batches": 16, "replicas": None, "sync_bn": True,
-                  "dtype": "float32", "checkpoints": None}
+                  "dtype": "float32", "checkpoints": None, "policy": "tie"}
 # upstream's runs, as option values (what a recipe leaves out keeps its default)
 RECIPES = {
     # ResNet-34 on ImageNet: 4 replicas × 64, heavy ball (momentum 0.9, coupled weight decay 1e-4),
@@ -318,7 +318,10 @@ def _train(args: argparse.Namespace) -> int:
     kwargs = {"num_classes": num_classes}
     if o.net == "cifar8":
         kwargs["head_width"] = o.head_width
-    cfg = net.config(bf16=o.bf16, **kwargs)
+    if o.policy != "tie" and o.dtype != "float32":
+        raise ValueError(f"--policy {o.policy} trains float32 parameters (its activations are the policy's); "
+                         f"--dtype {o.dtype} goes with --policy tie")
+    cfg = net.config(bf16=o.bf16, policy=o.policy, **kwargs)
     replicas = cluster.local_replicas(o.replicas)
     workers = args.workers if args.workers is not None else (_default_workers() if path is not None else 0)
     try:
@@ -590,6 +593,11 @@ def parser() -> argparse.ArgumentParser:
                          "224 px); options given override it; needs --data folder:PATH")
     tr.add_argument("--dtype", choices=("float32", "float64"), default=None, help="parameters and activations "
                     "(default float32)")
+    tr.add_argument("--policy", choices=POLICY_NAMES, default=None,
+                    help="execution policy of the rendered step: tie (default; every contraction at HIGHEST), "
+                         "tf32 (default precision: TF32 tensor cores on a GPU) or bf16 (bf16 activations and "
+                         "convolutions, float32 parameters, BatchNorm statistics, head and loss); the same chain "
+                         "`gradtie check --policy` ties")
     tr.add_argument("--workers", type=_nonnegative, default=None,
                     help="decoding processes for --data folder:PATH (default: the cores but one, at most 8; "
                          "0 decodes in a thread of this process)")

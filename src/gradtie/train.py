@@ -1524,7 +1524,8 @@ def resume_arguments(out) -> dict[str, Any]:
             "label_smoothing": run["label_smoothing"], "grads": run["grads"], "seed": run["seed"],
             "flip": run["flip"], "precise_batches": run["precise_batches"], "bf16": cfg.get("bf16", False),
             "dtype": run.get("dtype", "float32"), "checkpoints": run.get("checkpoints", "npz"),
-            "replicas": run.get("replicas", 1) // run.get("processes", 1), "sync_bn": run.get("sync_bn", True)}
+            "replicas": run.get("replicas", 1) // run.get("processes", 1), "sync_bn": run.get("sync_bn", True),
+            "policy": cfg.get("policy", "tie")}
     if "head_width" in cfg:
         args["head_width"] = cfg["head_width"]
     return args

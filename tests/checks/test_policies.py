@@ -124,3 +124,24 @@ def test_resnet34_bf16_policy_ties_stage_by_stage():
     params, x, t = point(resnet34.NET, resnet34.Config(num_classes=K), 2, 32)
     rep = policies.check(resnet34.NET, params, x, t, resnet34.Config(num_classes=K, policy="bf16"), label_smoothing=0.1)
     assert all(r.equal for r in rep.sites) and rep.ok, rep.summary()
+
+
+def test_gradtie_train_takes_the_policy_by_name_records_it_and_resumes_under_it(tmp_path):
+    """A few bf16-policy steps of the rendered chain on digits: finite, float32 parameters, the
+    policy in run.json, and --resume reads it back. Control: a float64 run refuses a fast policy."""
+    import json
+
+    from gradtie import train
+
+    out = tmp_path / "run"
+    args = ["train", "--net", "cifar8", "--head-width", "16", "--data", "digits", "--n-train", "32",
+            "--n-test", "16", "--batch", "8", "--epochs", "2", "--policy", "bf16", "--out", str(out)]
+    assert cli.main(args + ["--stop-after", "1"]) == 0
+    run = json.loads((out / "run.json").read_text())
+    assert run["config"]["policy"] == "bf16"
+    assert train.resume_arguments(out)["policy"] == "bf16"
+    assert cli.main(["train", "--out", str(out), "--resume"]) == 0
+    history = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [h["epoch"] for h in history] == [1, 2] and all(np.isfinite(h["loss"]) for h in history)
+    with pytest.raises(ValueError, match="--policy bf16 trains float32 parameters"):
+        cli._train(cli.parser().parse_args(args[:-2] + ["--dtype", "float64", "--out", str(tmp_path / "x")]))
