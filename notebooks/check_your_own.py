@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt
 jax.config.update("jax_enable_x64", True)
 
 import gradtie
-from gradtie import book, nets, plots
+from gradtie import book, nets, pages, plots
 from gradtie.checks import bugs, census, stages
 from gradtie.data import images
 from gradtie.checks.tie import targets_matrix
@@ -53,14 +53,18 @@ seed: int = 0
 # %%
 p = book.validated(batch=batch, image_size=image_size, seed=seed)
 sys.path.insert(0, str(book.ROOT / "examples"))
-import bottleneck as example                                   # noqa: E402 (the example module)
+import bottleneck as example  # noqa: E402 (the example module)
 
-net = nets.load("bottleneck:NET")                              # as `gradtie check --net` loads it
+net = nets.load("bottleneck:NET")  # as `gradtie check --net` loads it
 cfg = net.config()
 key = jax.random.key(p.seed)
-params = {k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()}
+params = {
+    k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()
+}
 x = images("photos", p.batch, p.image_size, seed=p.seed)
-t = targets_matrix((jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64)
+t = targets_matrix(
+    (jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64
+)
 
 # %% [markdown]
 # ## The net, as the protocol reads it
@@ -72,8 +76,17 @@ t = targets_matrix((jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_clas
 # %% tags=["nbval-check-output"]
 rows = net.summary(params, cfg, x.shape)
 print(protocol.format_summary(rows))
-print(f"{len(params)} tensors, {protocol.census(params).floats:,} floats; stages: {[r.name for r in rows]}")
-assert [r.kind for r in rows] == ["stem", "depthwise", "bottleneck", "bottleneck", "head"]
+print(
+    f"{len(params)} tensors, {protocol.census(params).floats:,} floats; stages:"
+    f" {[r.name for r in rows]}"
+)
+assert [r.kind for r in rows] == [
+    "stem",
+    "depthwise",
+    "bottleneck",
+    "bottleneck",
+    "head",
+]
 
 # %% [markdown]
 # ## The census: which hypothesis applies
@@ -104,13 +117,21 @@ assert smooth.ok and [h.key for h in smooth.hypotheses] == [census.PARAMETERS]
 
 # %%
 report = gradtie.check(net, params, x, t, cfg, key=key)
-print(report.tie.table())
+pages.tie(report.tie)
 
 # %% tags=["nbval-check-output"]
-print(f"exit code {report.exit_code}; {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes "
-      f"tied, input gradient {report.tie.row('input').verdict}; finite differences: "
-      f"{sum(r.verdict == 'FAILED' for r in report.fd_rows)} failed of {len(report.fd_rows)}")
-book.glue("own_tied", (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)), "{}/{} nodes tied")
+print(
+    f"exit code {report.exit_code};"
+    f" {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes tied,"
+    f" input gradient {report.tie.row('input').verdict}; finite differences:"
+    f" {sum(r.verdict == 'FAILED' for r in report.fd_rows)} failed of"
+    f" {len(report.fd_rows)}"
+)
+book.glue(
+    "own_tied",
+    (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)),
+    "{}/{} nodes tied",
+)
 assert report.exit_code == 0 and report.tie.tied
 
 # %% [markdown]
@@ -138,15 +159,17 @@ assert st.ok and len(st.ties) == 5
 # the same point against the same reference.
 
 # %% tags=["nbval-check-output"]
-print(bugs.listing(net))
+display(pages.bugs(net))
 caught = bugs.run(net, params, x, t, cfg, label_smoothing=0.1)
 print(caught.summary())
-print(caught.table())
+display(pages.caught(caught))
 book.glue("own_bugs", caught.summary())
 assert caught.ok and "depthwise_kernel_not_flipped" in {c.bug for c in caught.caught}
 
 # %%
-plots.would_it_catch.caught([caught], title="Every planted bug fails its first node by orders of magnitude")
+plots.would_it_catch.caught(
+    [caught], title="Every planted bug fails its first node by orders of magnitude"
+)
 plt.show()
 
 # %% [markdown]
@@ -164,7 +187,10 @@ h = jax.random.normal(jax.random.fold_in(key, 1), (2, w.shape[0], 6, 6), jnp.flo
 
 
 def depthwise_vjp(backward):
-    return lambda x_, w_, dy: (backward(w_, dy), example.depthwise_grad_weight(example.DepthwiseSaved(x_), dy))
+    return lambda x_, w_, dy: (
+        backward(w_, dy),
+        example.depthwise_grad_weight(example.DepthwiseSaved(x_), dy),
+    )
 
 
 ok = gradtie.check_vjp(lambda x_, w_: example.depthwise_forward(x_, w_)[0], h, w,
@@ -212,32 +238,84 @@ assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 from gradtie import companions
 from gradtie.nets import resnet34
 
-block_cfg = example.Config(stem=resnet34.STEM_WIDTH, stages=((16, resnet34.WIDTHS[-1], 2),))
-slots = ([companions.identity_slot(), companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5),
-          companions.foreign_slot(net, block_cfg, "layer1.0")]
-         + [companions.identity_slot()] * 12 + [companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25)])
-slots_bad = [slots[0], companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5, forget_alpha=True), *slots[2:]]
+block_cfg = example.Config(
+    stem=resnet34.STEM_WIDTH, stages=((16, resnet34.WIDTHS[-1], 2),)
+)
+slots = (
+    [
+        companions.identity_slot(),
+        companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5),
+        companions.foreign_slot(net, block_cfg, "layer1.0"),
+    ]
+    + [companions.identity_slot()] * 12
+    + [companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25)]
+)
+slots_bad = [
+    slots[0],
+    companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5, forget_alpha=True),
+    *slots[2:],
+]
 between = companions.stem_head_net(slots)
 between_bad = companions.stem_head_net(slots_bad, name="scaled residual forgetting α")
 cfg_between = resnet34.Config(num_classes=10)
-params_between = {k: v.astype(jnp.float64) for k, v in between.init(key, cfg_between, weights="drawn").items()}
+params_between = {
+    k: v.astype(jnp.float64)
+    for k, v in between.init(key, cfg_between, weights="drawn").items()
+}
 x_between = images("photos", 2, 32, seed=p.seed)
 t_between = targets_matrix(jnp.asarray([1, 4]), 10, jnp.float64)
-blocks_tie = companions.other_blocks(between, params_between, x_between, t_between, cfg_between,
-                                     label_smoothing=0.1, key=jax.random.fold_in(key, 7))
-blocks_bad = companions.other_blocks(between, params_between, x_between, t_between, cfg_between, label_smoothing=0.1,
-                                     rendered_net=between_bad, point=blocks_tie.point)
+blocks_tie = companions.other_blocks(
+    between,
+    params_between,
+    x_between,
+    t_between,
+    cfg_between,
+    label_smoothing=0.1,
+    key=jax.random.fold_in(key, 7),
+)
+blocks_bad = companions.other_blocks(
+    between,
+    params_between,
+    x_between,
+    t_between,
+    cfg_between,
+    label_smoothing=0.1,
+    rendered_net=between_bad,
+    point=blocks_tie.point,
+)
 
 # %% tags=["nbval-check-output"]
-print("b1 … b16:", ", ".join(f"{k} ×{blocks_tie.slots.count(k)}" for k in dict.fromkeys(blocks_tie.slots)))
-print(f"stem, sixteen other blocks, head: {blocks_tie.report.summary().split('; worst')[0]}")
-print(f"control ({between_bad.name}): {blocks_bad.report.summary().split('; worst')[0]}")
-print(book.glue("other_blocks", (len(blocks_tie.slots), sum(r.ok for r in blocks_tie.report.nodes),
-                                 len(blocks_tie.report.nodes),
-                                 "tied" if blocks_tie.report.row("input").ok else "FAILED",
-                                 "FAILED" if not blocks_bad.ok else "tied"),
-                "ResNet-34's stem and head around {} other block maps: {}/{} nodes tied, input {}; a block "
-                "whose VJP forgets α: {}"))
-assert blocks_tie.ok and len(blocks_tie.slots) == 16, \
-    f"other_blocks: the chain must equal the composed forward's VJP within 10 envelopes, got {blocks_tie.report.summary()}"
-assert not blocks_bad.ok and not blocks_bad.report.row("input").ok, "other_blocks: the wrong block VJP tied"
+print(
+    "b1 … b16:",
+    ", ".join(
+        f"{k} ×{blocks_tie.slots.count(k)}" for k in dict.fromkeys(blocks_tie.slots)
+    ),
+)
+print(
+    "stem, sixteen other blocks, head:"
+    f" {blocks_tie.report.summary().split('; worst')[0]}"
+)
+print(
+    f"control ({between_bad.name}): {blocks_bad.report.summary().split('; worst')[0]}"
+)
+print(
+    book.glue(
+        "other_blocks",
+        (
+            len(blocks_tie.slots),
+            sum(r.ok for r in blocks_tie.report.nodes),
+            len(blocks_tie.report.nodes),
+            "tied" if blocks_tie.report.row("input").ok else "FAILED",
+            "FAILED" if not blocks_bad.ok else "tied",
+        ),
+        "ResNet-34's stem and head around {} other block maps: {}/{} nodes tied, input"
+        " {}; a block whose VJP forgets α: {}",
+    )
+)
+assert blocks_tie.ok and len(blocks_tie.slots) == 16, (
+    "other_blocks: the chain must equal the composed forward's VJP within 10"
+    f" envelopes, got {blocks_tie.report.summary()}"
+)
+assert (
+    not blocks_bad.ok and not blocks_bad.report.row("input").ok
+), "other_blocks: the wrong block VJP tied"
