@@ -275,6 +275,7 @@ assert all(
 
 # %% [markdown]
 # ```{admonition} Beyond the suite
+# :class: attention
 # The patches · weights sites are not equal bit for bit on this backend: a product of bf16-typed
 # operands is summed in its own order, not the f32 product's (a GPU's bf16 kernels do the same at
 # every site). There we state and measure the exact relation instead: both are float32 sums of the

@@ -215,6 +215,7 @@ assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 # ## Other blocks between ResNet-34's stem and head
 #
 # ```{admonition} Beyond the suite
+# :class: attention
 # `r34InputGradB_correct` is stated at 224 px, a literal. We run the stem and head at 32 px,
 # batch 2, to keep the chapter quick: the same maps, beyond the statement's literal resolution.
 # ```

@@ -357,6 +357,7 @@ for label, row in two_by_two.items():
 # ### The 3×3/s2 stem pool
 #
 # ```{admonition} Beyond the suite
+# :class: attention
 # The selScatter lemma above is the 2×2 pool's (`maxPoolBackB`). ResNet-34's overlapping stem pool
 # enters `r34InputGradB_correct` with its endpoint `rfl` under `h_pool`; the tie below, against
 # autodiff of the gather model, is ours. Overlapping windows add up to four cotangents at a cell,

@@ -975,6 +975,7 @@ assert [r.name for r in head_bug.failed] == ["input"]
 # ### Why the head's tie reads exactly 0
 #
 # ```{admonition} Beyond the suite
+# :class: attention
 # The suite's head tie is over ℝ (`r34HeadBBack_eq_vjp_backward`, global). Where float64 round-off
 # lands, and why both sides land in the same place, is ours.
 # ```

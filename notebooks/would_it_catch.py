@@ -295,5 +295,6 @@ print(
 )
 
 # %%
-plots.would_it_catch.caught([caught8, caught34, sync8])
+headline = plots.would_it_catch.caught([caught8, caught34, sync8])
+book.glue_figure("headline_catch", headline)  # the intro's headline figure
 plt.show()

@@ -419,3 +419,12 @@ def test_a_page_table_is_html_with_the_verdict_first_and_text_elsewhere():
     assert '<td class="gt-red">FAILED</td>' in html and "b&lt;c" in html and html.index("verdict") < html.index("node")
     with pytest.raises(ValueError, match="row 0 has 2 cells"):
         pages.Table(("a", "b", "c"), (("1", "2"),))
+
+
+def test_every_beyond_the_suite_box_has_the_one_orange_style():
+    found = []
+    for path in sorted(book.NOTEBOOKS.glob("*.py")):
+        lines = path.read_text().splitlines()
+        found += [f"{path.name}:{i + 1}" for i, line in enumerate(lines)
+                  if line.strip() == "# ```{admonition} Beyond the suite" and lines[i + 1] != "# :class: attention"]
+    assert found == []

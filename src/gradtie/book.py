@@ -77,7 +77,7 @@ CHAPTERS: list[Chapter] = [
             reads=("benchmarks/results",), part="Appendices", nbval_cost=26),
 ]
 PROFILES = ("ci", "cpu", "gpu")
-PAGES = ("api",)   # book/<page>.md after the appendices: the API reference
+PAGES = ("glossary", "api")   # book/<page>.md after the appendices: the glossary, the API reference
 
 
 def toc() -> str:
@@ -387,6 +387,23 @@ def glue(key: str, value: Any, fmt: str = "{}") -> str:
 
         myst_nb.glue(key, text, display=False)
     return text
+
+
+def glue_figure(key: str, fig) -> None:
+    """Store a figure the chapter draws for another page to show (the intro's headline figure:
+    ```{glue:any} <key>``` with `:doc: <chapter>.ipynb`); the cell shows it as usual with
+    `plt.show()`. Outside a notebook kernel nothing is stored."""
+    if not isinstance(key, str) or not re.fullmatch(GLUE_KEY, key):
+        raise ValueError(f"glue key {key!r}: expected lower-case letters, digits and underscores, "
+                         f"starting with a letter")
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        import myst_nb
+
+        myst_nb.glue(key, fig, display=False)
 
 
 def decade(value: float) -> str:
