@@ -782,7 +782,7 @@ assert tied.ok and not tied.ill_conditioned and not planted.ok
 assert not hasattr(tied, "sites") or all(r.equal for r in tied.sites)
 
 # %% [markdown]
-# ## Summary
+# ## What this chapter showed
 #
 # At `rnd = identity` every bf16 kind, and both nets' whole chains, are their f32 peers bit for
 # bit: the kinds add rounding and nothing else (`Bf16Erasure`), so the suite's bf16 nodes, read at

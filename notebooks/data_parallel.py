@@ -134,9 +134,9 @@ print(
 # %% [markdown]
 # ## The tie at every split R × N
 #
-# `r34_net_syncTiedB` holds at every R and N. We sweep R = 1, 2, 4, … up to `replicas` (4 in the
-# ci profile, 8 in the cpu and gpu profiles; R = 1 is a mesh of one replica) and N = 1, 2, 4, … up
-# to `batch` (2 at ci, 4 at cpu). Each global batch R·N of photo crops (labelled by the photo they
+# `r34_net_syncTiedB` holds at every R and N. We sweep R = 1, 2, 4, … up to `replicas` (4 by
+# default, 8 in the cpu and gpu profiles; R = 1 is a mesh of one replica) and N = 1, 2, 4, … up
+# to `batch` (2 by default, 4 in the cpu profile). Each global batch R·N of photo crops (labelled by the photo they
 # come from) gets its own float64 oracle, envelope and smoothness census. Every split of it is tied
 # through `checks.tie.tie` on R replicas, the verdict path `gradtie check --replicas` uses.
 #
@@ -685,3 +685,17 @@ print(f"cifar8 at counts {split}: {'tied' if c8_uneven.ok else 'FAILED'} "
 
 # %%
 assert c8_sweep.ok and c8_sweep.smooth and c8_uneven.ok
+
+# %% [markdown]
+# ## What this chapter showed
+#
+# | what holds | statement | shown in |
+# |---|---|---|
+# | the all-reduced gradient nodes of R replicas with synchronised BatchNorm are the single-device nodes at N := R·N, at every split of the sweep, within the single-device point's envelope | `r34_net_syncTiedB` | [§ The tie at every split](#the-tie-at-every-split-r--n) and its figure (32 px, beyond the literal resolution); [§ At the statement's own resolution](#at-the-statements-own-resolution-224-px) (224 px) |
+# | per-replica BatchNorm is a different function and goes red | the counterexample (beyond the suite) | [§ The counterexample](#the-counterexample-per-replica-batchnorm-goes-red) |
+# | at the bf16 flag the all-reduced node is the mean of the replicas' rounded nodes, off from the rounded sum by exactly the formula, bit for bit against the mesh | `DataParallel.SyncBf16` | [§ The bf16 flag on a mesh](#the-bf16-flag-on-a-mesh-syncbf16) and its figure |
+#
+# Beyond the suite: the input-gradient row of the mesh tie; replicas holding different numbers of
+# examples (count-weighted statistics and means; the plain mean of replica means goes red); the
+# 2u·M bound on `SyncBf16`'s difference; Chan's variance combine against one E[x²] round; and
+# cifar8 on a mesh.

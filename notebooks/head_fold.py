@@ -325,3 +325,17 @@ plots.head_fold.fold_ties(
     ),
 )
 plt.show()
+
+# %% [markdown]
+# ## What this chapter showed
+#
+# | what holds | statement | shown in |
+# |---|---|---|
+# | the six kit ops fold to (p − t̃)/N, the gradient at the logits of the mean smoothed cross-entropy, for one-hot, mixup and cutmix targets, α ∈ {0, 0.1}, N ∈ {3, 6} | the head fold of `r34_net_tiedB` (its lemma in `Foundation/SmoothedLossCot`); `cifar8Bbn_net_lossGrad_CE` | [§ The fold is the gradient](#the-fold-is-the-gradient): every case tied to autodiff of the loss written apart, at float64's round-off |
+# | the fold's one hypothesis, rows summing to 1, is needed: scaled rows break the tie, and `head.cotangent` refuses them | the same | the same section |
+# | at α = 0 the fold is the plain cross-entropy cotangent bit for bit | the same, at α = 0 | [§ α = 0 is plain cross-entropy](#α--0-is-plain-cross-entropy) |
+# | three planted fold bugs go red at the point where each can show | controls | [§ Planted bugs go red](#planted-bugs-go-red) and its figure |
+# | GAP and the dense layer tie anywhere, tied features included; a GAP backward without 1/(H·W) goes red | `r34HeadBHasVJP` (no hypothesis) | [§ The rest of the head](#the-rest-of-the-head-needs-no-hypothesis-r34headbhasvjp) and its figure |
+#
+# Beyond the suite: the smoothed loss cannot fall below H(t̃), {glue:text}`smoothed_minimum`; a run
+# trained with α = 0.1 that flattens there has reached the optimum, not a stall.

@@ -127,8 +127,8 @@ assert smooth8.ok
 # The suite says "any parameter path", so each germ gets `directions` paths, taken in turn: a
 # straight one along a random unit direction v, a curved one, θ + t·v + t²·w with w a random
 # direction of length 1/δ₀ (δ₀ the radius the margins predict along v alone), so that at the germ's
-# own scale the path bends as much as it moves, then another straight one, and so on. The ci
-# profile walks two paths per germ, one of each kind; the cpu profile six.
+# own scale the path bends as much as it moves, then another straight one, and so on. By
+# default each germ gets two paths, one of each kind; the cpu profile six.
 
 # %%
 survey8 = germs.survey(net8, params8, x8, targets, cfg8, grads8, germs.C8_GERMS,
@@ -509,3 +509,18 @@ plt.show()
 # eight germs holds along straight and curved paths, bit for bit below a radius the margins
 # predict, and the finite differences of the real loss pin each rendered node between round-off
 # and the first kink: `cifar8Bbn_net_lossGrad`'s `HasGradAt`, seen in float64.
+
+# %% [markdown]
+# ## What this chapter showed
+#
+# | what holds | statement | shown in |
+# |---|---|---|
+# | near a smooth point the real net and the gather model give the same loss, bit for bit, along straight and curved paths through each of the eight stages' weights, up to a radius δ | `c8_germ_stageₖ`, k = 1…8; `maxPoolB_relu_eventuallyEq_sel` | [§ Eight germs](#eight-germs-s-and-g-agree-bit-for-bit-then-part) and its figure |
+# | the window margins predict δ, to second order along the path | the germs' hypothesis, read window by window | [§ δ predicted from the margins](#δ-predicted-from-the-margins) and its figure |
+# | central finite differences of the real loss converge to each walk's rendered directional derivative, between round-off and the first kink | `cifar8Bbn_net_lossGrad` (`HasGradAt`) | [§ Finite differences](#finite-differences-the-node-pinned-between-round-off-and-the-first-kink) and its figure |
+# | a wrong node, a planted chain bug and a kink too close to resolve are told apart: "fails", "fails", "no evidence" | controls | [§ Controls](#controls-a-wrong-node-fails-a-close-kink-gives-no-evidence) |
+# | at twin ties the germ still holds | C8PoolTwin₁…₄ | [§ At twin ties](#at-twin-ties-the-gather-model-still-agrees-bit-for-bit) |
+# | at a non-twin tie there is no germ and no derivative, and the check says "no evidence" | the hypothesis fails (the control) | [§ The control: a non-twin tie](#the-control-a-non-twin-tie) |
+#
+# Nothing here goes beyond the suite except the controls: the chapter reads `HasGradAt` in
+# float64 at the points the census admits, and shows why the points it refuses are refused.

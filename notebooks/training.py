@@ -607,3 +607,23 @@ plt.show()
 # The tie also runs in `tests/checks/test_step.py`: the 146-tensor step with conv biases, plain
 # SGD, and every control of each recipe: decoupled decay, dampened momentum, no look-ahead, the
 # learning rate applied twice, a skipped tensor, and the unbiased running variance.
+
+# %% [markdown]
+# ## What this chapter showed
+#
+# The suite's statements stop at one step's raw gradient nodes (`r34_net_tiedB`,
+# `cifar8Bbn_train_step_tiedB`, shown in the chapter Whole-net tie); this appendix is about what
+# the step does with them, and all of it is beyond the suite:
+#
+# - over the first steps of a run, the autodiff step from the rendered run's own state stays
+#   within ten times the rendered step's envelope at every smooth step, and a γ↔β bug does not
+#   ([§ Rendered and autodiff, side by side](#rendered-and-autodiff-side-by-side) and its figure);
+# - test accuracy must be read with recomputed BatchNorm statistics: the running ones lag the
+#   weights by 0.99ˢ ([§ Evaluation that reflects the model](#evaluation-that-reflects-the-model));
+# - the four update rules train on the rendered gradient
+#   ([§ The optimizers side by side](#the-optimizers-side-by-side));
+# - two steps of each net's recipe, updated tensors, momentum buffers and running statistics,
+#   tie to optax on autodiff gradients, and each recipe's control goes red
+#   ([§ The train step is tied](#the-train-step-is-tied) and its figure).
+#
+# Upstream's CIFAR-10 and ImageNet accuracies are quoted as theirs; the book does not re-run them.

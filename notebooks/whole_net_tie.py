@@ -1244,12 +1244,12 @@ plt.show()
 # both nets on photos over a range of N, taking the census at each N first, and state the smallest
 # N from which every N of the sweep keeps each hypothesis and ties (`Sweep.smallest`); the node
 # ties of `r34_net_tiedB`, which take N as a binder and no hypothesis, are the nodes of each row. With
-# `every_n = True` (the cpu and gpu profiles) both nets run every N from 1 to 8; the ci defaults
+# `every_n = True` (the cpu and gpu profiles) both nets run every N from 1 to 8; the defaults
 # keep the compile count down (each new N is a new shape to compile) and run N = 1, 2, 4.
 #
 # What to expect: the parameter hypothesis only asks that no ReLU input be exactly 0 and no tie be a
 # non-twin one, which a photo batch meets at every N, even N = 1. ResNet-34's sweep runs at
-# `image_size` (32 px at ci: **beyond the statement's literal resolution**). There, at N = 1,
+# `image_size` (32 px by default: **beyond the statement's literal resolution**). There, at N = 1,
 # layer4's BatchNorm sees M = 1 value per channel, whose x̂ is exactly 0: every node upstream of it
 # is 0 in ℝ, and a tie would compare two round-off-sized answers. That point is **degenerate**: it
 # is reported with the layer and M, not tied, and never counted as tied (`gradtie check` exits 2

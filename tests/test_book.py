@@ -428,3 +428,17 @@ def test_every_beyond_the_suite_box_has_the_one_orange_style():
         found += [f"{path.name}:{i + 1}" for i, line in enumerate(lines)
                   if line.strip() == "# ```{admonition} Beyond the suite" and lines[i + 1] != "# :class: attention"]
     assert found == []
+
+
+def test_every_link_to_a_section_names_a_heading_of_its_chapter():
+    from myst_parser.mdit_to_docutils.base import default_slugify
+
+    headings = {p.stem: {default_slugify(re.sub(r"^# #+ ", "", line).replace("`", "").strip())
+                         for line in p.read_text().splitlines() if re.match(r"# #{2,3} ", line)}
+                for p in book.NOTEBOOKS.glob("*.py")}
+    missing = []
+    for page in [*book.NOTEBOOKS.glob("*.py"), book.BOOK / "intro.md"]:
+        for doc, anchor in re.findall(r"\]\(([a-z0-9_]*)(?:\.ipynb)?#([^)\s]+)\)", page.read_text()):
+            if anchor not in headings.get(doc or page.stem, set()):
+                missing.append(f"{page.name}: {doc or page.stem}#{anchor}")
+    assert missing == []

@@ -1,6 +1,6 @@
 """The Performance appendix's figures: functions take committed results and return a Figure.
 
-The rendered step in blue, the autodiff step in grey, limits and budgets as dashed lines, anything
+The rendered step in blue, the autodiff step in grey, limits as dashed lines, anything
 over its limit in red. Shown in: Performance.
 """
 
@@ -73,58 +73,6 @@ def figure_ratios(results: Sequence, limit: float, upstream: Mapping[str, float]
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
-
-
-def figure_fit(owners: Mapping[str, float], limit_gib: float) -> plt.Figure:
-    """The largest compiled footprint of each chapter's (and the benchmark's) gpu profile against
-    the limit one accelerator allows."""
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    names = list(owners)
-    gib = np.array([owners[n] for n in names])
-    y = np.arange(len(names))[::-1]
-    ax.barh(y, gib, color=[OK_COLOR if g <= limit_gib else CONTROL_COLOR for g in gib], height=0.6)
-    ax.axvline(limit_gib, color="0.2", ls="--", lw=1, label=f"limit {limit_gib:g} GiB")
-    ax.set_yticks(y, names, fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("largest computation: arguments + outputs + temporaries (GiB, log scale)")
-    ax.set_title("Every gpu profile fits one accelerator (abstract compile, no data)")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def figure_budgets(budgets: Sequence[Mapping]) -> plt.Figure:
-    """Wall time of the checker and of CI: before (the issue's measurement), after (when measured)
-    and the budget."""
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    y = np.arange(len(budgets))[::-1]
-    before = [_seconds(b.get("before_s")) for b in budgets]
-    after = [_seconds(b.get("after_s")) for b in budgets]
-    ax.barh(y + 0.18, [v or 0 for v in before], height=0.34, color=AUTODIFF_COLOR, label="before (issue 11)")
-    ax.barh(y - 0.18, [v or 0 for v in after], height=0.34,
-            color=[OK_COLOR if (v or 0) <= b["target_s"] else CONTROL_COLOR for v, b in zip(after, budgets)],
-            label="after")
-    for yi, b, v in zip(y, budgets, after):
-        ax.plot([b["target_s"]] * 2, [yi - 0.45, yi + 0.45], color="0.1", ls="--", lw=1.2)
-        if v is None:
-            ax.text(1.2, yi - 0.18, "not measured yet", va="center", fontsize=7, color="0.3")
-    ax.plot([], [], color="0.1", ls="--", lw=1.2, label="budget")
-    ax.set_yticks(y, [b["what"] for b in budgets], fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("wall time on an idle 2-core CPU (s, log scale)")
-    ax.set_title("The checker's and CI's time budgets")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def _seconds(v) -> Optional[float]:
-    """A measurement in seconds: a number, a [low, high] range (its middle) or None."""
-    if v is None:
-        return None
-    if isinstance(v, (list, tuple)):
-        return float(np.mean(v))
-    return float(v)
 
 
 def figure_gpu(results: Sequence) -> plt.Figure:
