@@ -58,7 +58,7 @@
 # Exact values are float64, so the first cell turns it on; the bf16 chains themselves run in
 # float32.
 
-# %%
+# %% tags=["hide-input"]
 import dataclasses
 
 import jax
@@ -84,7 +84,7 @@ seed: int = 0
 replicas: int = 2    # shards of the batch for the replica sum (must divide batch)
 policy: str = "bf16"  # the fast execution policy tied in its own section: bf16 or tf32
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(
     batch=batch,
     image_size=image_size,
@@ -126,7 +126,7 @@ for name, (net, cfg, size) in nets.items():
     )
     assert not np.any(gammas == 1)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 # ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
 # another side is the same architecture beyond them, and says so
 print(
@@ -145,7 +145,7 @@ print(
 # besides rounding (bias, padding, batch sums; the planted kinds below fail it); "Erasure with the
 # bf16-typed kernels" runs the real bf16 kernels, where erasure itself could fail.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 cases = bf16.kind_cases(p.seed)
 for c in cases:
     print(
@@ -185,7 +185,7 @@ assert not any(controls.values())
 # backward — must then be the f32 chain bit for bit: the loss, every parameter node and the input
 # cotangent.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 erasure = {
     name: bf16.chain_erasure(net, params, x, t, cfg)
     for name, (net, cfg, params, x, t) in points.items()
@@ -229,7 +229,7 @@ from gradtie import companions
 typed = companions.typed_erasure(companions.with_formulation(cases, "conv")
                                  + companions.with_formulation(cases, "patches"))
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for r in typed.erasure():
     verdict = (
         ("bit for bit" if r.equal else "WITHIN the order bound" if r.within else "OFF")
@@ -284,7 +284,7 @@ assert all(
 # over that bound. This bound is ours, not the suite's.
 # ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 order_rows = [r for r in typed.erasure() if not r.equal]
 print(
     "sites summing in their own order: all within the order bound:"
@@ -299,7 +299,7 @@ assert all(
 # outputs whose bits differ from the f32 peer, the largest difference over the order bound, and
 # whether the typed kind rounded to bf16 still equals round_bf16 of the f32 peer.
 
-# %%
+# %% tags=["hide-input"]
 print(
     f"{'site':30} {'ran as':8} {'n':>4} {'differing':>9} {'over bound':>10}  rounded"
     " kind == rnd(peer)"
@@ -398,7 +398,7 @@ assert not any(row.equal for row in wrong.values())
 # As a control, a forward that accumulates in bf16 — every partial sum rounded — on positive
 # operands, where each step can lose u of a growing sum: its error grows like n·u.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 b_short, b_long = float(bf16.accumulation_bound(147)), float(
     bf16.accumulation_bound(4608)
 )
@@ -538,7 +538,7 @@ display(*pages.bf16(ties["cifar8"]))
 # bf16 conv site at least 2⁻⁸, bf16's own resolution. An entry above its threshold must be caught;
 # one below it, if any, is listed with both numbers.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 net8, cfg8, params8, x8, t8 = points["cifar8"]
 caught = bf16.catalogue(net8, params8, x8, t8, cfg8, label_smoothing=0.1)
 for c in caught:
@@ -553,7 +553,7 @@ print(
 )
 assert all(c.caught for c in caught if c.above)
 
-# %%
+# %% tags=["hide-input"]
 for c in caught:
     print(
         f"{c.bug:32} size {c.size:8.1e} against the threshold {c.threshold:8.1e} at"
@@ -584,13 +584,13 @@ plt.show()
 # spreads each flip. How many of cifar8's ReLU inputs change sign between the bf16 and the f32
 # forward?
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 net8, cfg8, params8, x8, _ = points["cifar8"]
 flipped, total = bf16.relu_flips(net8, params8, x8, cfg8)
 print(f"cifar8: some ReLU masks differ between the bf16 and f32 forward: {flipped > 0}")
 assert flipped > 0
 
-# %%
+# %% tags=["hide-input"]
 print(
     f"cifar8: {flipped:,} of {total:,} ReLU inputs change sign ({flipped / total:.2%})"
 )
@@ -678,7 +678,7 @@ for row in replica.rows:
     )
     assert row.ok and np.array_equal(d["diff"], d["formula"]) and row.differing > 0
 
-# %%
+# %% tags=["hide-input"]
 for row in replica.rows:
     print(f"{row.name}: R = {row.replicas}, entries differing {row.differing:.0%}, "
           f"max |difference| / M = {row.max_diff_rel:.2e} (2u = {2 * bf16.U_BF16:.2e})")
@@ -711,7 +711,7 @@ plt.show()
 # node identity and the bound above would catch. `round_bf16`, integer arithmetic on the bits,
 # leaves nothing to fold: the "nearest" rounding of `Config.bf16_rounding`.)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 backend = jax.default_backend()
 probe = points["cifar8"][3]
 cast = bf16.hlo_cast_roundtrip(probe)
@@ -729,7 +729,7 @@ if backend == "cpu":
 # The optimized HLO itself is the backend's own text; here are its `convert` and `convolution`
 # lines on this machine's backend.
 
-# %%
+# %% tags=["hide-input"]
 print(f"backend: {backend}")
 for facts in (cast.text, typed.text):
     print("\n".join(line.strip()[:160] for line in facts.splitlines()

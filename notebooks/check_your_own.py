@@ -29,7 +29,7 @@
 # loss, and planted bugs that must go red — and `gradtie check --net examples/bottleneck.py:NET`
 # runs it from the command line with the same exit codes.
 
-# %%
+# %% tags=["hide-input"]
 import sys
 
 import jax
@@ -50,7 +50,7 @@ batch: int = 4    # photo crops
 image_size: int = 32  # the net takes any multiple of 4; 32 keeps the chapter quick
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(batch=batch, image_size=image_size, seed=seed)
 sys.path.insert(0, str(book.ROOT / "examples"))
 import bottleneck as example  # noqa: E402 (the example module)
@@ -127,7 +127,7 @@ assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 # blocks and a head (global average pool, dense). The summary is read off the stages at abstract
 # shapes; nothing is computed.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 rows = net.summary(params, cfg, x.shape)
 print(protocol.format_summary(rows))
 print(
@@ -170,7 +170,7 @@ assert [r.kind for r in rows] == [
 # dead, strict, or tied only between twins (cells equal for every value of the weights upstream).
 # That is where the loss is differentiable in every parameter, whatever the net.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 smooth = census.smoothness(net, params, x, cfg)
 print(smooth.summary())
 print([h.name for h in smooth.hypotheses])
@@ -193,7 +193,7 @@ assert smooth.ok and [h.key for h in smooth.hypotheses] == [census.PARAMETERS]
 report = gradtie.check(net, params, x, t, cfg, key=key)
 pages.tie(report.tie)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"exit code {report.exit_code};"
     f" {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes tied,"
@@ -212,7 +212,7 @@ assert report.exit_code == 0 and report.tie.tied
 # Stage by stage: each stage's rendered backward, at the cotangent the chain hands it, against the
 # VJP of that stage alone. The depthwise stage is where our own op sits.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 st = stages.stage_ties(net, params, x, t, cfg, key=key)
 print(st.summary().split("; worst")[0])
 assert st.ok and len(st.ties) == 5
@@ -232,7 +232,7 @@ assert st.ok and len(st.ties) == 5
 # kernel unflipped. Each is planted as data — another kit, or another net definition — and tied at
 # the same point against the same reference.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 display(pages.bugs(net))
 caught = bugs.run(net, params, x, t, cfg, label_smoothing=0.1)
 print(caught.summary())
@@ -320,7 +320,7 @@ blocks_bad = companions.other_blocks(
     point=blocks_tie.point,
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     "b1 … b16:",
     ", ".join(

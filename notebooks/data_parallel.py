@@ -47,7 +47,7 @@
 # The replicas are fake host devices, so the device count must be fixed before JAX starts: the
 # first cell does that.
 
-# %%
+# %% tags=["hide-input"]
 import dataclasses
 
 from gradtie.fake_devices import request_host_devices
@@ -79,7 +79,7 @@ image_size: int = 32  # the sweep's images; the statement's own 224 px is tied b
 head_width: int = 64  # cifar8 only: 64 is the narrow head, 512 the wide one
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(net=net, batch=batch, replicas=replicas, image_size=image_size,
                    head_width=head_width, seed=seed)
 assert 2 <= p.replicas <= 8, "the sweep runs on the 8 host devices this chapter sets up"
@@ -161,7 +161,7 @@ sweep = dp.sweep(
 for t in sweep.ties:
     print(f"R = {t.meta['replicas']} × N = {t.meta['per_replica']}: {t.summary()}")
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     protocol.resolution_note(model, p.image_size)
     or f"{p.net} at its literal resolution"
@@ -292,7 +292,7 @@ per_replica = tie(
 )
 print(per_replica.summary())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 worst = per_replica.worst()
 print(
     f"per-replica BN, R = 2 × N = {p.batch}: tie"
@@ -305,7 +305,7 @@ print(
     worst.rel > tolerances.ILL_CONDITIONED_REL,
 )
 
-# %%
+# %% tags=["hide-input"]
 assert not per_replica.ok and not per_replica.row("loss").ok
 assert worst.rel > tolerances.ILL_CONDITIONED_REL
 
@@ -378,7 +378,7 @@ plain_even = tie(
 for rep in (uneven, plain_uneven, plain_even):
     print(rep.net, "|", rep.summary())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 split = "+".join(map(str, counts))
 print(
     book.glue(
@@ -437,7 +437,7 @@ zeros_run, junk_run = (
     for a in (xs, junk)
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 same = all(np.array_equal(zeros_run.grads[k], junk_run.grads[k]) for k in params)
 print(
     "junk in the padding moves no bit of the loss, nodes or input gradient:",
@@ -450,7 +450,7 @@ print(
     bool(np.all(np.asarray(junk_run.dx)[valid == 0] == 0)),
 )
 
-# %%
+# %% tags=["hide-input"]
 assert same and np.array_equal(zeros_run.dx, junk_run.dx)
 assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 
@@ -505,7 +505,7 @@ sync16 = bf16_replicas.mesh_replica_sum(
 )
 print(sync16.table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 rows16 = sync16.rows
 book.glue(
     "sync_bf16",
@@ -556,7 +556,7 @@ plt.show()
 exact16 = sync_bf16.exact_difference(sync16)
 print(exact16.table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 shared16 = exact16.at(True)
 print(
     book.glue(
@@ -582,7 +582,7 @@ print(
     f" {exact16.share('no_rounding') < 0.9}"
 )
 
-# %%
+# %% tags=["hide-input"]
 assert (
     exact16.exact
 ), f"SyncBf16 exact difference: the prediction misses G's bits ({exact16.summary()})"
@@ -619,7 +619,7 @@ drift = parallel.variance_drift([1.0, 1e1, 1e2, 1e3, 1e4], mesh=mesh8, per_repli
                                 channels=8, size=8, seed=p.seed)
 print(drift.table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 chan_ok = all(r.chan <= parallel.chan_bound(r.offset) for r in drift.rows)
 far = drift.rows[-1]
 scale = parallel.one_round_scale(far.offset)
@@ -678,12 +678,12 @@ c8_uneven = tie(
     c8, c8_params, c8x, c8t, c8_cfg, counts=counts, point=c8_point, devices=devices
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print("cifar8 (beyond the suite):", book.glue("c8_mesh", c8_sweep.summary()))
 print(f"cifar8 at counts {split}: {'tied' if c8_uneven.ok else 'FAILED'} "
       f"({sum(r.ok for r in c8_uneven.nodes)}/{len(c8_uneven.nodes)} nodes)")
 
-# %%
+# %% tags=["hide-input"]
 assert c8_sweep.ok and c8_sweep.smooth and c8_uneven.ok
 
 # %% [markdown]

@@ -55,7 +55,7 @@
 #
 # The first cell turns on float64.
 
-# %%
+# %% tags=["hide-input"]
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -72,7 +72,7 @@ from gradtie.ops import head
 num_classes: int = 10  # K of the fold cases (the smoothed minimum is stated at K 10)
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(num_classes=num_classes, seed=seed)
 key = jax.random.key(p.seed)
 labels3 = prng.randint(jax.random.fold_in(key, 0), (3,), 0, p.num_classes)
@@ -89,7 +89,7 @@ t3 = head.one_hot(labels3, p.num_classes, jnp.float64)
 # because 1/3 has no exact binary representation: multiplying by a rounded 1/N instead would move
 # some entries by an ulp, and the render's lemma is about division.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 steps = head_checks.fold_steps(z3, t3, 0.1)
 display(pages.fold_steps(steps))
 print(
@@ -122,7 +122,7 @@ row_sums = {
     for kind in data.TARGET_KINDS
 }
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(book.glue("fold_tied", cases.summary()))
 print(
     f"worst relative error at most 1e-14, float64's unit roundoff ({2.0 ** -53:.1e})"
@@ -136,7 +136,7 @@ print(
 assert cases.ok and cases.worst().rel <= 1e-14
 assert all(err <= 1e-15 for err in row_sums.values())
 
-# %%
+# %% tags=["hide-input"]
 # the measured error is the machine's round-off (its exp and sums), so nbval does not
 # compare it
 print(f"worst relative error {cases.worst().rel:.0e}")
@@ -146,7 +146,7 @@ print(f"worst relative error {cases.worst().rel:.0e}")
 # break the tie: the oracle's p·Σt̃ − t̃ is no longer p − t̃. `head.cotangent` therefore refuses
 # such targets with an error that says why, instead of returning a wrong cotangent.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 unnormalised = head_checks.tie_fold(z3, 1.2 * t3, 0.1, label="rows summing to 1.2")
 print(f"{unnormalised.name}: tied {unnormalised.ok}")
 print(head_checks.refusal(z3, 1.2 * t3, 0.1))
@@ -161,7 +161,7 @@ assert "sum to 1" in head_checks.refusal(z3, 1.2 * t3, 0.1)
 # of plain cross-entropy written with integer labels, −mean_n log p[n, label_n], which never forms
 # a target row.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 steps0 = head_checks.fold_steps(z3, t3, 0.0)
 plain = head_checks.tie_plain(z3, labels3)
 print(
@@ -192,7 +192,7 @@ t6 = data.batch_targets("mixup", 6, p.num_classes, jax.random.fold_in(key, 3))
 controls = head_checks.control_cases(z6, t6, 0.1)
 pages.tie(controls)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 fold, planted = controls.rows[0], controls.rows[1:]
 red = [r.name for r in planted if not r.ok]
 print(
@@ -233,7 +233,7 @@ plt.show()
 # trained with α = 0.1 on separable data should see its training loss flatten at H(t̃): the
 # optimum, not a stall. The upstream book prints ≈ 0.485 for this plateau; no logits reach it.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 terms = head_checks.entropy_terms(10, 0.1)
 print(
     f"K = {terms.num_classes}, α = {terms.alpha:g}: t̃ = {terms.label_share:.2f} on the"
@@ -264,7 +264,7 @@ assert abs(terms.best_margin - 4.51) <= 5e-3
 # %%
 curve = head_checks.margin_curve(10, 0.1)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"H(t̃) = {curve.entropy:.4f} nats; loss at z = log t̃: {curve.at_log_target:.4f};"
     f" after descent along the fold: {curve.descent:.4f}; lowest on the margin grid:"
@@ -305,7 +305,7 @@ linear_bug = head_checks.linear_head_cases(
 )
 pages.tie(linear)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     book.glue(
         "head_linear",

@@ -31,7 +31,7 @@
 # when one has run), checks them against their limits and draws them. A stopwatch under nbval
 # would measure the machine that runs the tests, not the code.
 
-# %%
+# %% tags=["hide-input"]
 
 import jax
 import matplotlib.pyplot as plt
@@ -45,7 +45,7 @@ net: str = "resnet34"  # the step compiled from shapes at the end (nothing timed
 batch: int = 2       # its batch
 image_size: int = 32  # its image side
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(net=net, batch=batch, image_size=image_size)
 cpu = bench.read(bench.RESULTS / "cpu.json")
 assert (
@@ -58,7 +58,7 @@ print(
     f" {m['jax']}, {m['date']}"
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 # ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
 # another side is the same architecture beyond them, and says so
 if p.net == "resnet34":
@@ -77,7 +77,7 @@ if p.net == "resnet34":
 # BatchNorm, the batch per replica. The limits: the ratio rendered/autodiff at most
 # `SPEED_RATIO_LIMIT`, the temporary memory at most autodiff's.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"{'configuration':<32} {'rendered ms':>11} {'autodiff ms':>11} {'ratio':>6}"
     f" {'temp MiB r / a':>16}"
@@ -160,7 +160,7 @@ plt.show()
 #
 # Statements shown: none of the suite's (speed is beyond what it states).
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 peer_doc = peer_bench.read(bench.RESULTS / "peers_cpu.json")
 assert peer_doc is not None, (
     "benchmarks/results/peers_cpu.json is missing: run gradtie bench --peers --suite"
@@ -183,7 +183,7 @@ print(
     " GFLOP/s"
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(peer_bench.table(peer_rows))
 behind = peer_bench.verdict(peer_rows)
 ahead = len(peer_rows) - len({line.split(':')[0] for line in behind})
@@ -209,7 +209,7 @@ assert 0 < fraction < 1.5 and 0 <= ahead <= len(peer_rows)
 # The verdict can fail, and can pass: the same rows with the rendered step's times doubled are
 # behind at every configuration, and with every peer's times doubled ahead wherever the peer ran.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 slow = peer_bench.verdict(peer_bench.scaled(peer_rows, {"rendered": 2.0}))
 fast = peer_bench.verdict(
     peer_bench.scaled(
@@ -292,7 +292,7 @@ assert all(0 < r.fraction() < 5 for r in floor_rows if r.fraction() is not None)
 # The verdict can fail, and can pass: with gradtie's conv times (both floors) divided by four no
 # configuration is out of reach, and multiplied by four every configuration where PyTorch ran is.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 ran = [r for r in floor_rows if r.fraction() is not None]
 quick = conv_floor.kernel_bound(conv_floor.scaled(floor_rows, 0.25))
 slow = conv_floor.kernel_bound(conv_floor.scaled(floor_rows, 4.0))
@@ -404,7 +404,7 @@ if gpu is not None:
     plots.performance.figure_gpu(gpu["results"])
     plt.show()
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 peers_gpu = peer_bench.read(bench.RESULTS / "peers_gpu.json")
 if peers_gpu is None:
     print(
@@ -445,7 +445,7 @@ for row in live:
     print(f"{row.workload.side:<9} temporaries {row.temp_gib * 1024:9.1f} MiB, "
           f"footprint {row.total_gib * 1024:9.1f} MiB")
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 rendered_row, autodiff_row = live
 print(
     f"{p.net} at batch {p.batch}, {p.image_size} px: the rendered step plans less"

@@ -56,7 +56,7 @@
 #
 # The first cell turns on float64: every equality below is meant to the last few bits.
 
-# %%
+# %% tags=["hide-input"]
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -78,7 +78,7 @@ batch: int = 4       # examples per census batch (both nets)
 image_size: int = 64  # ResNet-34's input side (cifar8 always reads 32×32)
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(batch=batch, image_size=image_size, seed=seed)
 key = jax.random.key(p.seed)
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=10)
@@ -109,7 +109,7 @@ shifts = np.concatenate([
     for n, k in bn_scales
 ])
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 # ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
 # another side is the same architecture beyond them, and says so
 print(
@@ -117,7 +117,7 @@ print(
     or "resnet34 at the statements' own 224 px"
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"cifar8 on photos {tuple(x8.shape)}: pools {', '.join(cifar8.POOLS)} (2×2/s2);"
     f" ResNet-34 on photos {tuple(x34.shape)}: {', '.join(resnet34.POOLS)} (3×3/s2"
@@ -319,7 +319,7 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
         ),
     ]
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 two_by_two = {k: v for k, v in pool_ties.items() if k.startswith("cifar8")}
 for label, row in two_by_two.items():
     print(
@@ -365,7 +365,7 @@ for label, row in two_by_two.items():
 # magnitudes and counts the cells whose bits differ.
 # ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 stem_label = next(k for k in pool_ties if k.startswith("resnet34"))
 stem_row = pool_ties[stem_label]
 print(
@@ -396,7 +396,7 @@ assert not any(
 # How many of its cells differ in their bits from autodiff's scatter (this moves with the order the
 # backend adds in; the verdict above does not):
 
-# %%
+# %% tags=["hide-input"]
 print(
     f"{stem_label}: {stem_row.differing} cells differ in their bits; largest difference"
     f" {stem_row.ratio:.2g} of the bound"
@@ -465,7 +465,7 @@ lifted_by = {
     )
 }
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"{'point':<22} {'net':<10} {'hypothesis':<26} {'verdict':<7} {'violations':>10} "
     " first"
@@ -535,7 +535,7 @@ for label in ("photos", "flat images"):
         caption = f"{name} on {label}: {r.summary().split('; hypotheses')[0]}"
         display(pages.hypotheses(r.hypotheses, caption=caption))
 
-# %%
+# %% tags=["hide-input"]
 # the margins are measured: on flat images BatchNorm divides by a small spread and
 # carries the machine's round-off into them, so nbval compares the classes and verdicts
 # above, not these
@@ -620,7 +620,7 @@ print(
 # other harmless tie: rerouting them changes nothing at all, since the ReLU mask zeroes the
 # cotangent wherever it lands.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 twin_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "twin tie")
 dead_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "dead")
 print(book.glue("twin_reroute", twin_route.summary()))
@@ -656,7 +656,7 @@ assert dead_route.param_rel == 0.0 and dead_route.dx_rel == 0.0
 # their receptive fields differ and the off-centre taps, 0 but free to move, tell them apart. The
 # census refuses the point and names the first offending window.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(planted.summary().split("; hypotheses")[0])
 display(*pages.census(planted))
 assert not planted.ok and planted.non_twin_ties > 0
@@ -669,7 +669,7 @@ assert (
 # Routing a non-twin tie to its other cell now moves the parameter gradient itself: the control
 # that the twin result above is not automatic.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 nontwin_route = census.routing(
     cifar8, planted8, flat8, targets, cfg8, planted, "non-twin tie"
 )
@@ -701,7 +701,7 @@ plt.show()
 # sides agree with each other and with the rendered ⟨∇L, v⟩, within `tolerances.SLOPE_REL` of the
 # slope. At the planted point they differ: no gradient exists.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 v = fd.direction(params8, ["conv1.weight", "conv2.weight"], jax.random.fold_in(key, 2))
 slopes_twin = census.one_sided_slopes(cifar8, params8, flat8, targets, cfg8, v)
 slopes_planted = census.one_sided_slopes(cifar8, planted8, flat8, targets, cfg8, v)
@@ -740,7 +740,7 @@ code = cli.main([
 ])
 report = check.run_check("cifar8", batch=p.batch, seed=p.seed, plant_tie=True)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(f"exit code {code}; first violation: {report.smooth.violations[0].describe()}")
 assert code == report.exit_code == check.EXIT_NOT_SMOOTH
 assert report.smooth.non_twin_ties == planted.non_twin_ties and report.tie is None
@@ -777,7 +777,7 @@ at_tie_bug = companions.node_ties_at_tie(
     chain=bugs.plant("bn_forget_gamma", cifar8),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(f"planted non-twin tie: {at_tie.summary()}")
 print(
     "whole-loss derivative: one-sided slopes"
@@ -868,7 +868,7 @@ plt.show()
 # On the real stem-pool input the offset is no rounding matter: the 'SAME' pool reads other cells
 # and returns other values, so a backward built for it would route to other cells too.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 r34 = inputs[("resnet34", "stem.pool")]
 y_pad1 = maxpool.forward(r34, maxpool.POOL3S2)[0]
 y_same = lax.reduce_window(r34, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "SAME")

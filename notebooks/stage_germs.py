@@ -49,7 +49,7 @@
 #
 # The first cell turns on float64.
 
-# %%
+# %% tags=["hide-input"]
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -70,7 +70,7 @@ data: str = "photos"  # the batch: photos, flat or randn
 directions: int = 2  # paths per germ: straight, curved, straight, then again
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(batch=batch, data=data, directions=directions, seed=seed)
 key = jax.random.key(p.seed)
 net8, cfg8 = cifar8.NET, cifar8.Config()
@@ -86,7 +86,7 @@ smooth8 = census.smoothness(net8, params8, x8, cfg8)
 gammas = np.concatenate([np.asarray(params8[f"bn{k}.weight"]) for k in range(1, 9)])
 shifts = np.concatenate([np.asarray(params8[f"bn{k}.bias"]) for k in range(1, 9)])
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"cifar8 on {p.data} {tuple(x8.shape)}, float64, drawn weights: {gammas.size} BN"
     f" scales γ in [{gammas.min():.2f}, {gammas.max():.2f}], none equal to 1;"
@@ -135,7 +135,7 @@ survey8 = germs.survey(net8, params8, x8, targets, cfg8, grads8, germs.C8_GERMS,
                        key=jax.random.fold_in(key, 2), directions=p.directions)
 print(survey8.radii_table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 curved = [r for r in survey8.reports if r.path == "curved"]
 shallow = np.median([r.delta for r in survey8.reports if r.germ in ("bn1", "bn2")])
 deep = np.median([r.delta for r in survey8.reports if r.germ in ("bn7", "bn8")])
@@ -182,7 +182,7 @@ plt.show()
 # column) the tangents change and a gap can bend — but not by more than a decade. We also count
 # the walks where the two agree to 5 %.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 ratios = np.array([r.prediction_ratio for r in survey8.reports])
 sharp = sum(r.sharp for r in survey8.reports)
 kink_first = sum(r.kink_radius < r.delta for r in survey8.reports)
@@ -233,10 +233,10 @@ plt.show()
 # round-off and the first kink. Where the h² term rises tenfold above round-off before the kink
 # (an O(h²) window), the error must also BE the predicted truncation, slope 2.
 
-# %%
+# %% tags=["hide-input"]
 print(survey8.fd_table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 fd8 = [r for r in survey8.reports if r.has_fd]
 ulps = np.array([r.loss_roundoff / np.spacing(r.loss) for r in fd8])
 worst_pin, best_pin = max(r.resolution for r in fd8), min(r.resolution for r in fd8)
@@ -275,7 +275,7 @@ plt.show()
 # wrong nodes: ⟨g, v⟩ doubled, dropped (×0) and off by 1 % (×1.01). Every walk must reject all
 # three.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 wrong = {f"×{s:g}": [r.judged_against(s) for r in fd8] for s in (2.0, 0.0, 1.01)}
 for name, reports in wrong.items():
     print(
@@ -307,7 +307,7 @@ forgot_walk = germs.germ(
     label=f"c8Z8 straight 0, {forgot.label}",
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"{forgot.label}: finite differences {forgot_walk.fd_verdict}, where the real"
     f" chain's walk {walk8.fd_verdict}"
@@ -342,7 +342,7 @@ near = germs.germ(
     label="c8Z8, kink close",
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 below = near.kink_radius < near.roundoff_edge
 print(
     f"the same point with one bn8 shift moved: smooth {near_census.ok}; first kink"
@@ -360,7 +360,7 @@ assert near.fd_verdict == "no evidence" and not near.evidence.any(), (
     f" {near.fd_verdict!r} with {int(near.evidence.sum())} {params_line}"
 )
 
-# %%
+# %% tags=["hide-input"]
 # where the kink falls and how many steps fit inside it depend on the seed and on the
 # machine's round-off (not compared by nbval)
 print(
@@ -408,7 +408,7 @@ twin_walks = germs.survey(
 )
 print(twin_walks.radii_table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(f"flat images: {flat_census.summary()}")
 print(book.glue("twin_windows", "twin-tied windows by pool: "
                 + ", ".join(f"{k} {v}" for k, v in twins_by_pool.items())))
@@ -475,7 +475,7 @@ at_tie = germs.germ(
     label="c8Z1 at a non-twin tie",
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(tie_census.summary().split(";")[0])
 print(at_tie.summary())
 small = at_tie.hs == 1e-8

@@ -41,7 +41,7 @@
 # The same runs are a command away: `gradtie train` (see the README) writes `run.json`,
 # `metrics.jsonl` and resumable checkpoints.
 
-# %%
+# %% tags=["hide-input"]
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -66,7 +66,7 @@ tie_batch: int = 4    # photos per step in the two step ties (the last section)
 image_size: int = 32  # their side in pixels
 conv_bias: bool = False  # True: the 146-tensor ResNet-34 step (a bias on every conv)
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(
     net=net,
     batch=batch,
@@ -98,7 +98,7 @@ print(
     f" an epoch, {p.epochs} epochs"
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 # ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
 # another side is the same architecture beyond them, and says so
 print(
@@ -152,7 +152,7 @@ tracking = train.side_by_side(model, cfg, digits, run, steps=p.steps, progress=F
                               controls=[bugs.plant("bn_swap_dgamma_dbeta", model)])
 print(tracking.summary())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"{tracking.dtype}: bound = {tracking.factor:g} × the one-ulp envelope"
     f" ({tracking.draws} draws)"
@@ -223,7 +223,7 @@ history = result.history
 for h in history:
     print(train.epoch_line(h, p.epochs))
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 lines = (run_dir / train.METRICS).read_text().splitlines()
 print(
     f"{train.METRICS}: {len(lines)} lines for {p.epochs} epochs; the first run stopped"
@@ -482,7 +482,7 @@ print(
     else "every limit at the 1e-10 floor"
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"beyond the suite: ResNet-34, {r34_tie.recipe} ({r34_tie.optax}, lr"
     f" {r34_tie.lr:g}), {len(r34_tie.steps)} steps at batch {p.tie_batch},"
@@ -566,7 +566,7 @@ c8_control = step.tie_step(
 print(c8_tie.summary())
 print(c8_control.summary())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"beyond the suite: cifar8-BN, {c8_tie.recipe} ({c8_tie.optax}, lr {c8_tie.lr:g}), "
     f"{len(c8_tie.steps)} steps at batch {p.tie_batch}, float64, drawn weights"

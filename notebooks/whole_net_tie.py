@@ -61,7 +61,7 @@
 # in plain `jnp` (`gradtie.reference`). The first cell turns on float64: the tie is meant to the
 # last few bits.
 
-# %%
+# %% tags=["hide-input"]
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -90,7 +90,7 @@ weights: str = "drawn"  # the only choice: bugs hide at init, where every γ is 
 every_n: bool = False  # the N sweep: every N of 1…8 (False: 1, 2, 4, 8)
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(
     batch=batch,
     image_size=image_size,
@@ -145,7 +145,7 @@ betas = np.concatenate(
     [np.asarray(ps[k]) for ps in (params8, params34) for k in ps if is_beta(k, shapes)]
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"cifar8: photos {tuple(x8.shape)}; ResNet-34: randn {tuple(x224.shape)} (the"
     f" statements' 224 px) and photos {tuple(x34.shape)}, K = {p.num_classes}; α ="
@@ -211,7 +211,7 @@ smooth224, smooth34 = (
 )
 flat_smooth34 = points["ResNet-34", "flat, 32 px"]
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"{'net':<10} {'point':<16} {'hypothesis':<26} {'verdict':<7} {'violations':>10} "
     " first"
@@ -254,7 +254,7 @@ assert flat_smooth34.hypothesis(census.R34_INPUT).first.kind == "twin tie"
 # two conv→BN layers, 3 downsample blocks with a projection conv→BN as well, and the fc layer:
 # 3 + 13·6 + 3·9 + 2 = 110 tensors; a bias on each of its 36 convs makes 146.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 abstract = {
     "cifar8 (d = 512)": jax.eval_shape(
         lambda: cifar8.init(jax.random.key(0), cifar8.Config())
@@ -304,7 +304,7 @@ print(book.glue("r34_floats", counts["ResNet-34, K = 1000"].floats, "{:,}"))
 # lists the slots rather than tests them; the next section compares the fold with a forward
 # written apart, which can disagree.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 named = resnet34.stages(params34, cfg34)
 h = x34
 for _, stage in named:
@@ -375,7 +375,7 @@ fold_controls.append(
     )
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(f"{fold_tie.label} at {fold_tie.image}: {'tied' if fold_tie.ok else 'FAILED'}")
 for c in fold_controls:
     print(
@@ -404,7 +404,7 @@ assert all(
     not c.ok for c in fold_controls
 ), f"fold_numpy: a control tied: {[c.label for c in fold_controls if c.ok]}"
 
-# %%
+# %% tags=["hide-input"]
 print(
     f"largest logit error {fold_tie.err_max:.1e}, {fold_tie.ratio:.1e} of its limit"
     f" (the limit up to {fold_tie.limit_max:.1e})"
@@ -455,7 +455,7 @@ point34 = reference_at(
 tie8 = tie(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
 tie34 = tie(resnet34, params34, x224, t224, cfg34, label_smoothing=alpha, point=point34)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for report in (tie8, tie34):
     zero = sum(r.zero_in_reals for r in report.rows)
     small = report.smallest_bn()
@@ -489,7 +489,7 @@ assert (
 # smallest M), and the rows of cifar8 (numbers vary in the last digits with the CPU; the verdicts
 # do not):
 
-# %%
+# %% tags=["hide-input"]
 print(tie8.summary())
 print(tie34.summary())
 print(
@@ -528,7 +528,7 @@ tie_lifted = tie(
     cifar8, lifted8, randn8, t8, cfg8, label_smoothing=alpha, point=point_lifted
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 inputs = {"ResNet-34, randn, 224 px": (tie34, smooth224, census.R34_INPUT),
           "cifar8, randn, β lifted": (tie_lifted, lifted_smooth8, census.C8_INPUT),
           "cifar8, photos": (tie8, smooth8, census.C8_INPUT)}
@@ -567,7 +567,7 @@ print(book.glue("c8_input_smooth", (tie_lifted.row("input").shape,
 # wherever a dead window routes it.
 # ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     book.glue(
         "c8_input_tied",
@@ -618,7 +618,7 @@ flat_f32 = float32_view(
     key=jax.random.fold_in(key, 5),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 small = flat_tie.smallest_bn()
 widened = flat_tie.widened()
 print(protocol.resolution_note(resnet34, 32))
@@ -665,7 +665,7 @@ assert (
 )
 assert all(r.ill_conditioned for r in flat_f32.nodes)
 
-# %%
+# %% tags=["hide-input"]
 print(flat_tie.summary())
 print(flat_f32.summary())
 print(
@@ -758,7 +758,7 @@ print(
     )
 )
 
-# %%
+# %% tags=["hide-input"]
 for r in fd34:
     print(
         f"{r.name:<30} h {r.h:.1e}  fd {r.fd:+.6e}  rendered {r.rendered:+.6e}  rel"
@@ -797,7 +797,7 @@ f32_ctl = float32_view(
     key=jax.random.fold_in(key, 8),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for v in (f32_8, f32_ctl):
     print(
         f"{v.net}: {'within' if v.ok else 'OUTSIDE'} the view;"
@@ -822,7 +822,7 @@ print(
 assert f32_8.ok and not f32_8.ill_conditioned
 assert not f32_ctl.ok and len(f32_ctl.failed) > len(f32_ctl.rows) // 2
 
-# %%
+# %% tags=["hide-input"]
 print(f32_8.summary())
 print(f32_ctl.summary())
 
@@ -872,7 +872,7 @@ st34 = stages.stage_ties(
     key=jax.random.fold_in(key, 9),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(
     f"photos, N = {p.resnet_batch}: {small34 or 'ResNet-34 at its literal resolution'}"
 )
@@ -914,7 +914,7 @@ assert st34["stem"].ok and st34["head"].ok
 # Per stage, in backward order: the largest cotangent it was handed, its input row's error and
 # limit, and its worst row over its limit.
 
-# %%
+# %% tags=["hide-input"]
 pages.stages(st34)
 
 # %% [markdown]
@@ -951,7 +951,7 @@ head_bug = stages.tie_at(
     rendered_side=(head_grads, head_dx * (h_any.shape[2] * h_any.shape[3])),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for label, rep in (("random GAP input", head_any), ("all-zero GAP input", head_zero),
                    ("control: GAP backward without 1/(H·W)", head_bug)):
     print(
@@ -1004,7 +1004,7 @@ head_ex = companions.head_exact(
     cfg34,
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(f"GAP input {head_ex.shape}")
 for r in head_ex.rows:
     print(
@@ -1095,7 +1095,7 @@ st8 = stages.stage_ties(
     key=jax.random.fold_in(key, 12),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(layers8.summary().split("; worst")[0])
 print(f"  the layers compose to each stage: {all(r.ok for r in layers8.composition)} "
       f"({len(layers8.composition)} rows: 38 nodes and 5 handed-on cotangents)")
@@ -1191,7 +1191,7 @@ part8 = stages.stage_ties(
 part34 = stages.stage_ties(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha,
                            key=jax.random.fold_in(key, 9), rec=rec34)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for real, red, part in ((tie8, red8, part8), (tie34, red34, part34)):
     parting = part.first_parting()
     first = red.first_failure()
@@ -1346,7 +1346,7 @@ assert sw8.smallest(census.C8_INPUT) is None
 # The worst error over its limit at each N (these numbers move with the machine's round-off; the
 # verdicts do not):
 
-# %%
+# %% tags=["hide-input"]
 print(sw8.table())
 print(sw34.table())
 
@@ -1407,7 +1407,7 @@ lifted_bug = companions.input_row(
     key=jax.random.fold_in(key, 17),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for r in lifted_rows + photo_rows:
     print(
         f"N = {r.n}, {r.point:<16} MaxPool2Smooth {'holds' if r.holds else 'FAILS'}:"
@@ -1480,7 +1480,7 @@ cot_bug = stages.cotangent_tie(
     key=jax.random.fold_in(key, 30),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for (net_name, kind), rep in cot.items():
     print(
         f"{net_name:<10} {kind:<7} {sum(r.ok for r in rep.nodes)}/{len(rep.nodes)}"
@@ -1509,7 +1509,7 @@ assert all(rep.ok for rep in cot.values()) and not cot_bug.ok
 # `cifar8BbnInputGradB_correct` says nothing here. The rows tie all the same.
 # ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 c8_cot_inputs = [cot["cifar8", kind].row("input") for kind in kinds_]
 print(
     book.glue(

@@ -36,7 +36,7 @@
 # `gradtie check --plant-bug list` prints the catalogue; `gradtie check --plant-bug NAME` runs one
 # entry and exits 1 naming the first failing node.
 
-# %%
+# %% tags=["hide-input"]
 from gradtie.fake_devices import request_host_devices
 
 # eight host devices for the synchronised-BN entries (R ≤ 8), read by XLA when JAX
@@ -63,7 +63,7 @@ image_size: int = 32  # ResNet-34's image side
 replicas: int = 2    # the synchronised-BN entries: R replicas on host devices
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(
     batch=batch,
     resnet_batch=resnet_batch,
@@ -92,7 +92,7 @@ x34 = jnp.asarray(
 t8 = targets_matrix(jnp.arange(p.batch) * 3 % 10, 10, jnp.float64)
 t34 = targets_matrix(jnp.arange(p.resnet_batch) * 3 % 10, 10, jnp.float64)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 # ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
 # another side is the same architecture beyond them, and says so
 print(
@@ -107,7 +107,7 @@ print(
 # no projection and no overlapping pool; ResNet-34's only dense layer is not square, so a
 # transposed weight gradient would raise a shape error rather than hide.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 display(pages.bugs())
 print(
     f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8))} apply to cifar8,"
@@ -123,7 +123,7 @@ assert len(bugs.CATALOGUE) >= 20
 # of the default parameters (two flat images at 32 px) the smallest BatchNorm reduction is M = 2, the
 # envelope widens most limits past the 1e-10 floor, and the chain still ties.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha)
 point34 = reference_at(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha)
 real8 = tie(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
@@ -160,7 +160,7 @@ if m34 == 2:    # the ci point: round-off at M = 2 widens most limits past the f
 # the table reads, family by family, where the entries first show. The error over the limit (the
 # figure) is many orders of magnitude for every entry: these bugs are not subtle next to round-off.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 caught8 = bugs.run(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
 caught34 = bugs.run(
     resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34
@@ -188,7 +188,7 @@ for rep, net_name in ((caught8, "cifar8"), (caught34, "resnet34")):
         f" and its conv: {firsts['BatchNorm']}"
     )
 
-# %%
+# %% tags=["hide-input"]
 print(caught8.table(ratios=True))
 print(caught34.table(ratios=True))
 
@@ -260,7 +260,7 @@ assert hidden.real.ok and not any(c.red for c in hidden.caught)
 # them can be seen, and they are left out of the figures. We check the threshold by planting it:
 # one node scaled at twice its threshold, and at half of it.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 sens8, sens34 = real8.sensitivity(), real34.sensitivity()
 print(
     f"cifar8 (photos): a node off by δ is caught from δ ≈ {sens8[0]:.0e} (median),"
@@ -285,7 +285,7 @@ print(
 )
 assert not at2.row(row.name).ok and at_half.row(row.name).ok
 
-# %%
+# %% tags=["hide-input"]
 print(
     f"ResNet-34 thresholds on this machine: {sens34[0]:.1e} (median), {sens34[1]:.1e}"
     " (every node)"

@@ -442,3 +442,31 @@ def test_every_link_to_a_section_names_a_heading_of_its_chapter():
             if anchor not in headings.get(doc or page.stem, set()):
                 missing.append(f"{page.name}: {doc or page.stem}#{anchor}")
     assert missing == []
+
+
+def _fold_harness():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fold_harness", book.ROOT / "tools" / "fold_harness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_cell_that_only_asserts_prints_or_glues_is_folded():
+    fold = _fold_harness()
+    open_ = [f"{p.name}:{i + 1} ({why})" for p in sorted(book.NOTEBOOKS.glob("*.py"))
+             for i, hdr, why, _ in fold.classify(p)[1] if "-input" not in hdr]
+    assert open_ == [], "run tools/fold_harness.py --apply on these chapter sources"
+
+
+def test_the_fold_rule_folds_harness_and_leaves_a_computation_open(tmp_path):
+    fold = _fold_harness()
+    src = tmp_path / "c.py"
+    src.write_text('# %%\nimport jax\n\n# %% tags=["parameters"]\nn: int = 1\n\n# %%\nx = f(n)\n\n'
+                   '# %%\nprint(x)\nassert x > 0\n\n# %% tags=["nbval-check-output"]\ny = g(x)\nprint(book.glue("k", y))\n\n'
+                   '# %%\nplots.p(x)\nplt.show()\n')
+    assert [(why, hdr) for _, hdr, why, _ in fold.classify(src)[1]] == [
+        ("setup", "# %%"), ("harness", "# %%"), ("mostly harness", '# %% tags=["nbval-check-output"]')]
+    fold.tag(src, apply=True)
+    assert src.read_text().count('"hide-input"') == 3 and fold.tag(src) == []
