@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import matplotlib.pyplot as plt
 import numpy as np
+from matplotlib.patches import Patch
 
-from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
+from ._style import CONTROL_COLOR, FIGSIZE, MIN_FONT, OK_COLOR, legend_below
 
 
 def caught(reports, title: str = "Every planted bug fails its first node by orders of magnitude; "
@@ -16,17 +17,24 @@ def caught(reports, title: str = "Every planted bug fails its first node by orde
     for rep in reports:
         worst = rep.real.worst()
         rows.append((f"{rep.net}: real chain", worst.rel / worst.limit, OK_COLOR))
-        # a node of the wrong shape has no ratio (inf): drawn at the axis' end
-        rows += [(f"{rep.net}: {c.bug}", min(max(c.ratio, 1e-12), 1e13), CONTROL_COLOR) for c in rep.caught]
-    fig, ax = plt.subplots(figsize=(FIGSIZE[0], 1.0 + 0.22 * len(rows)))
+        rows += [(f"{rep.net}: {c.bug}", c.ratio, CONTROL_COLOR) for c in rep.caught]
+    fig, ax = plt.subplots(figsize=(FIGSIZE[0], 1.6 + 0.24 * len(rows)))
     y = np.arange(len(rows))[::-1]
-    ax.barh(y, [r[1] for r in rows], color=[r[2] for r in rows], height=0.7, left=1e-12)
+    # a node of the wrong shape has no ratio (inf): drawn to the axis' end and labelled
+    right = 1e15
+    ax.barh(y, [min(max(r[1], 1e-12), right) for r in rows], color=[r[2] for r in rows], height=0.7, left=1e-12)
+    for yi, r in zip(y, rows):
+        if not np.isfinite(r[1]):
+            ax.text(right / 3, yi, "wrong shape", ha="right", va="center", fontsize=MIN_FONT, color="white")
     ax.set_xscale("log")
     ax.axvline(1.0, color="k", lw=1, ls="--", label="the limit (10 × the point's envelope, floored)")
-    ax.set_yticks(y, [r[0] for r in rows], fontsize=7)
+    ax.set_yticks(y, [r[0] for r in rows], fontsize=MIN_FONT)
     ax.set_xlabel("error at the first failing node ÷ its limit (real chain: its worst row)")
-    ax.set_xlim(1e-8, 1e13)
-    ax.legend(loc="lower right", fontsize=8)
+    ax.set_xlim(1e-8, right)
+    ax.set_ylim(-0.6, len(rows) - 0.4)
     ax.set_title(title, fontsize=10)
-    fig.tight_layout()
+    handles, labels = ax.get_legend_handles_labels()
+    handles += [Patch(color=OK_COLOR), Patch(color=CONTROL_COLOR)]
+    labels += ["the real chain", "a planted bug"]
+    legend_below(fig, ncol=3, handles=handles, labels=labels)
     return fig
