@@ -31,7 +31,7 @@
 # as well as the weight gradient, strided peers included — and we bound the rounding error against
 # exact values, measure how far the bf16 gradient sits from the f32 one, and look at what a
 # compiler keeps. Everything else stays float32: BatchNorm, ReLU, pools, residual adds, GAP, the
-# dense head and the loss. A bf16 **kind** takes a rounding function `rnd`, rounds both operands
+# dense head and the loss. A bf16 {term}`kind` takes a rounding function `rnd`, rounds both operands
 # with it, accumulates the products in float32 and rounds the result once:
 #
 #     kind(a, b) = rnd(op(rnd(a), rnd(b)))        op: the f32 conv node (`cInB`, `convWeightGradB`, …)

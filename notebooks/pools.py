@@ -40,12 +40,12 @@
 # | ResNet-34 input gradient: `h_stem`, `h_pool` (`StemPoolSmoothAt`), hb₁…hb₁₆, 0 < εs | `r34InputGradB_correct` | allowed ("the window all zero") | fails | fails | fails (the stem's, `h_stem`; the blocks' inside hb₁…hb₁₆) |
 # | cifar8 input gradient: `Cifar8BbnSmoothAt`, pools clause `MaxPool2Smooth` | `cifar8BbnInputGradB_correct` | fails (a tie of zeros) | fails | fails | fails (c8Z₁…c8Z₈, two head ones) |
 #
-# The census (`census.smoothness`) gives every point one verdict per hypothesis, each with the
+# The {term}`census` (`census.smoothness`) gives every point one verdict per hypothesis, each with the
 # count of windows and cells that break it and the first one named. The node ties of the train
 # steps (`r34_net_tiedB`, `r34_net_syncTiedB`, `cifar8Bbn_train_step_tiedB`) are not in the table:
 # they carry no smoothness clause (N is their only binder, with 0 < R and 0 < N for the sync tie),
 # and hold at every point, kinks included. Every point here is at
-# **drawn weights** (`init(key, cfg, weights="drawn")`: γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases
+# {term}`drawn weights` (`init(key, cfg, weights="drawn")`: γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases
 # ~ N(0, 0.1²)), where no γ is 1 and no shift 0.
 #
 # **Beyond the suite**, and marked so where it comes: the selScatter check on the 3×3/s2 stem pool;

@@ -20,7 +20,7 @@
 # - **`c8_germ_stageₖ`**, k = 1 … 8, one per pre-activation c8Zₖ (the output of bnₖ): c8Sₖ reads
 #   the loss from c8Zₖ through the real net, c8Gₖ through the **gather model**, every 2×2 pool
 #   frozen at its selection σ, `pool(v) ≈ v[σ]`; along any parameter path through stage k's
-#   weights (convₖ and bnₖ) the two agree near the point: a germ.
+#   weights (convₖ and bnₖ) the two agree near the point: a {term}`germ`.
 # - **`maxPoolB_relu_eventuallyEq_sel`**: the pooled ReLU IS the gather at σ along any parameter,
 #   near a point where every window is dead or tied only between twins;
 #   **C8PoolTwin₁ … C8PoolTwin₄** name the twins of pools 1 … 4, cells equal at every value of the

@@ -420,7 +420,7 @@ print(
 #
 # How close must they be? Not a number fixed in advance: both sides round at 1.1e-16 per operation,
 # but how far that carries depends on the point. So the tie first measures the point's own
-# **round-off envelope**: how far correct evaluations land from the float64 reference, namely the
+# {term}`round-off envelope <envelope>`: how far correct evaluations land from the float64 reference, namely the
 # oracle with the batch reversed (a second order of every batch sum) and at inputs and parameters
 # nudged by one unit roundoff (`checks.envelope`). Each row is held to
 # `tolerances.ENVELOPE_FACTOR` = 10 envelopes, floored at `tolerances.REL_F64` = 1e-10. A well-conditioned point
