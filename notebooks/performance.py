@@ -35,6 +35,7 @@
 
 import jax
 import matplotlib.pyplot as plt
+from IPython.display import Markdown
 
 from gradtie import bench, book, conv_floor, lowered, peer_bench, plots, policy
 from gradtie.nets import protocol, resnet34
@@ -184,7 +185,7 @@ print(
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
-print(peer_bench.table(peer_rows))
+display(Markdown(peer_bench.table(peer_rows)))
 behind = peer_bench.verdict(peer_rows)
 ahead = len(peer_rows) - len({line.split(':')[0] for line in behind})
 print("configurations where the rendered step is ahead of every peer by the goal: "
@@ -266,7 +267,7 @@ print(
     f"{len(floor_rows)} configurations, {floor_doc['rounds']} alternating rounds, on"
     f" {fm['cpu']} ({fm['cores']} cores), {fm['date']}"
 )
-print(conv_floor.table(floor_rows))
+display(Markdown(conv_floor.table(floor_rows)))
 bound = conv_floor.kernel_bound(floor_rows)
 print("configurations out of reach of XLA's CPU convolutions: "
       + book.glue("kernel_bound", f"{len(bound)} of {len(floor_rows)}"))
@@ -416,7 +417,7 @@ else:
         f"on {peers_gpu['machine']['device_kind']}: matrix product"
         f" {peers_gpu['matmul_gflops']:.0f} GFLOP/s"
     )
-    print(peer_bench.table(peers_gpu["rows"]))
+    display(Markdown(peer_bench.table(peers_gpu["rows"])))
 
 # %% [markdown]
 # Memory can be read without running anything: XLA plans every buffer of a compiled step, and its
