@@ -35,3 +35,9 @@ def test_each_convention_can_fail():
     assert "10.0 in wide" in found and "under 9 pt" in found and "a legend over the data" in found
     assert "a bar clipped" in found
     plt.close(fig)
+
+
+def test_the_overview_keeps_the_conventions():
+    fig = would_it_catch.overview([_report("cifar8", [3e5, 2e13, np.inf]), _report("resnet34", [7e9, 4e14])])
+    assert _style.problems(fig) == []
+    plt.close(fig)
