@@ -29,7 +29,7 @@
 # loss, and planted bugs that must go red — and `gradtie check --net examples/bottleneck.py:NET`
 # runs it from the command line with the same exit codes.
 
-# %%
+# %% tags=["hide-input"]
 import sys
 
 import jax
@@ -39,7 +39,7 @@ import matplotlib.pyplot as plt
 jax.config.update("jax_enable_x64", True)
 
 import gradtie
-from gradtie import book, nets, plots
+from gradtie import book, nets, pages, plots
 from gradtie.checks import bugs, census, stages
 from gradtie.data import images
 from gradtie.checks.tie import targets_matrix
@@ -47,116 +47,48 @@ from gradtie.nets import protocol
 
 # %% tags=["parameters"]
 batch: int = 4    # photo crops
-image_size: int = 32  # the net takes any multiple of 4; 32 keeps the ci profile quick
+image_size: int = 32  # the net takes any multiple of 4; 32 keeps the chapter quick
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(batch=batch, image_size=image_size, seed=seed)
 sys.path.insert(0, str(book.ROOT / "examples"))
-import bottleneck as example                                   # noqa: E402 (the example module)
+import bottleneck as example  # noqa: E402 (the example module)
 
-net = nets.load("bottleneck:NET")                              # as `gradtie check --net` loads it
+net = nets.load("bottleneck:NET")  # as `gradtie check --net` loads it
 cfg = net.config()
 key = jax.random.key(p.seed)
-params = {k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()}
+params = {
+    k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()
+}
 x = images("photos", p.batch, p.image_size, seed=p.seed)
-t = targets_matrix((jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64)
-
-# %% [markdown]
-# ## The net, as the protocol reads it
-#
-# Five stages: a stem (conv, BatchNorm, ReLU, a 2×2 max pool), the depthwise stage, two bottleneck
-# blocks and a head (global average pool, dense). The summary is read off the stages at abstract
-# shapes; nothing is computed.
-
-# %% tags=["nbval-check-output"]
-rows = net.summary(params, cfg, x.shape)
-print(protocol.format_summary(rows))
-print(f"{len(params)} tensors, {protocol.census(params).floats:,} floats; stages: {[r.name for r in rows]}")
-assert [r.kind for r in rows] == ["stem", "depthwise", "bottleneck", "bottleneck", "head"]
-
-# %% [markdown]
-# ## The census: which hypothesis applies
-#
-# The suite's named hypotheses belong to its own two nets. For a net it does not name, the census
-# reads the generic smooth-point hypothesis: no ReLU input exactly 0, and every max-pool window
-# dead, strict, or tied only between twins (cells equal for every value of the weights upstream).
-# That is where the loss is differentiable in every parameter, whatever the net.
-
-# %% tags=["nbval-check-output"]
-smooth = census.smoothness(net, params, x, cfg)
-print(smooth.summary())
-print([h.name for h in smooth.hypotheses])
-assert smooth.ok and [h.key for h in smooth.hypotheses] == [census.PARAMETERS]
-
-# %% [markdown]
-# ## Every node, tied
-#
-# ```{admonition} Beyond the suite
-# :class: attention
-# A net the suite does not name: no statement covers these ties.
-# ```
-#
-# `gradtie.check` runs the census, the tie and the finite differences, as the command line does.
-# Every node — the depthwise conv's weight included, whose node comes from our own backward — is
-# tied to autodiff of the forward within ten times the point's round-off envelope, and to finite
-# differences of the whole loss.
-
-# %%
-report = gradtie.check(net, params, x, t, cfg, key=key)
-print(report.tie.table())
-
-# %% tags=["nbval-check-output"]
-print(f"exit code {report.exit_code}; {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes "
-      f"tied, input gradient {report.tie.row('input').verdict}; finite differences: "
-      f"{sum(r.verdict == 'FAILED' for r in report.fd_rows)} failed of {len(report.fd_rows)}")
-book.glue("own_tied", (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)), "{}/{} nodes tied")
-assert report.exit_code == 0 and report.tie.tied
-
-# %% [markdown]
-# Stage by stage: each stage's rendered backward, at the cotangent the chain hands it, against the
-# VJP of that stage alone. The depthwise stage is where our own op sits.
-
-# %% tags=["nbval-check-output"]
-st = stages.stage_ties(net, params, x, t, cfg, key=key)
-print(st.summary().split("; worst")[0])
-assert st.ok and len(st.ties) == 5
-
-# %% [markdown]
-# ## Planted bugs: the catalogue and our own
-#
-# ```{admonition} Beyond the suite
-# :class: attention
-# Evidence that the check can fail on this net; not a statement of the suite.
-# ```
-#
-# A catalogue entry applies to a net when the net's chain calls the kit op it replaces; the
-# catalogue reads that off the chain itself. Our net has no overlapping pool and no square dense
-# layer, so those entries do not apply; it has projection shortcuts, so the projection entry does.
-# Our own op brings its own entry (`Net.bugs`): the depthwise input backward correlating with the
-# kernel unflipped. Each is planted as data — another kit, or another net definition — and tied at
-# the same point against the same reference.
-
-# %% tags=["nbval-check-output"]
-print(bugs.listing(net))
-caught = bugs.run(net, params, x, t, cfg, label_smoothing=0.1)
-print(caught.summary())
-print(caught.table())
-book.glue("own_bugs", caught.summary())
-assert caught.ok and "depthwise_kernel_not_flipped" in {c.bug for c in caught.caught}
-
-# %%
-plots.would_it_catch.caught([caught], title="Every planted bug fails its first node by orders of magnitude")
-plt.show()
+t = targets_matrix(
+    (jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64
+)
 
 # %% [markdown]
 # ## One function at a time: `check_vjp`
 #
-# Below the net, the same idea for one function with a VJP of your own. `gradtie.check_vjp` ties
-# the hand VJP to autodiff within the point's round-off envelope and to finite differences, raises
-# `VJPMismatch` on a wrong one, and refuses a point on a kink (`NotSmooth`) rather than judge it.
-# Here it checks the example's depthwise backward, then the unflipped one, then a ReLU at an input
-# exactly 0.
+# The smallest case first: one function with a VJP of your own. Our op is the depthwise 3×3
+# conv, written in `examples/bottleneck.py` beside its hand-written backward (the excerpts below
+# are read from that file when the book is built, so they cannot drift from the code that runs).
+# The input backward correlates the cotangent with the kernel flipped; the weight gradient sums
+# the cotangent against the padded input:
+#
+# ```{literalinclude} ../examples/bottleneck.py
+# :language: python
+# :pyobject: depthwise_backward
+# ```
+#
+# ```{literalinclude} ../examples/bottleneck.py
+# :language: python
+# :pyobject: depthwise_grad_weight
+# ```
+#
+# `gradtie.check_vjp` ties the hand VJP to autodiff within the point's round-off envelope and to
+# finite differences, raises `VJPMismatch` on a wrong one, and refuses a point on a kink
+# (`NotSmooth`) rather than judge it. Here it checks the example's depthwise backward, then the
+# one with the kernel unflipped, then a ReLU at an input exactly 0.
 
 # %% tags=["nbval-check-output"]
 w = params["dw.conv.weight"]
@@ -164,7 +96,10 @@ h = jax.random.normal(jax.random.fold_in(key, 1), (2, w.shape[0], 6, 6), jnp.flo
 
 
 def depthwise_vjp(backward):
-    return lambda x_, w_, dy: (backward(w_, dy), example.depthwise_grad_weight(example.DepthwiseSaved(x_), dy))
+    return lambda x_, w_, dy: (
+        backward(w_, dy),
+        example.depthwise_grad_weight(example.DepthwiseSaved(x_), dy),
+    )
 
 
 ok = gradtie.check_vjp(lambda x_, w_: example.depthwise_forward(x_, w_)[0], h, w,
@@ -186,9 +121,136 @@ print(f"unflipped depthwise backward: {wrong}; ReLU at an input exactly 0: {kink
 assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 
 # %% [markdown]
+# ## The net, as the protocol reads it
+#
+# Five stages: a stem (conv, BatchNorm, ReLU, a 2×2 max pool), the depthwise stage, two bottleneck
+# blocks and a head (global average pool, dense). The summary is read off the stages at abstract
+# shapes; nothing is computed.
+
+# %% tags=["nbval-check-output", "hide-input"]
+rows = net.summary(params, cfg, x.shape)
+print(protocol.format_summary(rows))
+print(
+    f"{len(params)} tensors, {protocol.census(params).floats:,} floats; stages:"
+    f" {[r.name for r in rows]}"
+)
+assert [r.kind for r in rows] == [
+    "stem",
+    "depthwise",
+    "bottleneck",
+    "bottleneck",
+    "head",
+]
+
+# %% [markdown]
+# Each stage is a forward that returns what its backward reads, and beside it the backward,
+# written by hand: every op it calls goes through the `kit` it is handed, so a check can swap one
+# op for a planted bug, and the chain never calls autodiff. One bottleneck block, as the example
+# file writes it:
+#
+# ```{literalinclude} ../examples/bottleneck.py
+# :language: python
+# :pyobject: _block_forward
+# ```
+#
+# ```{literalinclude} ../examples/bottleneck.py
+# :language: python
+# :pyobject: _block_backward
+# ```
+#
+# The depthwise stage's backward (`_dw_backward`) calls our own `depthwise_backward` and
+# `depthwise_grad_weight` above; the stages are listed in `stage_list`, and `NET` bundles them with
+# the net's own planted bug.
+
+# %% [markdown]
+# ## The census: which hypothesis applies
+#
+# The suite's named hypotheses belong to its own two nets. For a net it does not name, the census
+# reads the generic smooth-point hypothesis: no ReLU input exactly 0, and every max-pool window
+# dead, strict, or tied only between twins (cells equal for every value of the weights upstream).
+# That is where the loss is differentiable in every parameter, whatever the net.
+
+# %% tags=["nbval-check-output", "hide-input"]
+smooth = census.smoothness(net, params, x, cfg)
+print(smooth.summary())
+print([h.name for h in smooth.hypotheses])
+assert smooth.ok and [h.key for h in smooth.hypotheses] == [census.PARAMETERS]
+
+# %% [markdown]
+# ## Every node, tied
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# A net the suite does not name: no statement covers these ties.
+# ```
+#
+# `gradtie.check` runs the census, the tie and the finite differences, as the command line does.
+# Every node — the depthwise conv's weight included, whose node comes from our own backward — is
+# tied to autodiff of the forward within ten times the point's round-off envelope, and to finite
+# differences of the whole loss.
+
+# %%
+report = gradtie.check(net, params, x, t, cfg, key=key)
+pages.tie(report.tie)
+
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"exit code {report.exit_code};"
+    f" {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes tied,"
+    f" input gradient {report.tie.row('input').verdict}; finite differences:"
+    f" {sum(r.verdict == 'FAILED' for r in report.fd_rows)} failed of"
+    f" {len(report.fd_rows)}"
+)
+book.glue(
+    "own_tied",
+    (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)),
+    "{}/{} nodes tied",
+)
+assert report.exit_code == 0 and report.tie.tied
+
+# %% [markdown]
+# Stage by stage: each stage's rendered backward, at the cotangent the chain hands it, against the
+# VJP of that stage alone. The depthwise stage is where our own op sits.
+
+# %% tags=["nbval-check-output", "hide-input"]
+st = stages.stage_ties(net, params, x, t, cfg, key=key)
+print(st.summary().split("; worst")[0])
+assert st.ok and len(st.ties) == 5
+
+# %% [markdown]
+# ## Planted bugs: the catalogue and our own
+#
+# ```{admonition} Beyond the suite
+# :class: attention
+# Evidence that the check can fail on this net; not a statement of the suite.
+# ```
+#
+# A catalogue entry applies to a net when the net's chain calls the kit op it replaces; the
+# catalogue reads that off the chain itself. Our net has no overlapping pool and no square dense
+# layer, so those entries do not apply; it has projection shortcuts, so the projection entry does.
+# Our own op brings its own entry (`Net.bugs`): the depthwise input backward correlating with the
+# kernel unflipped. Each is planted as data — another kit, or another net definition — and tied at
+# the same point against the same reference.
+
+# %% tags=["nbval-check-output", "hide-input"]
+display(pages.bugs(net))
+caught = bugs.run(net, params, x, t, cfg, label_smoothing=0.1)
+print(caught.summary())
+display(pages.caught(caught))
+book.glue("own_bugs", caught.summary())
+assert caught.ok and "depthwise_kernel_not_flipped" in {c.bug for c in caught.caught}
+
+# %%
+plots.would_it_catch.caught(
+    [caught], title="Every planted bug fails its first node by orders of magnitude"
+)
+plt.show()
+
+# %% [markdown]
 # ## Other blocks between ResNet-34's stem and head
 #
 # ```{admonition} Beyond the suite
+# :class: attention
 # `r34InputGradB_correct` is stated at 224 px, a literal. We run the stem and head at 32 px,
 # batch 2, to keep the chapter quick: the same maps, beyond the statement's literal resolution.
 # ```
@@ -212,32 +274,106 @@ assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 from gradtie import companions
 from gradtie.nets import resnet34
 
-block_cfg = example.Config(stem=resnet34.STEM_WIDTH, stages=((16, resnet34.WIDTHS[-1], 2),))
-slots = ([companions.identity_slot(), companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5),
-          companions.foreign_slot(net, block_cfg, "layer1.0")]
-         + [companions.identity_slot()] * 12 + [companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25)])
-slots_bad = [slots[0], companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5, forget_alpha=True), *slots[2:]]
+block_cfg = example.Config(
+    stem=resnet34.STEM_WIDTH, stages=((16, resnet34.WIDTHS[-1], 2),)
+)
+slots = (
+    [
+        companions.identity_slot(),
+        companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5),
+        companions.foreign_slot(net, block_cfg, "layer1.0"),
+    ]
+    + [companions.identity_slot()] * 12
+    + [companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25)]
+)
+slots_bad = [
+    slots[0],
+    companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5, forget_alpha=True),
+    *slots[2:],
+]
 between = companions.stem_head_net(slots)
 between_bad = companions.stem_head_net(slots_bad, name="scaled residual forgetting α")
 cfg_between = resnet34.Config(num_classes=10)
-params_between = {k: v.astype(jnp.float64) for k, v in between.init(key, cfg_between, weights="drawn").items()}
+params_between = {
+    k: v.astype(jnp.float64)
+    for k, v in between.init(key, cfg_between, weights="drawn").items()
+}
 x_between = images("photos", 2, 32, seed=p.seed)
 t_between = targets_matrix(jnp.asarray([1, 4]), 10, jnp.float64)
-blocks_tie = companions.other_blocks(between, params_between, x_between, t_between, cfg_between,
-                                     label_smoothing=0.1, key=jax.random.fold_in(key, 7))
-blocks_bad = companions.other_blocks(between, params_between, x_between, t_between, cfg_between, label_smoothing=0.1,
-                                     rendered_net=between_bad, point=blocks_tie.point)
+blocks_tie = companions.other_blocks(
+    between,
+    params_between,
+    x_between,
+    t_between,
+    cfg_between,
+    label_smoothing=0.1,
+    key=jax.random.fold_in(key, 7),
+)
+blocks_bad = companions.other_blocks(
+    between,
+    params_between,
+    x_between,
+    t_between,
+    cfg_between,
+    label_smoothing=0.1,
+    rendered_net=between_bad,
+    point=blocks_tie.point,
+)
 
-# %% tags=["nbval-check-output"]
-print("b1 … b16:", ", ".join(f"{k} ×{blocks_tie.slots.count(k)}" for k in dict.fromkeys(blocks_tie.slots)))
-print(f"stem, sixteen other blocks, head: {blocks_tie.report.summary().split('; worst')[0]}")
-print(f"control ({between_bad.name}): {blocks_bad.report.summary().split('; worst')[0]}")
-print(book.glue("other_blocks", (len(blocks_tie.slots), sum(r.ok for r in blocks_tie.report.nodes),
-                                 len(blocks_tie.report.nodes),
-                                 "tied" if blocks_tie.report.row("input").ok else "FAILED",
-                                 "FAILED" if not blocks_bad.ok else "tied"),
-                "ResNet-34's stem and head around {} other block maps: {}/{} nodes tied, input {}; a block "
-                "whose VJP forgets α: {}"))
-assert blocks_tie.ok and len(blocks_tie.slots) == 16, \
-    f"other_blocks: the chain must equal the composed forward's VJP within 10 envelopes, got {blocks_tie.report.summary()}"
-assert not blocks_bad.ok and not blocks_bad.report.row("input").ok, "other_blocks: the wrong block VJP tied"
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    "b1 … b16:",
+    ", ".join(
+        f"{k} ×{blocks_tie.slots.count(k)}" for k in dict.fromkeys(blocks_tie.slots)
+    ),
+)
+print(
+    "stem, sixteen other blocks, head:"
+    f" {blocks_tie.report.summary().split('; worst')[0]}"
+)
+print(
+    f"control ({between_bad.name}): {blocks_bad.report.summary().split('; worst')[0]}"
+)
+print(
+    book.glue(
+        "other_blocks",
+        (
+            len(blocks_tie.slots),
+            sum(r.ok for r in blocks_tie.report.nodes),
+            len(blocks_tie.report.nodes),
+            "tied" if blocks_tie.report.row("input").ok else "FAILED",
+            "FAILED" if not blocks_bad.ok else "tied",
+        ),
+        "ResNet-34's stem and head around {} other block maps: {}/{} nodes tied, input"
+        " {}; a block whose VJP forgets α: {}",
+    )
+)
+assert blocks_tie.ok and len(blocks_tie.slots) == 16, (
+    "other_blocks: the chain must equal the composed forward's VJP within 10"
+    f" envelopes, got {blocks_tie.report.summary()}"
+)
+assert (
+    not blocks_bad.ok and not blocks_bad.report.row("input").ok
+), "other_blocks: the wrong block VJP tied"
+
+# %% [markdown]
+# ## What this chapter showed
+#
+# Everything here is beyond the suite: the method, not a theorem, applied to a net the suite
+# never saw.
+#
+# - One function: `gradtie.check_vjp` ties the depthwise conv's hand-written VJP to autodiff and
+#   to finite differences, calls the unflipped kernel a `VJPMismatch`, and refuses a ReLU at 0 as
+#   `NotSmooth` ([§ One function at a time](#one-function-at-a-time-check_vjp)).
+# - The whole net, written as stages with their backwards beside them: the census finds a smooth
+#   point, `gradtie.check` ties {glue:text}`own_tied` to autodiff within the point's envelope and
+#   to finite differences, and each stage ties to its own VJP
+#   ([§ Every node, tied](#every-node-tied)).
+# - The catalogue's entries that apply to this net, and the net's own bug, all go red
+#   ({glue:text}`own_bugs`; [§ Planted bugs](#planted-bugs-the-catalogue-and-our-own) and its
+#   figure).
+# - Blocks of your own compose with ResNet-34's certified stem and head through the protocol
+#   ([§ Other blocks](#other-blocks-between-resnet-34s-stem-and-head)).
+#
+# The same runs from the command line: `gradtie check --net examples/bottleneck.py:NET` exits 0,
+# and 1 with `--plant-bug depthwise_kernel_not_flipped`.

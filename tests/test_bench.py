@@ -108,6 +108,16 @@ def test_abstract_compile_reports_memory_and_the_fit_verdict_can_fail():
     assert not ok_tiny
 
 
+def test_the_committed_gpu_profiles_fit_the_gpu_and_a_half_limit_does_not():
+    # the check the Performance appendix printed before it left the book's reader path: every
+    # chapter's gpu profile, compiled from shapes (`gradtie bench --abstract --profile gpu`), fits
+    abstract = bench.read_abstract(bench.RESULTS / "abstract_gpu.json")
+    assert abstract is not None, "benchmarks/results/abstract_gpu.json is missing: gradtie bench --abstract"
+    largest = bench.largest_by_owner(abstract["rows"])
+    assert bench.fit_table(abstract["rows"], tolerances.GPU_FIT_GIB)[1]
+    assert not bench.fit_table(abstract["rows"], min(largest.values()) / 2)[1]
+
+
 def test_abstract_memory_grows_with_the_batch():
     small, large = (bench.abstract_one(bench.Workload("test", "c", "cifar8", "rendered", n, 32, 10, "float32"))
                     for n in (2, 16))

@@ -103,9 +103,9 @@ def test_a_missing_figure_a_missing_section_and_a_twice_glued_key_are_named(tmp_
     folder = _chapter_copy(tmp_path, "head_fold")
     assert claims.problems(head, folder) == []
     source = (folder / "head_fold.py").read_text()
-    broken = (source.replace('book.glue("fold_tied", ', "(")
-              .replace("# ## Planted bugs go red", "# ## Planted bugs")
-              .replace('book.glue("head_linear", ', 'book.glue("fold_controls", '))
+    broken = re.sub(r'book\.glue\(\s*"head_linear",', 'book.glue("fold_controls",',
+                    source.replace('book.glue("fold_tied", ', "(")
+                    .replace("# ## Planted bugs go red", "# ## Planted bugs"))
     (folder / "head_fold.py").write_text(broken)
     found = "\n".join(claims.problems(head, folder))
     assert "never calls book.glue('fold_tied'" in found
@@ -350,3 +350,123 @@ def test_decade_names_the_decade_a_figure_falls_in_and_refuses_what_has_none():
     for bad in (0.0, -1e-6, float("nan"), float("inf")):
         with pytest.raises(ValueError, match="finite positive"):
             book.decade(bad)
+
+
+# ---- the page's column: no code or output line runs off it ------------------------------------
+
+def _source_code_lines(path):
+    """(line number, line) of each line of code (not markdown, not the header) in a chapter source."""
+    kind = "header"
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        if line.startswith("# %%"):
+            kind = "markdown" if "[markdown]" in line else "code"
+        elif kind == "code":
+            yield n, line
+
+
+def test_chapter_sources_keep_their_code_to_the_column():
+    wide = [f"{p.name}:{n} ({book.display_width(line)})" for p in sorted(book.NOTEBOOKS.glob("*.py"))
+            for n, line in _source_code_lines(p) if book.display_width(line) > book.COLUMN]
+    assert wide == [], "run tools/fit_columns.py on these chapter sources"
+
+
+def test_no_visible_line_of_an_executed_chapter_runs_off_the_column():
+    wide = [line for p in book.chapter_notebooks() for line in book.wide_lines(p)]
+    assert wide == [], f"{len(wide)} lines wider than {book.COLUMN} columns, first: {wide[:3]}"
+
+
+def test_the_column_check_sees_code_and_output_and_skips_what_the_page_hides(tmp_path):
+    wide, ok = "x" * (book.COLUMN + 1), "t̃" * book.COLUMN       # a combining tilde takes no column
+    cell = lambda source, outputs=(), tags=(): {"cell_type": "code", "source": source, "outputs": list(outputs),
+                                               "metadata": {"tags": list(tags)}}
+    nb = {"cells": [
+        cell(wide), cell(ok, [{"output_type": "stream", "name": "stdout", "text": [ok + "\n", wide]}]),
+        cell(wide, tags=["hide-input"]), cell(wide, tags=["remove-input"]), cell(wide, tags=["remove-cell"]),
+        cell("", [{"output_type": "stream", "name": "stdout", "text": wide}], tags=["remove-output"]),
+        cell("", [{"output_type": "stream", "name": "stderr", "text": wide}], tags=["remove-stderr"]),
+        cell("", [{"output_type": "display_data", "data": {"text/plain": wide, "text/html": "<p/>"}}]),
+        cell("", [{"output_type": "execute_result", "data": {"text/plain": wide}}]),
+        {"cell_type": "markdown", "source": wide, "metadata": {}},
+    ]}
+    (tmp_path / "c.ipynb").write_text(json.dumps(nb))
+    found = [line.split(" (")[0] for line in book.wide_lines(tmp_path / "c.ipynb")]
+    assert found == ["c.ipynb cell 0 code", "c.ipynb cell 1 output", "c.ipynb cell 2 code",
+                     "c.ipynb cell 8 output"]
+
+
+def test_printed_lines_wrap_to_the_column_in_a_kernel(monkeypatch):
+    import io
+
+    out = io.StringIO()
+    stream = book._FitColumn(out, 20)
+    print("alpha beta gamma delta epsilon", file=stream)
+    print("  " + "z" * 30, "tail", file=stream, end="")
+    stream.flush()
+    lines = out.getvalue().splitlines()
+    assert lines == ["alpha beta gamma", "    delta epsilon", "  zzzzzzzzzzzzzzzzzz", "      zzzzzzzzzzzz",
+                     "      tail"]
+    assert book.fit_column() is False           # no kernel under pytest: stdout left alone
+
+
+def test_a_page_table_is_html_with_the_verdict_first_and_text_elsewhere():
+    from gradtie import pages
+
+    t = pages.Table(("verdict", "node", "err"), (("tied", "a", "1.0e-12"), ("FAILED", "b<c", "3.0e+02")),
+                    right=frozenset({2}))
+    text = str(t).splitlines()
+    assert text[0].startswith("verdict") and text[2] == "tied     a     1.0e-12"
+    html = t._repr_html_()
+    assert '<td class="gt-red">FAILED</td>' in html and "b&lt;c" in html and html.index("verdict") < html.index("node")
+    with pytest.raises(ValueError, match="row 0 has 2 cells"):
+        pages.Table(("a", "b", "c"), (("1", "2"),))
+
+
+def test_every_beyond_the_suite_box_has_the_one_orange_style():
+    found = []
+    for path in sorted(book.NOTEBOOKS.glob("*.py")):
+        lines = path.read_text().splitlines()
+        found += [f"{path.name}:{i + 1}" for i, line in enumerate(lines)
+                  if line.strip() == "# ```{admonition} Beyond the suite" and lines[i + 1] != "# :class: attention"]
+    assert found == []
+
+
+def test_every_link_to_a_section_names_a_heading_of_its_chapter():
+    from myst_parser.mdit_to_docutils.base import default_slugify
+
+    headings = {p.stem: {default_slugify(re.sub(r"^# #+ ", "", line).replace("`", "").strip())
+                         for line in p.read_text().splitlines() if re.match(r"# #{2,3} ", line)}
+                for p in book.NOTEBOOKS.glob("*.py")}
+    missing = []
+    for page in [*book.NOTEBOOKS.glob("*.py"), book.BOOK / "intro.md"]:
+        for doc, anchor in re.findall(r"\]\(([a-z0-9_]*)(?:\.ipynb)?#([^)\s]+)\)", page.read_text()):
+            if anchor not in headings.get(doc or page.stem, set()):
+                missing.append(f"{page.name}: {doc or page.stem}#{anchor}")
+    assert missing == []
+
+
+def _fold_harness():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fold_harness", book.ROOT / "tools" / "fold_harness.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_every_cell_that_only_asserts_prints_or_glues_is_folded():
+    fold = _fold_harness()
+    open_ = [f"{p.name}:{i + 1} ({why})" for p in sorted(book.NOTEBOOKS.glob("*.py"))
+             for i, hdr, why, _ in fold.classify(p)[1] if "-input" not in hdr]
+    assert open_ == [], "run tools/fold_harness.py --apply on these chapter sources"
+
+
+def test_the_fold_rule_folds_harness_and_leaves_a_computation_open(tmp_path):
+    fold = _fold_harness()
+    src = tmp_path / "c.py"
+    src.write_text('# %%\nimport jax\n\n# %% tags=["parameters"]\nn: int = 1\n\n# %%\nx = f(n)\n\n'
+                   '# %%\nprint(x)\nassert x > 0\n\n# %% tags=["nbval-check-output"]\ny = g(x)\nprint(book.glue("k", y))\n\n'
+                   '# %%\nplots.p(x)\nplt.show()\n')
+    assert [(why, hdr) for _, hdr, why, _ in fold.classify(src)[1]] == [
+        ("setup", "# %%"), ("harness", "# %%"), ("mostly harness", '# %% tags=["nbval-check-output"]')]
+    fold.tag(src, apply=True)
+    assert src.read_text().count('"hide-input"') == 3 and fold.tag(src) == []

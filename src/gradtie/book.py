@@ -77,7 +77,7 @@ CHAPTERS: list[Chapter] = [
             reads=("benchmarks/results",), part="Appendices", nbval_cost=26),
 ]
 PROFILES = ("ci", "cpu", "gpu")
-PAGES = ("api",)   # book/<page>.md after the appendices: the API reference
+PAGES = ("glossary", "api")   # book/<page>.md after the appendices: the glossary, the API reference
 
 
 def toc() -> str:
@@ -232,7 +232,8 @@ def validated(**params) -> SimpleNamespace:
     """Check each chapter parameter by name; raise ValueError naming the first bad one, and naming
     any parameter papermill was handed that the chapter does not have (papermill itself only warns).
     In a kernel, every later failing assert then names its values and these parameters
-    (`assertions.explain_asserts`)."""
+    (`assertions.explain_asserts`), and every later printed line fits the page's column
+    (`fit_column`)."""
     unknown = [name for name in _injected() if name not in params]
     if unknown:
         raise ValueError(f"unknown parameter(s) {', '.join(map(repr, unknown))} for this chapter; its parameters "
@@ -243,7 +244,114 @@ def validated(**params) -> SimpleNamespace:
             raise ValueError(f"unknown chapter parameter {name!r}; known: {', '.join(sorted(PARAMETERS))}")
         out[name] = PARAMETERS[name](name, value)
     explain_asserts(out)
+    fit_column()
     return SimpleNamespace(**out)
+
+
+# ---- the page's column: what a chapter prints wraps to fit it -----------------------------------
+
+# Characters of code or output the book's content column holds: 784 px of column, less the code
+# block's padding, at the theme's 14 px monospace (about 8.4 px a character). Chapter sources keep
+# their code to it (`tools/fit_columns.py`), and tests/test_book.py holds the executed chapters to it.
+COLUMN = 88
+
+
+class _FitColumn:
+    """A text stream that passes every line through, a line wider than `width` wrapped at spaces
+    with a hanging indent (or, a word wider than the column, cut)."""
+
+    def __init__(self, stream, width: int = COLUMN):
+        self._stream, self._width, self._pending = stream, width, ""
+
+    def _wrap(self, line: str) -> str:
+        if len(line) <= self._width:
+            return line
+        import textwrap
+
+        lead = line[:len(line) - len(line.lstrip(" "))]
+        return "\n".join(textwrap.wrap(line, self._width, subsequent_indent=lead + "    ",
+                                        break_on_hyphens=False, replace_whitespace=False))
+
+    def write(self, text: str) -> int:
+        *whole, self._pending = (self._pending + text).split("\n")
+        if whole:
+            self._stream.write("".join(self._wrap(line) + "\n" for line in whole))
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self._stream.write(self._wrap(self._pending))
+            self._pending = ""
+        self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def display_width(line: str) -> int:
+    """Columns a line takes in monospace: combining marks (t̃'s tilde) take none."""
+    import unicodedata
+
+    return sum(not unicodedata.combining(ch) for ch in line)
+
+
+RICH = ("text/html", "text/markdown", "image/png", "image/jpeg", "image/svg+xml")
+
+
+def visible_lines(nb) -> Iterable[tuple[int, str, str]]:
+    """(cell index, "code" or "output", line) for every line of code and text output the rendered
+    page shows of an executed notebook (nbformat, or its JSON as a dict): not a cell's input under
+    `remove-input` or `remove-cell`, nor its output under `remove-output` (stderr under
+    `remove-stderr`), nor a text/plain the page replaces with HTML, Markdown or an image, nor a
+    glued figure (stored, not shown). Folded input (`hide-input`) counts: a reader unfolds it."""
+    for i, cell in enumerate(nb["cells"]):
+        tags = set(cell.get("metadata", {}).get("tags", []))
+        if cell["cell_type"] != "code" or "remove-cell" in tags:
+            continue
+        source = cell["source"] if isinstance(cell["source"], str) else "".join(cell["source"])
+        if "remove-input" not in tags:
+            yield from ((i, "code", line) for line in source.splitlines())
+        if "remove-output" in tags:
+            continue
+        for out in cell.get("outputs", []):
+            text = ""
+            if out["output_type"] == "stream":
+                if not (out.get("name") == "stderr" and "remove-stderr" in tags):
+                    text = out["text"]
+            elif out["output_type"] in ("display_data", "execute_result"):
+                data = out.get("data", {})
+                if "text/plain" in data and not any(k in data for k in RICH):
+                    text = data["text/plain"]
+            elif out["output_type"] == "error":
+                text = "\n".join(out.get("traceback", []))
+            text = text if isinstance(text, str) else "".join(text)
+            yield from ((i, "output", line) for line in text.splitlines())
+
+
+def wide_lines(path: Path, width: int = COLUMN) -> list[str]:
+    """The visible lines of an executed notebook wider than the column (`visible_lines`), each as
+    "<name> cell <i> <code|output> (<columns>): <line>"."""
+    nb = json.loads(Path(path).read_text())
+    return [f"{Path(path).name} cell {i} {kind} ({display_width(line)}): {line}"
+            for i, kind, line in visible_lines(nb) if display_width(line) > width]
+
+
+def fit_column(width: int = COLUMN) -> bool:
+    """In an IPython kernel, wrap every line a later cell prints wider than the book's column
+    (`COLUMN` characters) at spaces, with a hanging indent; tables meant for the page are shown
+    with `gradtie.pages` instead, which never needs it. Outside a kernel (a script, a terminal, the
+    tests) do nothing and return False."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    if get_ipython() is None:
+        return False
+    if isinstance(sys.stdout, _FitColumn):
+        sys.stdout._width = width
+    else:
+        sys.stdout = _FitColumn(sys.stdout, width)
+    return True
 
 
 # ---- glue: a chapter's headline figures, pasted into the intro's claim map ----------------------
@@ -279,6 +387,23 @@ def glue(key: str, value: Any, fmt: str = "{}") -> str:
 
         myst_nb.glue(key, text, display=False)
     return text
+
+
+def glue_figure(key: str, fig) -> None:
+    """Store a figure the chapter draws for another page to show (the intro's headline figure:
+    ```{glue:any} <key>``` with `:doc: <chapter>.ipynb`); the cell shows it as usual with
+    `plt.show()`. Outside a notebook kernel nothing is stored."""
+    if not isinstance(key, str) or not re.fullmatch(GLUE_KEY, key):
+        raise ValueError(f"glue key {key!r}: expected lower-case letters, digits and underscores, "
+                         f"starting with a letter")
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return
+    if get_ipython() is not None:
+        import myst_nb
+
+        myst_nb.glue(key, fig, display=False)
 
 
 def decade(value: float) -> str:

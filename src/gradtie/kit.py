@@ -126,7 +126,14 @@ class Kit(NamedTuple):
     residual_backward: Callable = residual_backward
     loss_cotangent: Optional[Callable] = None
 
+    def __repr__(self) -> str:
+        """`KIT` for the default kit, else the ops that differ from it: `Kit(bn_backward=...)`."""
+        changed = [f"{name}={getattr(v, '__name__', repr(v))}" for name, v, d in zip(self._fields, self, _DEFAULTS)
+                   if v is not d]
+        return f"Kit({', '.join(changed)})" if changed else "KIT"
 
+
+_DEFAULTS = tuple(Kit._field_defaults[name] for name in Kit._fields)
 KIT = Kit()
 OPS = tuple(f for f in Kit._fields if f != "loss_cotangent")
 

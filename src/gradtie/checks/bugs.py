@@ -41,6 +41,17 @@ from .tie import Chain, NodeRow, TieReport, reference_at, targets_matrix, tie
 
 @dataclass(frozen=True)
 class Bug:
+    """One entry of the catalogue of backward bugs: a mistake hand-written backwards make, planted
+    in the rendered chain (never in the forward or the oracle) so that a check must go red.
+
+    `plant_into(net)` returns the net's chain with the bug in it (another kit op, or another stage
+    backward); `uses` says whether the net's chain makes the call the bug replaces, so an entry
+    applies only where it plants something (`applies`). `breaks` says in one line what is wrong and
+    `modelled_on` where such a bug shows up. Entries with `replicas` live in the data-parallel step,
+    with `needs_uneven` only where replicas hold different counts, with `needs_smoothing` only at
+    α > 0 (`refusal` says why an entry would plant nothing). A net of your own adds entries of its
+    own through `Net.bugs`."""
+
     name: str
     family: str          # "BatchNorm", "synchronised BatchNorm", "max pool", "conv and dense", "head", "blocks", …
     breaks: str          # one line: what is wrong

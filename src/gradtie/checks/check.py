@@ -38,6 +38,16 @@ WEIGHTS = ("drawn", "init")
 
 @dataclass
 class CheckReport:
+    """What `gradtie.check` (and `gradtie check` on the command line) found at one point.
+
+    `tie` holds one row per node, the loss and the input gradient, each held to ten times the
+    point's round-off envelope (a `TieReport`; None when the census refused the point), `fd_rows`
+    the finite differences of the whole loss, `smooth` the census of the point's hypotheses. Read
+    `exit_code` (0 tied, 1 a row or a finite difference failed, 2 the point cannot be judged: not
+    smooth, too ill-conditioned, or degenerate) and `summary()`, the lines the command prints.
+    Mirrors the node ties (`r34_net_tiedB`, `cifar8Bbn_train_step_tiedB`) and, at a smooth point,
+    the whole-loss statements (`r34_net_lossGrad`, `cifar8Bbn_net_lossGrad`)."""
+
     tie: Optional[Any]                    # TieReport (or the bf16 report); None when the point is not smooth
     fd_rows: list
     smooth: Optional[Any] = None          # the census, when it has run
@@ -58,6 +68,8 @@ class CheckReport:
 
     @property
     def exit_code(self) -> int:
+        """0 (`EXIT_TIED`), 1 (`EXIT_FAILED`: a row over its limit) or 2 (`EXIT_NOT_SMOOTH`: the point
+        cannot be judged); a failure wins over a point that cannot be judged."""
         if self.failed:
             return EXIT_FAILED
         if (self.smooth is not None and not self.smooth.ok) or self.tie is None or self.ill_conditioned:
@@ -78,6 +90,8 @@ class CheckReport:
         return line
 
     def summary(self) -> str:
+        """The lines `gradtie check` prints: the census, the tie (or why the point is not judged),
+        the finite differences and the exit code with its meaning."""
         lines = [] if self.smooth is None else [self.smooth.summary()]
         if self.tie is None:
             lines.append(f"{degenerate_text(self.degenerate)}: not judged (exit 2)" if self.degenerate else

@@ -88,6 +88,8 @@ class Config:
 
 
 class ParamSpec(NamedTuple):
+    """One parameter tensor of a net: its PyTorch `state_dict` key, its shape in PyTorch's layout
+    and how `Net.init` draws it (at `weights="drawn"` γ, β and biases are drawn instead)."""
     name: str               # PyTorch state_dict key
     shape: tuple[int, ...]  # PyTorch layout: OIHW convs, [out, in] dense
     init: str               # "conv" (He fan-out), "dense" (Glorot), "ones" (γ), "zeros" (β, biases)

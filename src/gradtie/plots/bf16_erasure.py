@@ -7,7 +7,7 @@ import numpy as np
 
 from ..checks.bf16.kinds import OP_LABELS
 from ..checks.bf16.sites import accumulation_bound, node_bound
-from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
+from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR
 
 
 BF16_OP_MARKERS = {"forward": "o", "backward": "s", "grad_weight": "^"}
@@ -39,7 +39,7 @@ def bf16_bound(rows_by_net: dict, controls: list = (), title: str = "Every bf16 
     ax.set_xlabel("contraction length n (products per output)")
     ax.set_ylabel("max |node − exact| / Σ|a|·|b|")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, ncol=2, loc="lower left")
+    ax.legend(fontsize=MIN_FONT, ncol=2, loc="lower left")
     fig.tight_layout()
     return fig
 
@@ -67,7 +67,7 @@ def bf16_f32_distance(rows_by_net: dict, title: str = "Beyond the suite: the bf1
     ax.set_xlabel("f32 spread: max |f32 node(nudged 2⁻⁸) − f32 node| / max |f32 node|")
     ax.set_ylabel("max |bf16 node − f32 node| / max |f32 node|")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=MIN_FONT)
     fig.tight_layout()
     return fig
 
@@ -79,7 +79,7 @@ def bf16_stages(reports_by_net: dict, caught_by_net: dict,
     planted catalogue entry, the row where it first parts (red), one panel per net ({"cifar8": the
     chain's stage ties (`bf16.stage_ties`), …}, {"cifar8": [Bf16Caught], …})."""
     nets = list(reports_by_net)
-    fig, axes = plt.subplots(1, len(nets), figsize=(FIGSIZE[0] + 3.0, 4.2), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(1, len(nets), figsize=(MAX_WIDTH, 4.2), squeeze=False, sharey=True)
     for ax, net in zip(axes[0], nets):
         pairs = [(t.net, r) for t in reports_by_net[net].backward_order() for r in t.rows]
         idx = {(stage, r.name): i for i, (stage, r) in enumerate(pairs)}
@@ -95,7 +95,7 @@ def bf16_stages(reports_by_net: dict, caught_by_net: dict,
         ax.set_xlabel(f"{net}: row (loss cotangent, then head → input)")
         ax.set_title(net, fontsize=9)
     axes[0, 0].set_ylabel("error / limit (capped at 1e6)")
-    axes[0, 0].legend(fontsize=7, loc="center left")
+    axes[0, 0].legend(fontsize=MIN_FONT, loc="center left")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -113,7 +113,7 @@ def bf16_replica(arrays: dict, replicas: int, title: str = "The all-reduced bf16
         ax.axvline(v, color="k", ls="--", lw=1)
     ax.text(0.02, 0.95, f"R = {replicas}, {vals.size:,} entries, {np.mean(vals != 0):.0%} nonzero\n"
                         f"at rnd = identity: every difference is exactly 0", transform=ax.transAxes,
-            va="top", fontsize=8)
+            va="top", fontsize=MIN_FONT)
     ax.set_xlabel("(mean_r rnd(S_r) − rnd(Σ_r S_r)/R) / Σ|a|·|b|    (dashed: ±2u, u = 2⁻⁸)")
     ax.set_ylabel("entries")
     ax.set_title(title, fontsize=10)

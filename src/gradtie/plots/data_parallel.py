@@ -17,7 +17,7 @@ from ..sync_sweep import SweepReport
 from ..checks.tie import TieReport
 from ..tolerances import CHAN_FACTOR
 from ..parallel import UNIT_ROUNDOFF, DriftReport
-from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
+from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR, legend_below
 
 SYNC_SHADES = ("#9ecae1", "#4292c6", "#08519c", "#08306b")   # light → dark as R grows
 UNEVEN_COLOR = "#238b45"
@@ -33,15 +33,14 @@ def figure_sweep(report: SweepReport) -> plt.Figure:
         ax.semilogy([b for b, _, _ in rows], [ratio for _, _, ratio in rows], "o-", ms=6,
                     color=SYNC_SHADES[min(i + 1, len(SYNC_SHADES) - 1)], label=f"R = {rep} replicas")
         for b, n, ratio in rows:
-            ax.annotate(f"N = {n}", (b, ratio), fontsize=7, xytext=(4, 4), textcoords="offset points")
+            ax.annotate(f"N = {n}", (b, ratio), fontsize=MIN_FONT, xytext=(4, 4), textcoords="offset points")
     ax.axhline(1.0, color=CONTROL_COLOR, ls="--", lw=1, label="limit (10 × the point's envelope)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch R·N (the single-device batch each split is tied to)")
     ax.set_ylabel("worst row: error / limit")
     ax.set_title(f"{report.net}: every split R × N ties to one device at R·N")
     ax.set_ylim(min(FLOOR, min(t.worst().ratio for t in report.ties) / 3), 10)
-    ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
+    legend_below(fig, ncol=3)
     return fig
 
 
@@ -59,29 +58,27 @@ def figure_nodes(reports: Mapping[str, TieReport]) -> plt.Figure:
     ax.set_xlabel(f"row of {first.net.split(' ')[0]}: loss, the nodes in signature order, the input gradient")
     ax.set_ylabel("error / limit")
     ax.set_title("Synchronised BN ties at equal and uneven splits; the controls do not")
-    ax.legend(fontsize=8, loc="center right")
-    fig.tight_layout()
+    legend_below(fig, ncol=2)
     return fig
 
 
 def figure_sync_bf16(report: MeshReplicaReport) -> plt.Figure:
     """Per conv weight node of the bf16 mesh step: how far (1/R)·Σ_r rnd(S_r) sits from
     rnd(Σ_r S_r)/R (left, in units of its bound 2u·M) and how many entries differ (right)."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(FIGSIZE[0] * 1.4, FIGSIZE[1]), sharey=True)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(MAX_WIDTH, 1.8 + 0.2 * len(report.rows)), sharey=True)
     names = [r.name for r in report.rows]
     idx = np.arange(len(names))
     left.barh(idx, [r.max_diff_rel / (2 * U_BF16) for r in report.rows], color=SYNC_SHADES[2])
     left.axvline(1.0, color=CONTROL_COLOR, ls="--", lw=1, label="bound 2u·M")
     left.set_xlabel("max |(1/R)Σ rnd(S_r) − rnd(Σ S_r)/R| / (2u·M)")
-    left.legend(fontsize=8, loc="lower right")
     right.barh(idx, [100 * r.differing for r in report.rows], color=OK_COLOR)
     right.set_xlabel("entries where the two differ (%)")
     left.set_yticks(idx)
-    left.set_yticklabels(names, fontsize=6)
+    left.set_yticklabels(names, fontsize=MIN_FONT)
     left.invert_yaxis()
-    fig.suptitle(f"{report.net} on {report.replicas} replicas, bf16 flag: the all-reduce averages "
+    fig.suptitle(f"{report.net} on {report.replicas} replicas, bf16 flag: the all-reduce averages\n"
                  f"rounded replica nodes, not a rounded sum", fontsize=10)
-    fig.tight_layout()
+    legend_below(fig, ncol=1)
     return fig
 
 
@@ -103,6 +100,5 @@ def figure_drift(report: DriftReport) -> plt.Figure:
     ax.set_xlabel("mean / standard deviation of the data, μ/σ")
     ax.set_ylabel(f"relative error of σ² ({report.dtype})")
     ax.set_title(f"E[x²] − μ² drifts as μ/σ grows; Chan's combine stays near {report.dtype} precision")
-    ax.legend(fontsize=8, loc="upper left")
-    fig.tight_layout()
+    legend_below(fig, ncol=2)
     return fig

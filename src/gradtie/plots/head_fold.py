@@ -5,25 +5,25 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ._style import OK_COLOR, CONTROL_COLOR, FIGSIZE
+from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR
 
 
 def fold_row(steps, example: int = 0) -> plt.Figure:
     """One example of `checks.head.FoldSteps`: p and t̃ side by side per class, and N·dy = p − t̃."""
     k = np.arange(steps.k)
     t_smooth = (1 - steps.alpha) * steps.targets[example] + steps.alpha / steps.k
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(FIGSIZE[0] + 1.0, 3.4))
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(MAX_WIDTH, 3.4))
     ax0.bar(k - 0.2, steps.p[example], width=0.4, color=OK_COLOR, label="p = softmaxRow(z)")
     ax0.bar(k + 0.2, t_smooth, width=0.4, color="0.6", label="t̃ = (1−α)t + α/K")
     ax0.set_xlabel("class k")
     ax0.set_ylabel("probability")
-    ax0.legend(fontsize=8)
+    ax0.legend(fontsize=MIN_FONT)
     ax1.bar(k, steps.n * steps.dy[example], color=OK_COLOR, label="N·dy (the six kit ops)")
     ax1.plot(k, steps.p[example] - t_smooth, "k_", ms=18, mew=2, label="p − t̃")
     ax1.axhline(0, color="0.5", lw=0.8)
     ax1.set_xlabel("class k")
     ax1.set_ylabel("cotangent × N")
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=MIN_FONT)
     fig.suptitle(f"The fold lands on (p − t̃)/N (example {example}, N = {steps.n}, K = {steps.k}, "
                  f"α = {steps.alpha:g})", fontsize=10)
     fig.tight_layout()
@@ -43,14 +43,14 @@ def fold_ties(tables: dict, limit: float,
             color=[OK_COLOR if ok else CONTROL_COLOR for _, _, ok in rows])
     for yi, (_, r, _) in zip(y, rows):
         if r == 0:
-            ax.text(floor * 2, yi, "exact 0", va="center", fontsize=7, color=OK_COLOR)
+            ax.text(floor * 2, yi, "exact 0", va="center", fontsize=MIN_FONT, color=OK_COLOR)
     ax.axvline(limit, color="k", ls="--", lw=1, label=f"limit {limit:.0e} (float64 node vs autodiff)")
     ax.set_xscale("log")
     ax.set_xlim(floor, 1e2)
-    ax.set_yticks(y, [label for label, _, _ in rows], fontsize=7)
+    ax.set_yticks(y, [label for label, _, _ in rows], fontsize=MIN_FONT)
     ax.set_xlabel("max |rendered − autodiff| / max |autodiff|   (exact zeros at the left edge)")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=MIN_FONT, loc="lower right")
     fig.tight_layout()
     return fig
 
@@ -69,13 +69,13 @@ def smoothed_minimum(curve, upstream: float = 0.485) -> plt.Figure:
     inset = ax.child_axes[0]
     inset.set_xlim(curve.best_margin - 1.5, curve.best_margin + 1.5)
     inset.set_ylim(upstream - 0.01, curve.entropy + 0.03)
-    inset.tick_params(labelsize=7)
+    inset.tick_params(labelsize=MIN_FONT)
     ax.indicate_inset_zoom(inset, edgecolor="0.5")
     ax.set_ylim(0.4, min(2.5, float(np.max(curve.losses)) + 0.1))
     ax.set_xlabel("logit margin m (the label's logit above the others, which are 0)")
     ax.set_ylabel("loss (nats)")
     ax.set_title(f"α = {curve.alpha:g}, K = {curve.num_classes}: the loss never goes below "
                  f"H(t̃) = {curve.entropy:.4f}; {upstream} is out of reach", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=MIN_FONT, loc="upper left")
     fig.tight_layout()
     return fig

@@ -1,6 +1,6 @@
 """The Performance appendix's figures: functions take committed results and return a Figure.
 
-The rendered step in blue, the autodiff step in grey, limits and budgets as dashed lines, anything
+The rendered step in blue, the autodiff step in grey, limits as dashed lines, anything
 over its limit in red. Shown in: Performance.
 """
 
@@ -11,10 +11,22 @@ from typing import Mapping, Optional, Sequence
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
+from matplotlib.ticker import NullFormatter
+
+from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR, legend_below
 
 AUTODIFF_COLOR = "0.45"
 GROUPS = (("cifar8", 32), ("resnet34", 32), ("resnet34", 64))
+
+
+def _ticks(ax, values, most: int = 4) -> None:
+    """Tick labels on a log x axis at `values`, at most `most` of them labelled (every k-th, the
+    last always), and no minor labels: on a panel a third of the column wide, more collide."""
+    values = sorted(set(values))
+    step = max(1, -(-len(values) // most))
+    ax.set_xticks(values, [str(v) if (len(values) - 1 - i) % step == 0 else "" for i, v in enumerate(values)])
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.yaxis.set_minor_formatter(NullFormatter())
 
 
 def _group(results, net: str, size: int, replicas: int):
@@ -27,7 +39,7 @@ def figure_time_memory(results: Sequence) -> plt.Figure:
     """ms per step (top) and XLA's compiled temporary memory (bottom) against the batch, for each
     net and image size: the rendered step (blue) under autodiff (grey) on one device (solid) and on
     two host devices (dashed, the batch per replica)."""
-    fig, axes = plt.subplots(2, len(GROUPS), figsize=(10.5, 6.0), sharex="col")
+    fig, axes = plt.subplots(2, len(GROUPS), figsize=(MAX_WIDTH, 6.4), sharex="col")
     for col, (net, size) in enumerate(GROUPS):
         for replicas, ls, marker in ((1, "-", "o"), (2, "--", "s")):
             rows = _group(results, net, size, replicas)
@@ -45,13 +57,12 @@ def figure_time_memory(results: Sequence) -> plt.Figure:
                                     color=AUTODIFF_COLOR)
         axes[0, col].set_title(f"{net}, {size} px", fontsize=10)
         axes[1, col].set_xlabel("batch (per replica)")
-        axes[0, col].set_xticks(sorted({r.config.batch for r in results if r.config.net == net}))
-        axes[0, col].get_xaxis().set_major_formatter(plt.ScalarFormatter())
+        for row in (0, 1):
+            _ticks(axes[row, col], [r.config.batch for r in results if r.config.net == net])
     axes[0, 0].set_ylabel("ms per step (median)")
     axes[1, 0].set_ylabel("temporary memory (MiB)")
-    axes[0, 0].legend(fontsize=7)
-    fig.suptitle("The rendered step is faster than autodiff and needs less temporary memory (CPU)")
-    fig.tight_layout()
+    fig.suptitle("The rendered step is faster than autodiff\nand needs less temporary memory (CPU)", fontsize=11)
+    legend_below(fig, ncol=2)
     return fig
 
 
@@ -66,65 +77,12 @@ def figure_ratios(results: Sequence, limit: float, upstream: Mapping[str, float]
     ax.axvline(1.0, color="0.5", ls=":", lw=1, label="parity")
     for (name, value), ls in zip(upstream.items(), ("-.", (0, (5, 1, 1, 1)))):
         ax.axvline(value, color="tab:orange", ls=ls, lw=1.2, label=f"upstream {name}: {value:g}")
-    ax.set_yticks(y, labels, fontsize=8)
+    ax.set_yticks(y, labels, fontsize=MIN_FONT)
     ax.set_xlabel("rendered / autodiff (ms per step)")
     ax.set_xlim(0, max(1.5, ratios.max() * 1.05))
-    ax.set_title("Every configuration under the limit; upstream's render was slower than autodiff")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
+    ax.set_title("Every configuration under the limit;\nupstream's render was slower than autodiff", fontsize=11)
+    legend_below(fig, ncol=2)
     return fig
-
-
-def figure_fit(owners: Mapping[str, float], limit_gib: float) -> plt.Figure:
-    """The largest compiled footprint of each chapter's (and the benchmark's) gpu profile against
-    the limit one accelerator allows."""
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    names = list(owners)
-    gib = np.array([owners[n] for n in names])
-    y = np.arange(len(names))[::-1]
-    ax.barh(y, gib, color=[OK_COLOR if g <= limit_gib else CONTROL_COLOR for g in gib], height=0.6)
-    ax.axvline(limit_gib, color="0.2", ls="--", lw=1, label=f"limit {limit_gib:g} GiB")
-    ax.set_yticks(y, names, fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("largest computation: arguments + outputs + temporaries (GiB, log scale)")
-    ax.set_title("Every gpu profile fits one accelerator (abstract compile, no data)")
-    ax.legend(fontsize=8, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def figure_budgets(budgets: Sequence[Mapping]) -> plt.Figure:
-    """Wall time of the checker and of CI: before (the issue's measurement), after (when measured)
-    and the budget."""
-    fig, ax = plt.subplots(figsize=FIGSIZE)
-    y = np.arange(len(budgets))[::-1]
-    before = [_seconds(b.get("before_s")) for b in budgets]
-    after = [_seconds(b.get("after_s")) for b in budgets]
-    ax.barh(y + 0.18, [v or 0 for v in before], height=0.34, color=AUTODIFF_COLOR, label="before (issue 11)")
-    ax.barh(y - 0.18, [v or 0 for v in after], height=0.34,
-            color=[OK_COLOR if (v or 0) <= b["target_s"] else CONTROL_COLOR for v, b in zip(after, budgets)],
-            label="after")
-    for yi, b, v in zip(y, budgets, after):
-        ax.plot([b["target_s"]] * 2, [yi - 0.45, yi + 0.45], color="0.1", ls="--", lw=1.2)
-        if v is None:
-            ax.text(1.2, yi - 0.18, "not measured yet", va="center", fontsize=7, color="0.3")
-    ax.plot([], [], color="0.1", ls="--", lw=1.2, label="budget")
-    ax.set_yticks(y, [b["what"] for b in budgets], fontsize=8)
-    ax.set_xscale("log")
-    ax.set_xlabel("wall time on an idle 2-core CPU (s, log scale)")
-    ax.set_title("The checker's and CI's time budgets")
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    return fig
-
-
-def _seconds(v) -> Optional[float]:
-    """A measurement in seconds: a number, a [low, high] range (its middle) or None."""
-    if v is None:
-        return None
-    if isinstance(v, (list, tuple)):
-        return float(np.mean(v))
-    return float(v)
 
 
 def figure_gpu(results: Sequence) -> plt.Figure:
@@ -134,11 +92,10 @@ def figure_gpu(results: Sequence) -> plt.Figure:
     x = np.arange(len(results))
     ax.bar(x - 0.2, [r.images_per_s[0] for r in results], width=0.4, color=OK_COLOR, label="rendered")
     ax.bar(x + 0.2, [r.images_per_s[1] for r in results], width=0.4, color=AUTODIFF_COLOR, label="autodiff")
-    ax.set_xticks(x, labels, fontsize=7, rotation=15)
+    ax.set_xticks(x, labels, fontsize=MIN_FONT, rotation=15)
     ax.set_ylabel("images / s")
     ax.set_title(f"ResNet-34 at 224 px on {results[0].device_kind}")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    legend_below(fig, ncol=2)
     return fig
 
 
@@ -154,7 +111,7 @@ def figure_peers(rows: Sequence) -> plt.Figure:
     axes_of = (("cifar8", "batch", lambda r: r.config.net == "cifar8"),
                ("resnet34, 64 px", "batch", lambda r: r.config.net == "resnet34" and r.config.image_size == 64),
                ("resnet34, batch 8", "image side (px)", lambda r: r.config.net == "resnet34" and r.config.batch == 8))
-    fig, axes = plt.subplots(2, len(axes_of), figsize=(11.0, 6.2), sharex="col")
+    fig, axes = plt.subplots(2, len(axes_of), figsize=(MAX_WIDTH, 6.6), sharex="col")
     for col, (title, xlabel, keep) in enumerate(axes_of):
         group = sorted((r for r in rows if keep(r)),
                        key=lambda r: r.config.batch if xlabel == "batch" else r.config.image_size)
@@ -167,14 +124,13 @@ def figure_peers(rows: Sequence) -> plt.Figure:
             axes[0, col].loglog(x, [r.ms(side) / r.config.batch for _, r in have], "-", marker=marker,
                                 color=color, label=label)
             axes[1, col].semilogx(x, [r.sides[side].peak_rss_mib for _, r in have], "-", marker=marker, color=color)
-        axes[0, col].set_title(title)
+        axes[0, col].set_title(title, fontsize=10)
         axes[1, col].set_xlabel(xlabel)
-        axes[0, col].set_xticks(xs, [str(v) for v in xs])
-        axes[1, col].set_xticks(xs, [str(v) for v in xs])
+        for row in (0, 1):
+            _ticks(axes[row, col], xs)
     axes[0, 0].set_ylabel("ms per image")
     axes[1, 0].set_ylabel("peak resident MiB (process)")
-    axes[0, 0].legend(fontsize=7)
-    fig.tight_layout()
+    legend_below(fig, ncol=3)
     return fig
 
 
@@ -191,10 +147,9 @@ def figure_limit_fraction(rows: Sequence, goal: Optional[float] = None) -> plt.F
         ax.bar(np.arange(len(rows)) + (i - (len(sides) - 1) / 2) * width, vals, width, color=color, label=label)
     if goal is not None:
         ax.axhline(goal, ls="--", color=CONTROL_COLOR, lw=1, label=f"goal {goal} (resnet34 batch 32, 64 px)")
-    ax.set_xticks(np.arange(len(rows)), labels, rotation=30, ha="right", fontsize=7)
+    ax.set_xticks(np.arange(len(rows)), labels, rotation=30, ha="right", fontsize=MIN_FONT)
     ax.set_ylabel("fraction of the matmul's GFLOP/s")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    legend_below(fig, ncol=2)
     return fig
 
 
@@ -203,7 +158,7 @@ def figure_conv_floor(rows: Sequence, peer_rows: Sequence = ()) -> plt.Figure:
     convolutions channels-last, PyTorch's), PyTorch's whole step and, where the peer run has it, the
     rendered step; the goal (0.95 × PyTorch's step) as a dash. Right: each conv site of the largest
     configuration, GFLOP/s of its nodes timed alone, gradtie against PyTorch."""
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11.0, 4.2), gridspec_kw={"width_ratios": [1.3, 1]})
+    fig, (left, right) = plt.subplots(2, 1, figsize=(MAX_WIDTH, 9.0), gridspec_kw={"height_ratios": [1, 1.2]})
     rendered = {(r.config.net, r.config.batch, r.config.image_size): r.ms("rendered") for r in peer_rows}
     series = (("gradtie's conv ops (NCHW)", PEER_STYLE["rendered"][0], lambda r: r.floor_ms("nchw")),
               ("XLA's convolutions, NHWC", PEER_STYLE["jax-nhwc"][0], lambda r: r.floor_ms("nhwc")),
@@ -223,19 +178,17 @@ def figure_conv_floor(rows: Sequence, peer_rows: Sequence = ()) -> plt.Figure:
         if step is not None:
             left.plot([i], [step / r.config.batch], "o", color="k", ms=4, label="rendered step" if i == 0 else None)
     left.set_yscale("log")
-    left.set_xticks(x, [r.config.label() for r in rows], rotation=30, ha="right", fontsize=7)
+    left.set_xticks(x, [r.config.label() for r in rows], rotation=30, ha="right", fontsize=MIN_FONT)
     left.set_ylabel("ms per image")
-    left.legend(fontsize=7)
     big = max(rows, key=lambda r: sum(s.count * s.step_gflop() for s in r.sites))
     sites = big.site_gflops()
     y = np.arange(len(sites))
     right.barh(y - 0.2, [g for _, g, _ in sites], 0.4, color=PEER_STYLE["rendered"][0], label="gradtie's conv nodes")
     if all(t is not None for _, _, t in sites):
         right.barh(y + 0.2, [t for _, _, t in sites], 0.4, color=PEER_STYLE["torch"][0], label="PyTorch")
-    right.set_yticks(y, [s.label() for s, _, _ in sites], fontsize=7)
+    right.set_yticks(y, [s.label() for s, _, _ in sites], fontsize=MIN_FONT)
     right.invert_yaxis()
     right.set_xlabel("GFLOP/s of the site's nodes")
-    right.set_title(big.config.label(), fontsize=9)
-    right.legend(fontsize=7)
-    fig.tight_layout()
+    right.set_title(f"each conv site of {big.config.label()}", fontsize=MIN_FONT + 1)
+    legend_below(fig, ncol=2)
     return fig

@@ -13,7 +13,7 @@ from matplotlib.ticker import MaxNLocator
 import numpy as np
 
 from ..train import RUNNING_MOMENTUM, Tracking
-from ._style import CONTROL_COLOR, FIGSIZE, OK_COLOR
+from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR, legend_below
 
 AUTODIFF_COLOR = "tab:orange"
 OPTIMIZER_COLORS = {"sgd": "tab:green", "nesterov": OK_COLOR, "heavy-ball": "tab:purple", "adamw": "tab:brown"}
@@ -24,14 +24,13 @@ def side_by_side(tr: Tracking) -> plt.Figure:
     autodiff step's distance from the rendered step (both from the rendered run's state) under the
     bound, the control's far above it, the free runs' drift for comparison, and dotted lines at the
     steps taken where no gradient exists."""
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(FIGSIZE[0] + 7.0, FIGSIZE[1]),
-                                   gridspec_kw={"width_ratios": (1.0, 1.25)})
+    fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(MAX_WIDTH, 8.4), sharex=True,
+                                   gridspec_kw={"height_ratios": (1.0, 1.4)})
     ax0.plot(tr.steps, tr.loss["rendered"], color=OK_COLOR, lw=1.6, label="rendered step")
     ax0.plot(tr.steps, tr.loss["autodiff"], color=AUTODIFF_COLOR, lw=1.0, ls="--", label="autodiff step")
-    ax0.set_xlabel("step")
     ax0.set_ylabel("batch loss (nats)")
     ax0.set_title("Two free runs: the same training curve", fontsize=10)
-    ax0.legend(fontsize=8)
+    ax0.legend(fontsize=MIN_FONT)
 
     floor = 1e-12   # an exact 0 drawn at the bottom of the log axis
     ax1.semilogy(tr.steps, np.maximum(tr.distance["autodiff"], floor), ".", color=AUTODIFF_COLOR, ms=4,
@@ -47,9 +46,8 @@ def side_by_side(tr: Tracking) -> plt.Figure:
     ax1.set_xlabel("step")
     ax1.set_ylabel("‖θ − θ_rendered‖₂ / ‖θ_rendered‖₂")
     ax1.set_title("Each step: autodiff within round-off of the rendered step", fontsize=10)
-    ax1.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
     fig.suptitle(f"Rendered vs autodiff over the first {len(tr.steps)} steps ({tr.dtype})", fontsize=11)
-    fig.tight_layout()
+    legend_below(fig, [ax1], ncol=2)
     return fig
 
 
@@ -70,17 +68,17 @@ def bn_statistics_gap(history: Sequence[Mapping]) -> plt.Figure:
     ax.set_xticks(epochs)
     ax2 = ax.twinx()
     ax2.plot(epochs, (1 - RUNNING_MOMENTUM) ** steps, color=CONTROL_COLOR, ls="--", lw=0.8, alpha=0.6)
-    ax2.set_ylabel(f"share of old statistics left, {1 - RUNNING_MOMENTUM:g}^step (dashed)", fontsize=8)
+    ax2.set_ylabel(f"share of old statistics left, {1 - RUNNING_MOMENTUM:g}^step (dashed)", fontsize=MIN_FONT)
     ax2.set_ylim(0, 1.02)
     ax.set_title("The running statistics lag the weights; recomputed ones read the model", fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=MIN_FONT, loc="lower right")
     fig.tight_layout()
     return fig
 
 
 def optimizers(histories: Mapping[str, Sequence[Mapping]]) -> plt.Figure:
     """Mean training loss and test accuracy (recomputed statistics) per epoch, one line per optimizer."""
-    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(FIGSIZE[0] + 3.0, FIGSIZE[1]))
+    fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(MAX_WIDTH, FIGSIZE[1]))
     for name, history in histories.items():
         epochs = [h["epoch"] for h in history]
         color = OPTIMIZER_COLORS.get(name)
@@ -90,7 +88,7 @@ def optimizers(histories: Mapping[str, Sequence[Mapping]]) -> plt.Figure:
     ax0.set_ylabel("mean training loss (nats)")
     ax1.set_xlabel("epoch")
     ax1.set_ylabel("test accuracy (recomputed BN statistics)")
-    ax1.legend(fontsize=8)
+    ax1.legend(fontsize=MIN_FONT)
     for ax in (ax0, ax1):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     fig.suptitle("The four update rules on the rendered gradient, at upstream's learning rates", fontsize=11)
@@ -107,7 +105,7 @@ def step_tie(ties: Sequence, controls: Sequence = ()) -> plt.Figure:
     tensor by tensor (updated tensors, then momentum buffers, then running statistics), at every
     step (light: step 1, dark: the last), under the dashed line at 1; the control of the same panel
     in red, far above it."""
-    fig, axes = plt.subplots(1, len(ties), figsize=(FIGSIZE[0] + 4.0, FIGSIZE[1]), squeeze=False)
+    fig, axes = plt.subplots(1, len(ties), figsize=(MAX_WIDTH, FIGSIZE[1] + 0.6), squeeze=False)
     floor = 1e-6   # an exact 0 drawn at the bottom of the log axis
     for k, (ax, rep) in enumerate(zip(axes[0], ties)):
         ctrl = controls[k] if k < len(controls) else None
@@ -130,11 +128,11 @@ def step_tie(ties: Sequence, controls: Sequence = ()) -> plt.Figure:
             offset += n + 6
             ax.axvline(offset - 3, color="0.8", lw=0.8)
         ax.axhline(1.0, color="k", ls="--", lw=1, label="limit")
-        ax.set_xticks([t for t, _ in ticks], [lab for _, lab in ticks], fontsize=7)
+        ax.set_xticks([t for t, _ in ticks], [lab for _, lab in ticks], fontsize=MIN_FONT)
         ax.set_xlim(-3, offset - 3)
         ax.set_ylabel("error / limit")
         ax.set_title(f"{rep.net}, {rep.recipe}: {rep.tensors} tensors, {len(rep.steps)} steps", fontsize=9)
-        ax.legend(fontsize=7, loc="center right")
+        ax.legend(fontsize=MIN_FONT, loc="center right")
     fig.suptitle("The rendered train step against optax on autodiff: every tensor under its limit", fontsize=11)
     fig.tight_layout()
     return fig

@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from ..checks.tie import is_beta
-from ._style import OK_COLOR, CONTROL_COLOR, FIGSIZE
+from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR, legend_below
 
 
 def _backward_rows(report):
@@ -42,11 +42,10 @@ def tie_nodes(reports, labels=None,
         ax.set_xlim(-1, len(rows))
         ax.set_ylim(1e-18, max(1e-8, 10 * limit.max()))
         ax.set_ylabel("relative error")
-        ax.set_title(f"{label}: loss, {len(report.nodes)} nodes, input", fontsize=9)
-        ax.legend(fontsize=6, loc="lower left", ncol=2)
+        ax.set_title(f"{label}: loss, {len(report.nodes)} nodes, input", fontsize=MIN_FONT)
     axes[-1, 0].set_xlabel("row, in backward order (loss, head first, input cotangent last)")
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    legend_below(fig, ncol=2)
     return fig
 
 
@@ -71,11 +70,11 @@ def float32_envelopes(reports, labels=None,
                             ms=3, color=color, alpha=0.8, label=label if i == 0 or kind == "FAILED" else None)
     ax.axvline(factor, color="0.3", ls="--", lw=1, label=f"limit: {factor:g} envelopes")
     ax.set_yticks(range(len(reports)))
-    ax.set_yticklabels(labels[::-1], fontsize=8)
+    ax.set_yticklabels(labels[::-1], fontsize=MIN_FONT)
     ax.set_xlabel("float32 error / float32 round-off envelope (per node)")
     handles, names = ax.get_legend_handles_labels()
     keep = dict(zip(names, handles))
-    ax.legend(keep.values(), keep.keys(), fontsize=7, loc="center")   # the empty decades between
+    ax.legend(keep.values(), keep.keys(), fontsize=MIN_FONT, loc="center")   # the empty decades between
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
@@ -87,7 +86,7 @@ def stage_ratios(panels: dict, title: str = "Each stage ties to its own VJP; a p
     Per piece in backward order (the loss cotangent, the head … the first stage) the worst row's
     error over its limit: the real chain in blue, the planted one in red, the stage where it first
     parts named."""
-    fig, axes = plt.subplots(len(panels), 1, figsize=(FIGSIZE[0] + 1.0, 0.8 + 2.4 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(len(panels), 1, figsize=(MAX_WIDTH, 1.2 + 2.6 * len(panels)), squeeze=False)
     for ax, (label, (real, planted)) in zip(axes[:, 0], panels.items()):
         pieces = real.backward_order()
         x = np.arange(len(pieces))
@@ -101,17 +100,16 @@ def stage_ratios(panels: dict, title: str = "Each stage ties to its own VJP; a p
             if parting is not None:
                 i = [t.net for t in bad].index(parting.stage)
                 ax.annotate(f"first parts at {parting.stage}", (i, pr[i]), xytext=(0.55, 0.9),
-                            textcoords="axes fraction", fontsize=7, color=CONTROL_COLOR, va="top",
+                            textcoords="axes fraction", fontsize=MIN_FONT, color=CONTROL_COLOR, va="top",
                             arrowprops=dict(arrowstyle="->", color=CONTROL_COLOR, lw=0.8))
         ax.axhline(1.0, color="0.3", ls="--", lw=1, label="limit")
         ax.set_xticks(x)
-        ax.set_xticklabels([t.net for t in pieces], rotation=60, ha="right", fontsize=6)
+        ax.set_xticklabels([t.net for t in pieces], rotation=60, ha="right", fontsize=MIN_FONT)
         ax.set_ylim(1e-9, max(1e3, 10 * ratio.max()) if planted is None else 1e16)
-        ax.set_ylabel("worst error / limit", fontsize=8)
-        ax.set_title(label, fontsize=9)
-        ax.legend(fontsize=7, loc="center right")
+        ax.set_ylabel("worst error / limit", fontsize=MIN_FONT)
+        ax.set_title(label, fontsize=MIN_FONT)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    legend_below(fig, ncol=2)
     return fig
 
 
@@ -128,13 +126,13 @@ def sweep_ratios(sweeps, title: str = "Every batch size ties: worst error over i
         for r, y in zip(rows, ratio):
             small = r.tie.smallest_bn()
             if small is not None:
-                ax.annotate(f"M={small[1]}", (r.n, y), xytext=(3, 4), textcoords="offset points", fontsize=6)
+                ax.annotate(f"M={small[1]}", (r.n, y), xytext=(3, 4), textcoords="offset points", fontsize=MIN_FONT)
     ax.axhline(1.0, color="0.3", ls="--", lw=1, label="limit (10 × envelope, floored)")
     ax.set_xlabel("batch size N")
     ax.set_ylabel("worst error / limit (all rows)")
     ax.set_xticks(sorted({r.n for sw in sweeps for r in sw.rows}))
     ax.set_ylim(1e-8, 10)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=MIN_FONT, loc="lower right")
     ax.set_title(title, fontsize=10)
     fig.tight_layout()
     return fig
