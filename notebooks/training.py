@@ -72,7 +72,7 @@ cifar10_path: str = ""  # cifar-10-batches-py or -bin folder; empty skips CIFAR-
 tie_batch: int = 4    # photos per step in the two step ties (the last section)
 image_size: int = 32  # their side in pixels
 conv_bias: bool = False  # True: the 146-tensor ResNet-34 step (a bias on every conv)
-replicas: int = 4     # host devices of the data-parallel run (the section Every device, every host)
+replicas: int = 4     # host devices of the data-parallel run (Every device, every host)
 
 # %% tags=["hide-input"]
 p = book.validated(
@@ -368,41 +368,107 @@ else:
 # %%
 scale_dir = Path(tempfile.mkdtemp(prefix="gradtie-scale-"))
 per_replica = 4
-scale_command = [sys.executable, "-m", "gradtie", "train", "--net", "cifar8", "--head-width", "32",
-                 "--data", "digits", "--n-train", str(4 * p.replicas * per_replica), "--n-test", "64",
-                 "--epochs", "1", "--precise-batches", "1", "--dtype", "float64", "--seed", str(p.seed)]
-scale_runs = {"mesh": ["--replicas", str(p.replicas), "--batch", str(per_replica)],
-              "per-replica BN": ["--replicas", str(p.replicas), "--batch", str(per_replica), "--no-sync-bn"],
-              "one device": ["--replicas", "1", "--batch", str(p.replicas * per_replica)]}
+scale_command = [
+    sys.executable,
+    "-m",
+    "gradtie",
+    "train",
+    "--net",
+    "cifar8",
+    "--head-width",
+    "32",
+    "--data",
+    "digits",
+    "--n-train",
+    str(4 * p.replicas * per_replica),
+    "--n-test",
+    "64",
+    "--epochs",
+    "1",
+    "--precise-batches",
+    "1",
+    "--dtype",
+    "float64",
+    "--seed",
+    str(p.seed),
+]
+scale_runs = {
+    "mesh": ["--replicas", str(p.replicas), "--batch", str(per_replica)],
+    "per-replica BN": [
+        "--replicas",
+        str(p.replicas),
+        "--batch",
+        str(per_replica),
+        "--no-sync-bn",
+    ],
+    "one device": ["--replicas", "1", "--batch", str(p.replicas * per_replica)],
+}
 # the three commands at once, each on this CPU's host devices
-launched = {name: subprocess.Popen(scale_command + args + ["--out", str(scale_dir / name)], text=True,
-                                   env={**os.environ, "JAX_PLATFORMS": "cpu"}, stdout=subprocess.PIPE,
-                                   stderr=subprocess.PIPE)
-            for name, args in scale_runs.items()}
-finished = {name: (*proc.communicate(), proc.returncode) for name, proc in launched.items()}
-assert all(code == 0 for _, _, code in finished.values()), {n: e[-800:] for n, (_, e, c) in finished.items() if c}
-scale_params = {name: train.checkpoint_params(scale_dir / name, cifar8.NET)[0] for name in scale_runs}
-scale_last = {name: json.loads((scale_dir / name / train.METRICS).read_text().splitlines()[-1]) for name in scale_runs}
+launched = {
+    name: subprocess.Popen(
+        scale_command + args + ["--out", str(scale_dir / name)],
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    for name, args in scale_runs.items()
+}
+finished = {
+    name: (*proc.communicate(), proc.returncode) for name, proc in launched.items()
+}
+assert all(code == 0 for _, _, code in finished.values()), {
+    n: e[-800:] for n, (_, e, c) in finished.items() if c
+}
+scale_params = {
+    name: train.checkpoint_params(scale_dir / name, cifar8.NET)[0]
+    for name in scale_runs
+}
+scale_last = {
+    name: json.loads((scale_dir / name / train.METRICS).read_text().splitlines()[-1])
+    for name in scale_runs
+}
 reference = scale_params["one device"]
-distances = {name: train.tensor_distances(scale_params[name], reference, skip=set(zero_in_reals(reference)))
-             for name in ("mesh", "per-replica BN")}
+distances = {
+    name: train.tensor_distances(
+        scale_params[name], reference, skip=set(zero_in_reals(reference))
+    )
+    for name in ("mesh", "per-replica BN")
+}
 for name, d in distances.items():
-    print(f"{name} ({scale_last[name]['devices']} devices): worst tensor {max(d, key=d.get)} at "
-          f"{max(d.values()):.1e}; test accuracy {scale_last[name]['test_accuracy']:.4f}")
+    print(
+        f"{name} ({scale_last[name]['devices']} devices): worst tensor"
+        f" {max(d, key=d.get)} at {max(d.values()):.1e}; test accuracy"
+        f" {scale_last[name]['test_accuracy']:.4f}"
+    )
 print(f"one device: test accuracy {scale_last['one device']['test_accuracy']:.4f}")
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 mesh_limit = tol.FLOORS["float64"]
 worst = {name: max(d.values()) for name, d in distances.items()}
-same_figures = all(scale_last["mesh"][k] == scale_last["one device"][k]
-                   for k in ("test_accuracy", "test_top5", "test_accuracy_running", "train_accuracy"))
-print(f"{p.replicas} replicas × {per_replica} against one device at {p.replicas * per_replica}, float64, "
-      f"{scale_last['mesh']['step']} steps: every tensor within {mesh_limit:g}: {worst['mesh'] <= mesh_limit}")
-print(f"the mesh's evaluation counts the same hits (top-1, top-5, running statistics) and the same "
-      f"training accuracy: {same_figures}")
-print(f"control, per-replica BatchNorm: some tensor off by more than 1e-3: {worst['per-replica BN'] > 1e-3}")
-book.glue("mesh_run", (p.replicas, per_replica, worst["mesh"] <= mesh_limit),
-          "{} replicas × {} within the float64 floor of one device at the same global batch: {}")
+same_figures = all(
+    scale_last["mesh"][k] == scale_last["one device"][k]
+    for k in ("test_accuracy", "test_top5", "test_accuracy_running", "train_accuracy")
+)
+print(
+    f"{p.replicas} replicas × {per_replica} against one device at"
+    f" {p.replicas * per_replica}, float64, {scale_last['mesh']['step']} steps: every"
+    f" tensor within {mesh_limit:g}: {worst['mesh'] <= mesh_limit}"
+)
+print(
+    "the mesh's evaluation counts the same hits (top-1, top-5, running statistics) and"
+    f" the same training accuracy: {same_figures}"
+)
+print(
+    "control, per-replica BatchNorm: some tensor off by more than 1e-3:"
+    f" {worst['per-replica BN'] > 1e-3}"
+)
+book.glue(
+    "mesh_run",
+    (p.replicas, per_replica, worst["mesh"] <= mesh_limit),
+    "{} replicas × {} within the float64 floor of one device at the same global"
+    " batch: {}",
+)
 assert worst["mesh"] <= mesh_limit and same_figures
 assert worst["per-replica BN"] > 1e-3
 
@@ -441,12 +507,20 @@ plt.show()
 # one; `gradtie bench --input` measures the same on any folder.
 
 # %%
-photo_folder = folder.write_photo_folder(scale_dir / "photos", per_class=16, val_per_class=1, size=(500, 375))
-input_rates = [pipeline.measure(photo_folder.train, workers=w, size=224, batch=16, batches=4) for w in (0, 1)]
+photo_folder = folder.write_photo_folder(
+    scale_dir / "photos", per_class=16, val_per_class=1, size=(500, 375)
+)
+input_rates = [
+    pipeline.measure(photo_folder.train, workers=w, size=224, batch=16, batches=4)
+    for w in (0, 1)
+]
 for rate in input_rates:
     print(rate.row())
-print(f"the mesh run's step alone, cifar8 at 32 px: {scale_last['mesh']['step_images_per_second_per_device']:.0f} "
-      f"images/s per device")
+print(
+    "the mesh run's step alone, cifar8 at 32 px:"
+    f" {scale_last['mesh']['step_images_per_second_per_device']:.0f} images/s per"
+    " device"
+)
 assert all(r.images_per_second > 0 for r in input_rates)
 
 # %% [markdown]
