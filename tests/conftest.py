@@ -47,8 +47,9 @@ def pytest_configure(config):
 # waited on them. Worker seconds of `make test`'s unit tests on a warm cache, 2-core CPU: 71, 36, 35,
 # 32, 27, 25, 25, 20, 19 in this order, and every other file under 14.
 FIRST = ("tests/test_parallel.py", "tests/nets/test_resnet34.py", "tests/checks/test_step.py",
-         "tests/checks/test_stages.py", "tests/checks/test_bf16.py", "tests/checks/test_bugs.py",
-         "tests/checks/test_census.py", "tests/test_cli_check.py", "tests/test_cli.py")
+         "tests/checks/test_stages.py", "tests/checks/test_bf16.py", "tests/checks/test_policies.py",
+         "tests/test_api.py", "tests/test_train_mesh.py", "tests/checks/test_bugs.py",
+         "tests/checks/test_census.py", "tests/test_intro.py", "tests/test_cli_check.py", "tests/test_cli.py")
 
 
 # `make test` runs nbval's chapters and the unit tests in one session (`--dist loadscope`: each
