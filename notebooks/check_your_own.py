@@ -23,8 +23,9 @@
 # (`gradtie.nets.protocol`): a list of stages, each with its forward and, beside it, its rendered
 # backward, which calls every op through the kit it is handed.
 #
-# **Everything in this chapter is beyond the suite.** The suite states nothing about this net: no
-# named hypothesis, no theorem. What carries over is the method — a census of the point, a tie of
+# **Everything in this chapter but its last section is beyond the suite.** The suite states nothing
+# about this net: no named hypothesis, no theorem. (The last section puts blocks of our own into
+# ResNet-34's sixteen slots, which `r34InputGradB_correct` quantifies over.) What carries over is the method — a census of the point, a tie of
 # every node to autodiff within the point's own round-off envelope, finite differences of the whole
 # loss, and planted bugs that must go red — and `gradtie check --net examples/bottleneck.py:NET`
 # runs it from the command line with the same exit codes.
@@ -61,6 +62,9 @@ key = jax.random.key(p.seed)
 params = {k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()}
 x = images("photos", p.batch, p.image_size, seed=p.seed)
 t = targets_matrix((jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64)
+# what every figure below is glued with (`book.At`): the point it was computed at
+at_own = dict(net="bottleneck example", image_size=p.image_size, batch=p.batch, classes=cfg.num_classes,
+              data="photos", dtype="float64", weights="drawn")
 
 # %% [markdown]
 # ## The net, as the protocol reads it
@@ -110,7 +114,8 @@ print(report.tie.table())
 print(f"exit code {report.exit_code}; {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes "
       f"tied, input gradient {report.tie.row('input').verdict}; finite differences: "
       f"{sum(r.verdict == 'FAILED' for r in report.fd_rows)} failed of {len(report.fd_rows)}")
-book.glue("own_tied", (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)), "{}/{} nodes tied")
+book.glue("own_tied", (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)), "{}/{} nodes tied",
+          at=book.At(**at_own, alpha=0.0, census=book.census_verdicts(smooth)))
 assert report.exit_code == 0 and report.tie.tied
 
 # %% [markdown]
@@ -142,7 +147,7 @@ print(bugs.listing(net))
 caught = bugs.run(net, params, x, t, cfg, label_smoothing=0.1)
 print(caught.summary())
 print(caught.table())
-book.glue("own_bugs", caught.summary())
+book.glue("own_bugs", caught.summary(), at=book.At(**at_own, alpha=0.1, census=book.census_verdicts(smooth)))
 assert caught.ok and "depthwise_kernel_not_flipped" in {c.bug for c in caught.caught}
 
 # %%
@@ -188,22 +193,22 @@ assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 # %% [markdown]
 # ## Other blocks between ResNet-34's stem and head
 #
-# ```{admonition} Beyond the suite
-# `r34InputGradB_correct` is stated at 224 px, a literal. We run the stem and head at 32 px,
-# batch 2, to keep the chapter quick: the same maps, beyond the statement's literal resolution.
-# ```
-#
 # `r34InputGradB_correct` keeps ResNet-34's sixteen blocks opaque. They enter as VJP witnesses,
 # so the statement holds "for any block maps b1 … b16 carrying `HasVJPDiffAt` witnesses at their
-# running activations": only the stem and the head are ResNet-34's own. The protocol lets us fill
-# those slots with maps of our own, each with its own hand-written VJP: the identity; a scaled
-# residual y = x + α·conv(x; W), whose VJP is dx = dy + α·convBack(W; dy), dW = α·convWeightGrad(x; dy);
-# and a bottleneck block of the example net above, instantiated 64 → 512 channels at stride 2 so it
-# joins the stem's width to the head's. We put them between the certified stem and head
-# (`companions.stem_head_net`). The rendered chain (head backward, then the sixteen block
-# backwards, then the stem's) must equal `jax.vjp` of the composed forward, every node and the
-# input cotangent within ten times the point's measured envelope. The control swaps in one block
-# whose VJP forgets α in its input cotangent.
+# running activations": only the stem and the head are ResNet-34's own. But the slots are typed: at
+# the statement's literal 224 px, b1 … b3 map 64·56·56 to itself, b4 maps it to 128·28·28, b8 to
+# 256·14·14, b14 to 512·7·7, and the others keep their width. The protocol lets us fill those
+# slots with maps of our own that fit those types, each with its own hand-written VJP: the
+# identity; a scaled residual y = x + α·conv(x; W), whose VJP is dx = dy + α·convBack(W; dy),
+# dW = α·convWeightGrad(x; dy); and bottleneck blocks of the example net above, one at stride 1
+# (64 → 64) and three at stride 2 (64 → 128, 128 → 256, 256 → 512) where the slots change shape. We
+# put them between the certified stem and head (`companions.stem_head_net`) and run at 224 px, on
+# two N(0, 1) images (photos at 224 px meet the stem pool with saturated highlights: twin ties,
+# where `h_pool` fails). The census must find `h_stem`, `h_pool` and every block's ReLU off its
+# kink. The rendered chain (head backward, then the sixteen block backwards, then the stem's) must
+# equal `jax.vjp` of the composed forward, every node and the input cotangent within ten times the
+# point's measured envelope. The control swaps in one block whose VJP forgets α in its input
+# cotangent. This takes about a minute on a 2-core CPU.
 #
 # This chapter holds it because its subject is composing stages of your own through the protocol,
 # and the third net's block is loaded here.
@@ -212,17 +217,28 @@ assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 from gradtie import companions
 from gradtie.nets import resnet34
 
-block_cfg = example.Config(stem=resnet34.STEM_WIDTH, stages=((16, resnet34.WIDTHS[-1], 2),))
-slots = ([companions.identity_slot(), companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5),
-          companions.foreign_slot(net, block_cfg, "layer1.0")]
-         + [companions.identity_slot()] * 12 + [companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25)])
+# the example's bottlenecks at the slots' widths: b3 keeps 64, b4, b8 and b14 halve the side and
+# double the width, as ResNet-34's own downsample blocks do
+block_cfg = example.Config(stem=resnet34.STEM_WIDTH, stages=((16, 64, 1), (16, 128, 2), (32, 256, 2), (64, 512, 2)))
+identity, bottleneck = companions.identity_slot, (lambda i: companions.foreign_slot(net, block_cfg, f"layer{i}.0"))
+slots = [identity(), companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5), bottleneck(1),    # b1 … b3: 64·56·56
+         bottleneck(2), identity(), identity(), identity(),                                  # b4 … b7: 128·28·28
+         bottleneck(3), identity(), identity(), identity(), identity(), identity(),          # b8 … b13: 256·14·14
+         bottleneck(4), identity(), companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25)]  # b14 … b16: 512·7·7
 slots_bad = [slots[0], companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5, forget_alpha=True), *slots[2:]]
 between = companions.stem_head_net(slots)
 between_bad = companions.stem_head_net(slots_bad, name="scaled residual forgetting α")
 cfg_between = resnet34.Config(num_classes=10)
 params_between = {k: v.astype(jnp.float64) for k, v in between.init(key, cfg_between, weights="drawn").items()}
-x_between = images("photos", 2, 32, seed=p.seed)
+x_between = images("randn", 2, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)
 t_between = targets_matrix(jnp.asarray([1, 4]), 10, jnp.float64)
+blocks_smooth = census.smoothness(between, params_between, x_between, cfg_between)
+stem_pool = blocks_smooth.pools[0].counts          # h_pool: no stem-pool window tied, not even between twins
+h_pool = stem_pool["twin tie"] + stem_pool["non-twin tie"] == 0
+blocks_census = dict(book.census_verdicts(blocks_smooth), resnet34_input=h_pool and blocks_smooth.zeros == 0)
+# each slot's output, read off the stages at abstract shapes: the types of b1 … b16 at 224 px
+block_shapes = [r.output_shape[1:] for r in between.summary(params_between, cfg_between, x_between.shape)[1:-1]]
+SLOT_TYPES = [(64, 56, 56)] * 3 + [(128, 28, 28)] * 4 + [(256, 14, 14)] * 6 + [(512, 7, 7)] * 3
 blocks_tie = companions.other_blocks(between, params_between, x_between, t_between, cfg_between,
                                      label_smoothing=0.1, key=jax.random.fold_in(key, 7))
 blocks_bad = companions.other_blocks(between, params_between, x_between, t_between, cfg_between, label_smoothing=0.1,
@@ -232,12 +248,23 @@ blocks_bad = companions.other_blocks(between, params_between, x_between, t_betwe
 print("b1 … b16:", ", ".join(f"{k} ×{blocks_tie.slots.count(k)}" for k in dict.fromkeys(blocks_tie.slots)))
 print(f"stem, sixteen other blocks, head: {blocks_tie.report.summary().split('; worst')[0]}")
 print(f"control ({between_bad.name}): {blocks_bad.report.summary().split('; worst')[0]}")
+print(f"slot types at 224 px: {'as the statement types b1 … b16' if block_shapes == SLOT_TYPES else block_shapes}; "
+      f"census: {blocks_smooth.summary().split('; hypotheses')[0]}; h_stem, h_pool and the blocks' ReLUs off their kinks: "
+      f"{blocks_census['resnet34_input']}")
 print(book.glue("other_blocks", (len(blocks_tie.slots), sum(r.ok for r in blocks_tie.report.nodes),
                                  len(blocks_tie.report.nodes),
                                  "tied" if blocks_tie.report.row("input").ok else "FAILED",
                                  "FAILED" if not blocks_bad.ok else "tied"),
-                "ResNet-34's stem and head around {} other block maps: {}/{} nodes tied, input {}; a block "
-                "whose VJP forgets α: {}"))
+                "ResNet-34's stem and head at 224 px around {} other block maps typed as its slots: {}/{} nodes "
+                "tied, input {}; a block whose VJP forgets α: {}",
+                at=(book.At("resnet34", image_size=resnet34.SUITE_IMAGE_SIZE, batch=2, classes=10, alpha=0.1,
+                            data="randn", dtype="float64", weights="drawn", census=blocks_census,
+                            extra={"widths": list(resnet34.WIDTHS), "blocks": "other maps in the sixteen slots"}),
+                    book.At("resnet34", image_size=resnet34.SUITE_IMAGE_SIZE, batch=2, classes=10, alpha=0.1,
+                            data="randn", dtype="float64", weights="drawn", role="control",
+                            extra={"widths": list(resnet34.WIDTHS), "blocks": "one planted block VJP"}))))
+assert block_shapes == SLOT_TYPES, f"other_blocks: the slots' outputs {block_shapes} are not r34InputGradB_correct's types"
+assert blocks_census["resnet34_input"], f"other_blocks: h_stem, h_pool or a block ReLU fails: {blocks_smooth.summary()}"
 assert blocks_tie.ok and len(blocks_tie.slots) == 16, \
     f"other_blocks: the chain must equal the composed forward's VJP within 10 envelopes, got {blocks_tie.report.summary()}"
 assert not blocks_bad.ok and not blocks_bad.report.row("input").ok, "other_blocks: the wrong block VJP tied"

@@ -54,9 +54,15 @@ results = cpu["results"]
 m = cpu["machine"]
 print(f"{len(results)} configurations measured on {m['cpu']} ({m['cores']} cores), jax {m['jax']}, {m['date']}")
 
+
+def measured_at(rows, data: str):
+    """The points a benchmark figure reads (`book.At`): each configuration measured."""
+    return tuple(book.At(r.config.net, image_size=r.config.image_size, batch=r.config.batch, data=data,
+                         extra={"configuration": r.config.label()}) for r in rows)
+
 # %% tags=["nbval-check-output"]
-# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at another side
-# is the same architecture beyond them, and says so
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is the same
+# architecture beyond them, and says so
 if p.net == "resnet34":
     print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px")
 
@@ -81,7 +87,8 @@ within = [r for r in results if not bench.verdict([r], tolerances.SPEED_RATIO_LI
 memory_ok = all(r.rendered_temp_mib <= r.autodiff_temp_mib for r in results)
 print(f"worst ratio {worst.ratio:.3f} ({worst.config.label()}), limit {tolerances.SPEED_RATIO_LIMIT}; "
       f"temporary memory at most autodiff's everywhere: {memory_ok}")
-print("within the limit: " + book.glue("perf_within", f"{len(within)} of {len(results)}") + " configurations")
+print("within the limit: " + book.glue("perf_within", f"{len(within)} of {len(results)}",
+                                       at=measured_at(results, "benchmarks/results/cpu.json")) + " configurations")
 for line in problems:
     print(f"  over: {line}")
 assert memory_ok and len(within) + len({line.split(':')[0] for line in problems}) == len(results)
@@ -142,7 +149,7 @@ print(peer_bench.table(peer_rows))
 behind = peer_bench.verdict(peer_rows)
 ahead = len(peer_rows) - len({line.split(':')[0] for line in behind})
 print("configurations where the rendered step is ahead of every peer by the goal: "
-      + book.glue("peers_ahead", f"{ahead} of {len(peer_rows)}"))
+      + book.glue("peers_ahead", f"{ahead} of {len(peer_rows)}", at=measured_at(peer_rows, "the committed peer run")))
 for line in behind:
     print(f"  behind: {line}")
 limit_row = next(r for r in peer_rows if (r.config.net, r.config.batch, r.config.image_size) == ("resnet34", 32, 64))
@@ -203,7 +210,8 @@ print(f"{len(floor_rows)} configurations, {floor_doc['rounds']} alternating roun
 print(conv_floor.table(floor_rows))
 bound = conv_floor.kernel_bound(floor_rows)
 print("configurations out of reach of XLA's CPU convolutions: "
-      + book.glue("kernel_bound", f"{len(bound)} of {len(floor_rows)}"))
+      + book.glue("kernel_bound", f"{len(bound)} of {len(floor_rows)}",
+                  at=measured_at(floor_rows, "the committed conv-floor run")))
 for line in bound:
     print(f"  {line}")
 # gradtie's conv ops are under the rendered step that runs them (the peer run is another run on the

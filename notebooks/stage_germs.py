@@ -79,6 +79,9 @@ x8 = images(p.data, p.batch, 32, seed=p.seed)
 targets = head.one_hot(prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10), 10, jnp.float64)
 grads8 = germs.rendered_nodes(net8, params8, x8, targets, cfg8)
 smooth8 = census.smoothness(net8, params8, x8, cfg8)
+# what every figure below is glued with (`book.At`): the point it was computed at
+at8 = dict(net="cifar8", image_size=32, batch=p.batch, classes=10, alpha=0.0, dtype="float64", weights="drawn")
+at_germs = book.At(**at8, data=p.data, census=book.census_verdicts(smooth8))
 gammas = np.concatenate([np.asarray(params8[f"bn{k}.weight"]) for k in range(1, 9)])
 shifts = np.concatenate([np.asarray(params8[f"bn{k}.bias"]) for k in range(1, 9)])
 
@@ -127,8 +130,9 @@ print(survey8.radii_table())
 curved = [r for r in survey8.reports if r.path == "curved"]
 shallow = np.median([r.delta for r in survey8.reports if r.germ in ("bn1", "bn2")])
 deep = np.median([r.delta for r in survey8.reports if r.germ in ("bn7", "bn8")])
-print(book.glue("germs_bit_for_bit", survey8.summary().splitlines()[0]))
-print(book.glue("germ_paths", f"{len(germs.C8_GERMS)} germs × {p.directions} paths, {len(curved)} of them curved"))
+print(book.glue("germs_bit_for_bit", survey8.summary().splitlines()[0], at=at_germs))
+print(book.glue("germ_paths", f"{len(germs.C8_GERMS)} germs × {p.directions} paths, {len(curved)} of them curved",
+                at=at_germs))
 print(f"median δ: germs 1–2 {shallow:.0e}, germs 7–8 {deep:.0e}")
 assert survey8.germs_hold
 assert len({r.germ for r in survey8.reports}) == 8 and (p.directions < 2 or len(curved) >= 8)
@@ -167,7 +171,8 @@ ratios = np.array([r.prediction_ratio for r in survey8.reports])
 sharp = sum(r.sharp for r in survey8.reports)
 kink_first = sum(r.kink_radius < r.delta for r in survey8.reports)
 print(survey8.summary().splitlines()[1])
-print(book.glue("germ_delta_ratio", (ratios.min(), ratios.max()), "δ found / δ predicted from {:.2f} to {:.2f}"))
+print(book.glue("germ_delta_ratio", (ratios.min(), ratios.max()), "δ found / δ predicted from {:.2f} to {:.2f}",
+                at=at_germs))
 print(f"{kink_first}/{len(survey8.reports)} walks meet a ReLU kink before δ")
 assert survey8.predictions_hold
 assert sharp >= 0.75 * len(survey8.reports)
@@ -214,7 +219,7 @@ print(survey8.fd_table())
 fd8 = [r for r in survey8.reports if r.has_fd]
 ulps = np.array([r.loss_roundoff / np.spacing(r.loss) for r in fd8])
 worst_pin, best_pin = max(r.resolution for r in fd8), min(r.resolution for r in fd8)
-print(book.glue("germ_fd", survey8.summary().splitlines()[2]))
+print(book.glue("germ_fd", survey8.summary().splitlines()[2], at=at_germs))
 print(f"{sum(r.path == 'curved' for r in survey8.windows)} of the {len(survey8.windows)} O(h²) windows on curved paths")
 print(f"ε_L of every walk between half an ulp and 10 ulps of S(0): {0.5 <= ulps.min() and ulps.max() <= 10}; "
       f"each node pinned to between 1e{np.floor(np.log10(best_pin)):.0f} and 1e{np.ceil(np.log10(worst_pin)):.0f} "
@@ -312,7 +317,11 @@ plt.show()
 # maximum sits on twins is tied, and it stays tied whatever the weights do, so the germ holds
 # through it; the rendered pool backward picks the first twin, and the parameter gradient does not
 # care which. We take flat images (horse silhouette, scanned page, an upsampled digit) at the same
-# drawn weights, and walk the four germs upstream of pools 1 and 2.
+# drawn weights, and walk the four germs upstream of pools 1 and 2. The twins this point finds sit
+# at pools 1 and 2 only: before pool 3 a cell's receptive field is 32 px wide, the whole image, and
+# two cells meet the zero padding at different offsets, so a flat region makes no twins there (an
+# image could only by being zero where the two fields differ). This figure shows C8PoolTwin₁ and
+# C8PoolTwin₂; C8PoolTwin₃ and C8PoolTwin₄ are not exercised.
 
 # %%
 flat8 = images("flat", p.batch, 32, seed=p.seed)
@@ -326,9 +335,11 @@ print(twin_walks.radii_table())
 
 # %% tags=["nbval-check-output"]
 print(f"flat images: {flat_census.summary()}")
-print(book.glue("twin_windows", "twin-tied windows by pool: "
-                + ", ".join(f"{k} {v}" for k, v in twins_by_pool.items())))
-print(f"at the twin-tie point: {book.glue('twin_walks', twin_walks.summary().splitlines()[0])}")
+at_flat = book.At(**at8, data="flat", census=book.census_verdicts(flat_census))
+print(book.glue("twin_windows", (", ".join(f"{k} {v}" for k, v in twins_by_pool.items()),
+                                 sum(v > 0 for v in twins_by_pool.values())),
+                "twin-tied windows by pool: {} (twins at {} of the four pools)", at=at_flat))
+print(f"at the twin-tie point: {book.glue('twin_walks', twin_walks.summary().splitlines()[0], at=at_flat)}")
 # the margins' δ is second order along the path: at seed 3 the first walk parts at 0.895 of it
 # (third-order terms of the BatchNorm), so the band is [0.85, GERM_PREDICTION_SPAN]; counting the
 # twins' gap of 0 as a tie would predict δ = 0 and fail it
@@ -396,5 +407,8 @@ plt.show()
 #
 # Together: at a point satisfying the hypothesis — dead, strict and twin-tied windows — each of the
 # eight germs holds along straight and curved paths, bit for bit below a radius the margins
-# predict, and the finite differences of the real loss pin each rendered node between round-off
-# and the first kink: `cifar8Bbn_net_lossGrad`'s `HasGradAt`, seen in float64.
+# predict, and the finite differences of the real loss pin ⟨g, v⟩ between round-off and the first
+# kink: the rendered nodes of a stage, contracted with a path direction through all of that stage's
+# tensors at once (conv weight and bias, γ, β), not each node apart. That is
+# `cifar8Bbn_net_lossGrad`'s `HasGradAt` along those paths, seen in float64; the dense head has no
+# germ, and its six nodes are left to the Whole-net tie's finite differences, one node at a time.
