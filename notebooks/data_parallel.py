@@ -413,12 +413,12 @@ print(exact16.table())
 
 # %% tags=["nbval-check-output"]
 print(book.glue("sync_bf16_exact", (sum(r.within == r.entries for r in exact16.rows), len(exact16.rows),
-                                    "at least" if exact16.share("exact") >= 0.99 else "UNDER",
+                                    "≥" if exact16.share("exact") >= 0.99 else "UNDER",
                                     "red" if exact16.controls_red else "NOT red"),
                 "G − node(R·N)/R, the mesh against a single device's own run, equals SyncBf16's term within the "
                 "summation-order bound at {}/{} nodes, bit for bit at {} 99 % of the entries; its controls (no "
                 "difference term, no per-replica rounding) {}",
-                at=book.At(p.net, image_size=p.image_size, batch=2 * p.batch, classes=cfg.num_classes, alpha=alpha,
+                at=book.At(p.net, image_size=p.image_size, batch=p.batch, classes=cfg.num_classes, alpha=alpha,
                            data="photos", dtype="float32, bf16 kinds", weights="drawn", replicas=2,
                            extra={"widths": list(resnet34.WIDTHS)} if p.net == "resnet34" else None)))
 print(f"controls predict G's bits at under 90 % of the entries: without the difference term "
