@@ -63,7 +63,7 @@
 # Exact values are float64, so the first cell turns it on; the bf16 chains themselves run in
 # float32.
 
-# %%
+# %% tags=["hide-input"]
 import dataclasses
 
 import jax
@@ -89,33 +89,69 @@ seed: int = 0
 replicas: int = 2    # shards of the batch for the replica sum (must divide batch)
 policy: str = "bf16"  # the fast execution policy tied in its own section: bf16 or tf32
 
-# %%
-p = book.validated(batch=batch, image_size=image_size, data=data, seed=seed, replicas=replicas, policy=policy)
+# %% tags=["hide-input"]
+p = book.validated(
+    batch=batch,
+    image_size=image_size,
+    data=data,
+    seed=seed,
+    replicas=replicas,
+    policy=policy,
+)
 key = jax.random.key(p.seed)
-nets = {"cifar8": (cifar8.NET, cifar8.Config(bf16=True), 32),
-        "resnet34": (resnet34.NET, resnet34.Config(num_classes=10, bf16=True), p.image_size)}
+nets = {
+    "cifar8": (cifar8.NET, cifar8.Config(bf16=True), 32),
+    "resnet34": (
+        resnet34.NET,
+        resnet34.Config(num_classes=10, bf16=True),
+        p.image_size,
+    ),
+}
 points = {}
 for name, (net, cfg, size) in nets.items():
-    params = net.init(key, cfg, weights="drawn")                                     # float32
+    params = net.init(key, cfg, weights="drawn")  # float32
     x = images(p.data, p.batch, size, seed=p.seed).astype(jnp.float32)
     labels = prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, cfg.num_classes)
-    points[name] = (net, cfg, params, x, targets_matrix(labels, cfg.num_classes, jnp.float32))
-    gammas = np.concatenate([np.asarray(v) for k, v in params.items() if v.ndim == 1 and k.endswith("weight")
-                             and not k.startswith("fc")])
-    print(f"{name}: {p.data} {tuple(x.shape)}, {len(params)} parameter tensors, drawn weights (γ in "
-          f"[{gammas.min():.2f}, {gammas.max():.2f}]), bf16 rounding {cfg.bf16_rounding!r} (bf16-typed "
-          f"operands, float32 accumulation)")
+    points[name] = (
+        net,
+        cfg,
+        params,
+        x,
+        targets_matrix(labels, cfg.num_classes, jnp.float32),
+    )
+    gammas = np.concatenate([
+        np.asarray(v)
+        for k, v in params.items()
+        if v.ndim == 1 and k.endswith("weight") and not k.startswith("fc")
+    ])
+    print(
+        f"{name}: {p.data} {tuple(x.shape)}, {len(params)} parameter tensors, drawn"
+        f" weights (γ in [{gammas.min():.2f}, {gammas.max():.2f}]), bf16 rounding"
+        f" {cfg.bf16_rounding!r} (bf16-typed operands, float32 accumulation)"
+    )
     assert not np.any(gammas == 1)
 # what every figure below is glued with (`book.At`): the points it was computed at
-at_nets = tuple(book.At(name, image_size=size, batch=p.batch, classes=cfg.num_classes, data=p.data,
-                        dtype="float32, bf16 kinds", weights="drawn",
-                        extra={"widths": list(resnet34.WIDTHS)} if name == "resnet34" else None)
-                for name, (_, cfg, size) in nets.items())
+at_nets = tuple(
+    book.At(
+        name,
+        image_size=size,
+        batch=p.batch,
+        classes=cfg.num_classes,
+        data=p.data,
+        dtype="float32, bf16 kinds",
+        weights="drawn",
+        extra={"widths": list(resnet34.WIDTHS)} if name == "resnet34" else None,
+    )
+    for name, (_, cfg, size) in nets.items()
+)
 
-# %% tags=["nbval-check-output"]
-# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is the same
-# architecture beyond them, and says so
-print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px")
+# %% tags=["nbval-check-output", "hide-input"]
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
+print(
+    protocol.resolution_note(resnet34.NET, p.image_size)
+    or "resnet34 at the statements' own 224 px"
+)
 
 # %% [markdown]
 # ## Erasure: six kinds at rnd = identity
@@ -128,11 +164,14 @@ print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the s
 # besides rounding (bias, padding, batch sums; the planted kinds below fail it); "Erasure with the
 # bf16-typed kernels" runs the real bf16 kernels, where erasure itself could fail.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 cases = bf16.kind_cases(p.seed)
 for c in cases:
-    print(f"{c.name:20} n = {bf16.contraction_length(c.op, c.a.shape, c.b.shape, c.kernel_size):4}: "
-          f"identity kind == f32 peer bit for bit: {bf16.case_erasure(c)}")
+    print(
+        f"{c.name:20} n ="
+        f" {bf16.contraction_length(c.op, c.a.shape, c.b.shape, c.kernel_size):4}:"
+        f" identity kind == f32 peer bit for bit: {bf16.case_erasure(c)}"
+    )
 assert all(bf16.case_erasure(c) for c in cases)
 
 # %% [markdown]
@@ -149,7 +188,9 @@ f1, f2e, g1 = by_label["forward s1"], even["forward s2"], by_label["weight grad 
 controls = {
     "dropped bias": bf16.case_erasure(f1, bf16.drop_bias_forward(f1)),
     "'SAME' padding, stride 2": bf16.case_erasure(f2e, bf16.same_padding_forward(f2e)),
-    "batch sum per example": bf16.case_erasure(g1, bf16.grad_weight_rounded_per_example(g1)),
+    "batch sum per example": bf16.case_erasure(
+        g1, bf16.grad_weight_rounded_per_example(g1)
+    ),
 }
 for label, erased in controls.items():
     print(f"control {label:26}: equals the f32 peer: {erased}")
@@ -163,13 +204,25 @@ assert not any(controls.values())
 # backward — must then be the f32 chain bit for bit: the loss, every parameter node and the input
 # cotangent.
 
-# %% tags=["nbval-check-output"]
-erasure = {name: bf16.chain_erasure(net, params, x, t, cfg) for name, (net, cfg, params, x, t) in points.items()}
+# %% tags=["nbval-check-output", "hide-input"]
+erasure = {
+    name: bf16.chain_erasure(net, params, x, t, cfg)
+    for name, (net, cfg, params, x, t) in points.items()
+}
 for name, report in erasure.items():
     print(report.summary())
-book.glue("erasure_chains", (sum(erasure["cifar8"].equal), len(erasure["cifar8"].equal), sum(erasure["resnet34"].equal),
-                             len(erasure["resnet34"].equal)),
-          "at identity: cifar8 {}/{}, ResNet-34 {}/{} outputs bit for bit (loss, nodes, input)", at=at_nets)
+book.glue(
+    "erasure_chains",
+    (
+        sum(erasure["cifar8"].equal),
+        len(erasure["cifar8"].equal),
+        sum(erasure["resnet34"].equal),
+        len(erasure["resnet34"].equal),
+    ),
+    "at identity: cifar8 {}/{}, ResNet-34 {}/{} outputs bit for bit (loss, nodes,"
+    " input)",
+    at=at_nets,
+)
 assert all(report.ok for report in erasure.values())
 
 # %% [markdown]
@@ -204,19 +257,37 @@ from gradtie import companions
 typed = companions.typed_erasure(companions.with_formulation(cases, "conv")
                                  + companions.with_formulation(cases, "patches"))
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for r in typed.erasure():
-    print(f"{r.name:30} ran as {r.formulation:8} n = {r.n:4}: within γ_n(2⁻²⁴)·Σ|a||b| of the exact sum: "
-          f"{r.within_exact}; the f32 peer too: {r.peer_exact_ratio <= 1}")
+    print(
+        f"{r.name:30} ran as {r.formulation:8} n = {r.n:4}: within γ_n(2⁻²⁴)·Σ|a||b| of"
+        f" the exact sum: {r.within_exact}; the f32 peer too: {r.peer_exact_ratio <= 1}"
+    )
 for r in typed.controls():
-    print(f"control, not bf16-exact: {r.name:30} outside the bound: {not r.within_exact}")
-print(book.glue("typed_erasure", (sum(r.within_exact for r in typed.erasure()), len(typed.erasure()),
-                                  sum(not r.within_exact for r in typed.controls()), len(typed.controls())),
-                "bf16-typed kernels at bf16-exact operands: {}/{} sites within float32's accumulation bound "
-                "γ_n·Σ|a||b| of the exact sum of their products (NumPy, float64, computed apart); controls "
-                "(operands not bf16-exact) outside it at {}/{}",
-                at=book.At("conv kinds (six, two formulations)", batch=2, data="standard normal draws",
-                           dtype="bfloat16 operands, float32 accumulation")))
+    print(
+        f"control, not bf16-exact: {r.name:30} outside the bound: {not r.within_exact}"
+    )
+print(
+    book.glue(
+        "typed_erasure",
+        (
+            sum(r.within_exact for r in typed.erasure()),
+            len(typed.erasure()),
+            sum(not r.within_exact for r in typed.controls()),
+            len(typed.controls()),
+        ),
+        "bf16-typed kernels at bf16-exact operands: {}/{} sites within float32's"
+        " accumulation bound γ_n·Σ|a||b| of the exact sum of their products (NumPy,"
+        " float64, computed apart); controls (operands not bf16-exact) outside it at"
+        " {}/{}",
+        at=book.At(
+            "conv kinds (six, two formulations)",
+            batch=2,
+            data="standard normal draws",
+            dtype="bfloat16 operands, float32 accumulation",
+        ),
+    )
+)
 assert typed.ok, f"typed_erasure: {typed.summary()}"
 
 # %% [markdown]
@@ -229,25 +300,40 @@ assert typed.ok, f"typed_erasure: {typed.summary()}"
 # the suite's.
 # ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 conv_rows = [r for r in typed.erasure() if r.formulation == "conv"]
 order_rows = [r for r in typed.erasure() if not r.equal]
-print(f"XLA-convolution sites equal to the f32 peer bit for bit: {sum(r.equal and r.kind_equal for r in conv_rows)}/"
-      f"{len(conv_rows)}; sites summing in their own order: all within the order bound: "
-      f"{all(r.within for r in order_rows)}")
-assert all(r.equal and r.kind_equal for r in conv_rows) or not bf16.same_computation(), \
-    f"typed_erasure: XLA-convolution sites must equal the f32 peer bit for bit on this backend, got {conv_rows}"
-assert all(r.within for r in order_rows), "typed_erasure: a site past 2·γ_n(2⁻²⁴)·Σ|a||b| of its f32 peer"
+print(
+    "XLA-convolution sites equal to the f32 peer bit for bit:"
+    f" {sum(r.equal and r.kind_equal for r in conv_rows)}/{len(conv_rows)}; sites"
+    " summing in their own order: all within the order bound:"
+    f" {all(r.within for r in order_rows)}"
+)
+assert (
+    all(r.equal and r.kind_equal for r in conv_rows) or not bf16.same_computation()
+), (
+    "typed_erasure: XLA-convolution sites must equal the f32 peer bit for bit on this"
+    f" backend, got {conv_rows}"
+)
+assert all(
+    r.within for r in order_rows
+), "typed_erasure: a site past 2·γ_n(2⁻²⁴)·Σ|a||b| of its f32 peer"
 
 # %% [markdown]
 # The measured numbers (they move with the backend's summation order; the verdicts above do not):
 # outputs whose bits differ from the f32 peer, the largest difference over the order bound, and
 # whether the typed kind rounded to bf16 still equals round_bf16 of the f32 peer.
 
-# %%
-print(f"{'site':30} {'ran as':8} {'n':>4} {'vs exact':>8} {'differing':>9} {'over bound':>10}  rounded kind == rnd(peer)")
+# %% tags=["hide-input"]
+print(
+    f"{'site':30} {'ran as':8} {'n':>4} {'vs exact':>8} {'differing':>9}"
+    f" {'over bound':>10}  rounded kind == rnd(peer)"
+)
 for r in typed.erasure():
-    print(f"{r.name:30} {r.formulation:8} {r.n:4} {r.exact_ratio:8.2g} {r.differing:9} {r.ratio:10.2g}  {r.kind_equal}")
+    print(
+        f"{r.name:30} {r.formulation:8} {r.n:4} {r.exact_ratio:8.2g} {r.differing:9}"
+        f" {r.ratio:10.2g}  {r.kind_equal}"
+    )
 for r in typed.controls():
     print(f"control {r.name:22} {r.formulation:8} {r.n:4} {r.exact_ratio:8.2g}")
 
@@ -283,9 +369,15 @@ for name, (net, cfg, params, x, t) in points.items():
     sites[name], chains[name], _ = bf16.conv_sites(Chain(net), params, x, t, cfg)
     site_rows[name] = bf16.site_rows(sites[name], rounding(cfg))
     same = [r for r in site_rows[name] if r.equal_required]
-    per_op = ", ".join(f"{sum(s.op == op for s in sites[name])} {bf16.OP_LABELS[op]}" for op in bf16.OPS)
-    print(f"{name}: {len(sites[name])} conv sites ({per_op}); where the kind and the reference run the "
-          f"same sums, {sum(r.equal for r in same)}/{len(same)} equal rnd(f32 node at rounded operands)")
+    per_op = ", ".join(
+        f"{sum(s.op == op for s in sites[name])} {bf16.OP_LABELS[op]}"
+        for op in bf16.OPS
+    )
+    print(
+        f"{name}: {len(sites[name])} conv sites ({per_op}); where the kind and the"
+        f" reference run the same sums, {sum(r.equal for r in same)}/{len(same)} equal"
+        " rnd(f32 node at rounded operands)"
+    )
     assert all(r.equal for r in same)
 kinds_rounded = {c.name: bf16.case_row(c, conv.round_bf16).equal for c in cases}
 print(f"six kinds with round_bf16: {sum(kinds_rounded.values())}/6 equal")
@@ -297,9 +389,12 @@ assert all(kinds_rounded.values()) or not bf16.same_computation()
 
 # %% tags=["nbval-check-output"]
 wrong = {
-    "result-only rounding": bf16.case_row(f1, conv.round_bf16, bf16.forward_result_only(f1)),
+    "result-only rounding": bf16.case_row(
+        f1, conv.round_bf16, bf16.forward_result_only(f1)
+    ),
     "rounding inside the batch sum": bf16.case_row(
-        g1, conv.round_bf16, bf16.grad_weight_rounded_per_example(g1, conv.round_bf16)),
+        g1, conv.round_bf16, bf16.grad_weight_rounded_per_example(g1, conv.round_bf16)
+    ),
 }
 for label, row in wrong.items():
     print(f"control {label:30}: equals rnd(f32 node at rounded operands): {row.equal}")
@@ -336,19 +431,31 @@ assert not any(row.equal for row in wrong.values())
 # As a control, a forward that accumulates in bf16 — every partial sum rounded — on positive
 # operands, where each step can lose u of a growing sum: its error grows like n·u.
 
-# %% tags=["nbval-check-output"]
-b_short, b_long = float(bf16.accumulation_bound(147)), float(bf16.accumulation_bound(4608))
+# %% tags=["nbval-check-output", "hide-input"]
+b_short, b_long = float(bf16.accumulation_bound(147)), float(
+    bf16.accumulation_bound(4608)
+)
 print(f"B(147) = {b_short:.4f}, B(4608) = {b_long:.4f}")
-assert 2 * bf16.U_BF16 < b_short < b_long < 0.0082, \
-    f"B(147) = {b_short:.5f}, B(4608) = {b_long:.5f}: expected 2u = {2 * bf16.U_BF16:.5f} < B(147) < B(4608) < 0.0082"
+assert 2 * bf16.U_BF16 < b_short < b_long < 0.0082, (
+    f"B(147) = {b_short:.5f}, B(4608) = {b_long:.5f}: expected 2u ="
+    f" {2 * bf16.U_BF16:.5f} < B(147) < B(4608) < 0.0082"
+)
 for name, rows in site_rows.items():
     inside = sum(r.ratio <= 1 for r in rows)
     print(f"{name}: {inside}/{len(rows)} conv nodes under the bound")
     assert inside == len(rows)
-book.glue("bf16_bound", (sum(r.ratio <= 1 for rows in site_rows.values() for r in rows),
-                         sum(len(rows) for rows in site_rows.values())), "{}/{} conv nodes of both nets under the bound",
-          at=at_nets)
-pos = dataclasses.replace(bf16.kind_cases(p.seed, c=16, positive=True)[0], name="bf16 accumulation", bias=None)
+book.glue(
+    "bf16_bound",
+    (
+        sum(r.ratio <= 1 for rows in site_rows.values() for r in rows),
+        sum(len(rows) for rows in site_rows.values()),
+    ),
+    "{}/{} conv nodes of both nets under the bound",
+    at=at_nets,
+)
+pos = dataclasses.replace(
+    bf16.kind_cases(p.seed, c=16, positive=True)[0], name="bf16 accumulation", bias=None
+)
 acc = bf16.case_row(pos, conv.round_bf16, bf16.forward_bf16_accumulation(pos.a, pos.b))
 print(f"control, bf16 accumulation at n = {acc.n}: under the bound: {acc.ratio <= 1}")
 assert acc.ratio > 1
@@ -365,9 +472,12 @@ for name, rows in site_rows.items():
     for op in bf16.OPS:
         pick = [r for r in rows if r.op == op]
         worst = max(pick, key=lambda r: r.ratio)
-        print(f"{name:8} {bf16.OP_LABELS[op]:15} n = {min(r.n for r in pick)}…{max(r.n for r in pick)}: "
-              f"error/bound max {worst.ratio:.2f} ({worst.name}), median "
-              f"{np.median([r.ratio for r in pick]):.2f}")
+        print(
+            f"{name:8} {bf16.OP_LABELS[op]:15} n ="
+            f" {min(r.n for r in pick)}…{max(r.n for r in pick)}: error/bound max"
+            f" {worst.ratio:.2f} ({worst.name}), median"
+            f" {np.median([r.ratio for r in pick]):.2f}"
+        )
 print(f"control, bf16 accumulation: error/bound {acc.ratio:.1f}")
 
 # %%
@@ -412,26 +522,44 @@ plt.show()
 # meets a rounding can hide in the chain's rounding: that is bf16's resolution.
 
 # %% tags=["nbval-check-output"]
-ties = {name: bf16.stage_ties(net, params, x, t, cfg) for name, (net, cfg, params, x, t) in points.items()}
+ties = {
+    name: bf16.stage_ties(net, params, x, t, cfg)
+    for name, (net, cfg, params, x, t) in points.items()
+}
 for name, report in ties.items():
     rows = [r for tie in report.backward_order() for r in tie.rows]
-    print(f"{name}: {sum(tie.ok for tie in report.ties)}/{len(report.ties)} stages and the loss cotangent "
-          f"{'tied' if report.cotangent.ok else 'FAILED'}; {sum(r.ok for r in rows)}/{len(rows)} rows within "
-          f"{report.meta['factor']:g}× the envelope")
+    print(
+        f"{name}: {sum(tie.ok for tie in report.ties)}/{len(report.ties)} stages and"
+        f" the loss cotangent {'tied' if report.cotangent.ok else 'FAILED'};"
+        f" {sum(r.ok for r in rows)}/{len(rows)} rows within {report.meta['factor']:g}×"
+        " the envelope"
+    )
     assert report.ok
-print(book.glue("bf16_stage_ties", tuple(x for r in ties.values() for x in (sum(t.ok for t in r.ties), len(r.ties))),
-                "bf16 chains at real rounding, stage by stage: cifar8 {}/{} stages, ResNet-34 {}/{} stages tied "
-                "to their VJP", at=at_nets))
+print(
+    book.glue(
+        "bf16_stage_ties",
+        tuple(
+            x for r in ties.values() for x in (sum(t.ok for t in r.ties), len(r.ties))
+        ),
+        "bf16 chains at real rounding, stage by stage: cifar8 {}/{} stages, ResNet-34"
+        " {}/{} stages tied to their VJP",
+        at=at_nets,
+    )
+)
 
 # %%
-# the measured figures below depend on the machine's round-off, so nbval does not compare them
+# the measured figures below depend on the machine's round-off, so nbval does not
+# compare them
 for name, report in ties.items():
     rows = [r for tie in report.backward_order() for r in tie.rows]
     stage, worst = report.worst()
     ill = [r for r in rows if r.ill_conditioned]
-    print(f"{name}: worst row at {worst.ratio:.2f} of its limit ({stage}: {worst.name}); limits from "
-          f"{min(r.limit for r in rows):.0e} to {max(r.limit for r in rows):.0e} of the node; "
-          f"{len(ill)} rows too ill-conditioned to judge a 1 % bug")
+    print(
+        f"{name}: worst row at {worst.ratio:.2f} of its limit ({stage}: {worst.name});"
+        f" limits from {min(r.limit for r in rows):.0e} to"
+        f" {max(r.limit for r in rows):.0e} of the node; {len(ill)} rows too"
+        " ill-conditioned to judge a 1 % bug"
+    )
 print(ties["cifar8"].table())
 
 # %% [markdown]
@@ -445,20 +573,27 @@ print(ties["cifar8"].table())
 # bf16 conv site at least 2⁻⁸, bf16's own resolution. An entry above its threshold must be caught;
 # one below it, if any, is listed with both numbers.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 net8, cfg8, params8, x8, t8 = points["cifar8"]
 caught = bf16.catalogue(net8, params8, x8, t8, cfg8, label_smoothing=0.1)
 for c in caught:
-    print(f"{c.bug:32} {c.family:14} caught: {'yes' if c.caught else 'NO':3}  above its threshold: "
-          f"{'yes' if c.above else 'no'}")
+    print(
+        f"{c.bug:32} {c.family:14} caught: {'yes' if c.caught else 'NO':3}  above its"
+        f" threshold: {'yes' if c.above else 'no'}"
+    )
 below = [c for c in caught if not c.above]
-print(f"{sum(c.caught for c in caught)}/{len(caught)} entries caught under bf16; below the point's bf16 "
-      f"sensitivity: {', '.join(c.bug for c in below) or 'none'}")
+print(
+    f"{sum(c.caught for c in caught)}/{len(caught)} entries caught under bf16; below"
+    f" the point's bf16 sensitivity: {', '.join(c.bug for c in below) or 'none'}"
+)
 assert all(c.caught for c in caught if c.above)
 
-# %%
+# %% tags=["hide-input"]
 for c in caught:
-    print(f"{c.bug:32} size {c.size:8.1e} against the threshold {c.threshold:8.1e} at {c.where}")
+    print(
+        f"{c.bug:32} size {c.size:8.1e} against the threshold {c.threshold:8.1e} at"
+        f" {c.where}"
+    )
     if c.caught:
         print(f"{'':32} {c.report.first_parting().summary()}")
 
@@ -484,14 +619,16 @@ plt.show()
 # spreads each flip. How many of cifar8's ReLU inputs change sign between the bf16 and the f32
 # forward?
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 net8, cfg8, params8, x8, _ = points["cifar8"]
 flipped, total = bf16.relu_flips(net8, params8, x8, cfg8)
 print(f"cifar8: some ReLU masks differ between the bf16 and f32 forward: {flipped > 0}")
 assert flipped > 0
 
-# %%
-print(f"cifar8: {flipped:,} of {total:,} ReLU inputs change sign ({flipped / total:.2%})")
+# %% tags=["hide-input"]
+print(
+    f"cifar8: {flipped:,} of {total:,} ReLU inputs change sign ({flipped / total:.2%})"
+)
 
 # %% [markdown]
 # Each flipped mask moves a whole entry of a cotangent between 0 and its value. We measure each
@@ -504,9 +641,14 @@ print(f"cifar8: {flipped:,} of {total:,} ReLU inputs change sign ({flipped / tot
 distance = {}
 for name, (net, cfg, params, x, t) in points.items():
     g16, dx16 = chains[name].grads, chains[name].dx
-    distance[name] = bf16.f32_distance(net, params, x, t, cfg, bf16_grads=(g16, dx16), key=jax.random.fold_in(key, 2))
+    distance[name] = bf16.f32_distance(
+        net, params, x, t, cfg, bf16_grads=(g16, dx16), key=jax.random.fold_in(key, 2)
+    )
     rel = np.median([r.rel for r in distance[name] if not r.zero_in_reals])
-    print(f"{name}: median |bf16 − f32| / max|f32| over the nodes {'above' if rel > 0.01 else 'below'} 1 %")
+    print(
+        f"{name}: median |bf16 − f32| / max|f32| over the nodes"
+        f" {'above' if rel > 0.01 else 'below'} 1 %"
+    )
     assert rel > 0.01
 
 # %%
@@ -514,9 +656,11 @@ for name, rows in distance.items():
     ratios = np.array([r.ratio for r in rows])
     rel = np.array([r.rel for r in rows])
     spread = np.median([r.envelope for r in rows])
-    print(f"{name}: |bf16 − f32| / max|f32| median {np.median(rel):.2f}, max {rel.max():.2f}; "
-          f"over the 2⁻⁸ spread median {np.median(ratios):.2f}, max {ratios.max():.2f}; the spread itself "
-          f"median {spread:.2f} of the node")
+    print(
+        f"{name}: |bf16 − f32| / max|f32| median {np.median(rel):.2f}, max"
+        f" {rel.max():.2f}; over the 2⁻⁸ spread median {np.median(ratios):.2f}, max"
+        f" {ratios.max():.2f}; the spread itself median {spread:.2f} of the node"
+    )
     assert 0.1 <= np.median(ratios) <= 10
     if name == "resnet34" and p.image_size == 32:
         assert spread > 0.1
@@ -556,15 +700,20 @@ plt.show()
 # both sides in float64 (where R bf16 values and R float32 values add exactly).
 
 # %% tags=["nbval-check-output"]
-replica = bf16.replica_rows(sites["cifar8"], p.replicas, rounding(nets["cifar8"][1]), net="cifar8")
+replica = bf16.replica_rows(
+    sites["cifar8"], p.replicas, rounding(nets["cifar8"][1]), net="cifar8"
+)
 for row in replica.rows:
     d = replica.arrays[row.name]
-    print(f"{row.name}: replica nodes == rnd(S_r): {row.nodes_rounded}; difference == formula: "
-          f"{np.array_equal(d['diff'], d['formula'])}; nonzero: {row.differing > 0}; "
-          f"under 2u·M: {row.max_diff_rel <= 2 * bf16.U_BF16}; 0 at identity: {row.identity_zero}")
+    print(
+        f"{row.name}: replica nodes == rnd(S_r): {row.nodes_rounded}; difference =="
+        f" formula: {np.array_equal(d['diff'], d['formula'])}; nonzero:"
+        f" {row.differing > 0}; under 2u·M: {row.max_diff_rel <= 2 * bf16.U_BF16}; 0 at"
+        f" identity: {row.identity_zero}"
+    )
     assert row.ok and np.array_equal(d["diff"], d["formula"]) and row.differing > 0
 
-# %%
+# %% tags=["hide-input"]
 for row in replica.rows:
     print(f"{row.name}: R = {row.replicas}, entries differing {row.differing:.0%}, "
           f"max |difference| / M = {row.max_diff_rel:.2e} (2u = {2 * bf16.U_BF16:.2e})")
@@ -597,7 +746,7 @@ plt.show()
 # node identity and the bound above would catch. `round_bf16`, integer arithmetic on the bits,
 # leaves nothing to fold: the "nearest" rounding of `Config.bf16_rounding`.)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 backend = jax.default_backend()
 probe = points["cifar8"][3]
 cast = bf16.hlo_cast_roundtrip(probe)
@@ -615,7 +764,7 @@ if backend == "cpu":
 # The optimized HLO itself is the backend's own text; here are its `convert` and `convolution`
 # lines on this machine's backend.
 
-# %%
+# %% tags=["hide-input"]
 print(f"backend: {backend}")
 for facts in (cast.text, typed.text):
     print("\n".join(line.strip()[:160] for line in facts.splitlines()
@@ -650,12 +799,20 @@ pcfg = dataclasses.replace(cfg8, bf16=False, policy=p.policy)
 tied = policies.check(net, params8, x8, t8, pcfg, label_smoothing=0.1, key=key)
 planted = policies.check(net, params8, x8, t8, pcfg, label_smoothing=0.1, key=key,
                          chain=bugs.plant("bn_unbiased_variance_backward", net, pcfg))
-for label, rep in (("cifar8", tied), ("cifar8 + bn_unbiased_variance_backward", planted)):
+for label, rep in (
+    ("cifar8", tied),
+    ("cifar8 + bn_unbiased_variance_backward", planted),
+):
     rows = rep.rows
-    line = f"{label} under policy {p.policy}: {sum(r.ok for r in rows)}/{len(rows)} stage rows within their limits"
+    line = (
+        f"{label} under policy {p.policy}: {sum(r.ok for r in rows)}/{len(rows)} stage"
+        " rows within their limits"
+    )
     if hasattr(rep, "sites"):
-        line += (f"; {sum(r.equal for r in rep.sites)}/{len(rep.sites)} conv nodes = rnd(f32 node at rounded "
-                 f"operands)")
+        line += (
+            f"; {sum(r.equal for r in rep.sites)}/{len(rep.sites)} conv nodes = rnd(f32"
+            " node at rounded operands)"
+        )
     print(line + ("" if rep.ok else " -> FAILED"))
 assert tied.ok and not tied.ill_conditioned and not planted.ok
 assert not hasattr(tied, "sites") or all(r.equal for r in tied.sites)

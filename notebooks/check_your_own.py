@@ -30,7 +30,7 @@
 # loss, and planted bugs that must go red — and `gradtie check --net examples/bottleneck.py:NET`
 # runs it from the command line with the same exit codes.
 
-# %%
+# %% tags=["hide-input"]
 import sys
 
 import jax
@@ -51,20 +51,31 @@ batch: int = 4    # photo crops
 image_size: int = 32  # the net takes any multiple of 4; 32 keeps the ci profile quick
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(batch=batch, image_size=image_size, seed=seed)
 sys.path.insert(0, str(book.ROOT / "examples"))
-import bottleneck as example                                   # noqa: E402 (the example module)
+import bottleneck as example  # noqa: E402 (the example module)
 
-net = nets.load("bottleneck:NET")                              # as `gradtie check --net` loads it
+net = nets.load("bottleneck:NET")  # as `gradtie check --net` loads it
 cfg = net.config()
 key = jax.random.key(p.seed)
-params = {k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()}
+params = {
+    k: v.astype(jnp.float64) for k, v in net.init(key, cfg, weights="drawn").items()
+}
 x = images("photos", p.batch, p.image_size, seed=p.seed)
-t = targets_matrix((jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64)
+t = targets_matrix(
+    (jnp.arange(p.batch) * 3 + 1) % cfg.num_classes, cfg.num_classes, jnp.float64
+)
 # what every figure below is glued with (`book.At`): the point it was computed at
-at_own = dict(net="bottleneck example", image_size=p.image_size, batch=p.batch, classes=cfg.num_classes,
-              data="photos", dtype="float64", weights="drawn")
+at_own = dict(
+    net="bottleneck example",
+    image_size=p.image_size,
+    batch=p.batch,
+    classes=cfg.num_classes,
+    data="photos",
+    dtype="float64",
+    weights="drawn",
+)
 
 # %% [markdown]
 # ## The net, as the protocol reads it
@@ -73,11 +84,20 @@ at_own = dict(net="bottleneck example", image_size=p.image_size, batch=p.batch, 
 # blocks and a head (global average pool, dense). The summary is read off the stages at abstract
 # shapes; nothing is computed.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 rows = net.summary(params, cfg, x.shape)
 print(protocol.format_summary(rows))
-print(f"{len(params)} tensors, {protocol.census(params).floats:,} floats; stages: {[r.name for r in rows]}")
-assert [r.kind for r in rows] == ["stem", "depthwise", "bottleneck", "bottleneck", "head"]
+print(
+    f"{len(params)} tensors, {protocol.census(params).floats:,} floats; stages:"
+    f" {[r.name for r in rows]}"
+)
+assert [r.kind for r in rows] == [
+    "stem",
+    "depthwise",
+    "bottleneck",
+    "bottleneck",
+    "head",
+]
 
 # %% [markdown]
 # ## The census: which hypothesis applies
@@ -87,7 +107,7 @@ assert [r.kind for r in rows] == ["stem", "depthwise", "bottleneck", "bottleneck
 # dead, strict, or tied only between twins (cells equal for every value of the weights upstream).
 # That is where the loss is differentiable in every parameter, whatever the net.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 smooth = census.smoothness(net, params, x, cfg)
 print(smooth.summary())
 print([h.name for h in smooth.hypotheses])
@@ -110,19 +130,27 @@ assert smooth.ok and [h.key for h in smooth.hypotheses] == [census.PARAMETERS]
 report = gradtie.check(net, params, x, t, cfg, key=key)
 print(report.tie.table())
 
-# %% tags=["nbval-check-output"]
-print(f"exit code {report.exit_code}; {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes "
-      f"tied, input gradient {report.tie.row('input').verdict}; finite differences: "
-      f"{sum(r.verdict == 'FAILED' for r in report.fd_rows)} failed of {len(report.fd_rows)}")
-book.glue("own_tied", (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)), "{}/{} nodes tied",
-          at=book.At(**at_own, alpha=0.0, census=book.census_verdicts(smooth)))
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"exit code {report.exit_code};"
+    f" {sum(r.agrees for r in report.tie.nodes)}/{len(report.tie.nodes)} nodes tied,"
+    f" input gradient {report.tie.row('input').verdict}; finite differences:"
+    f" {sum(r.verdict == 'FAILED' for r in report.fd_rows)} failed of"
+    f" {len(report.fd_rows)}"
+)
+book.glue(
+    "own_tied",
+    (sum(r.agrees for r in report.tie.nodes), len(report.tie.nodes)),
+    "{}/{} nodes tied",
+    at=book.At(**at_own, alpha=0.0, census=book.census_verdicts(smooth)),
+)
 assert report.exit_code == 0 and report.tie.tied
 
 # %% [markdown]
 # Stage by stage: each stage's rendered backward, at the cotangent the chain hands it, against the
 # VJP of that stage alone. The depthwise stage is where our own op sits.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 st = stages.stage_ties(net, params, x, t, cfg, key=key)
 print(st.summary().split("; worst")[0])
 assert st.ok and len(st.ties) == 5
@@ -142,16 +170,22 @@ assert st.ok and len(st.ties) == 5
 # kernel unflipped. Each is planted as data — another kit, or another net definition — and tied at
 # the same point against the same reference.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(bugs.listing(net))
 caught = bugs.run(net, params, x, t, cfg, label_smoothing=0.1)
 print(caught.summary())
 print(caught.table())
-book.glue("own_bugs", caught.summary(), at=book.At(**at_own, alpha=0.1, census=book.census_verdicts(smooth)))
+book.glue(
+    "own_bugs",
+    caught.summary(),
+    at=book.At(**at_own, alpha=0.1, census=book.census_verdicts(smooth)),
+)
 assert caught.ok and "depthwise_kernel_not_flipped" in {c.bug for c in caught.caught}
 
 # %%
-plots.would_it_catch.caught([caught], title="Every planted bug fails its first node by orders of magnitude")
+plots.would_it_catch.caught(
+    [caught], title="Every planted bug fails its first node by orders of magnitude"
+)
 plt.show()
 
 # %% [markdown]
@@ -169,7 +203,10 @@ h = jax.random.normal(jax.random.fold_in(key, 1), (2, w.shape[0], 6, 6), jnp.flo
 
 
 def depthwise_vjp(backward):
-    return lambda x_, w_, dy: (backward(w_, dy), example.depthwise_grad_weight(example.DepthwiseSaved(x_), dy))
+    return lambda x_, w_, dy: (
+        backward(w_, dy),
+        example.depthwise_grad_weight(example.DepthwiseSaved(x_), dy),
+    )
 
 
 ok = gradtie.check_vjp(lambda x_, w_: example.depthwise_forward(x_, w_)[0], h, w,
@@ -217,54 +254,164 @@ assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
 from gradtie import companions
 from gradtie.nets import resnet34
 
-# the example's bottlenecks at the slots' widths: b3 keeps 64, b4, b8 and b14 halve the side and
-# double the width, as ResNet-34's own downsample blocks do
-block_cfg = example.Config(stem=resnet34.STEM_WIDTH, stages=((16, 64, 1), (16, 128, 2), (32, 256, 2), (64, 512, 2)))
-identity, bottleneck = companions.identity_slot, (lambda i: companions.foreign_slot(net, block_cfg, f"layer{i}.0"))
-slots = [identity(), companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5), bottleneck(1),    # b1 … b3: 64·56·56
-         bottleneck(2), identity(), identity(), identity(),                                  # b4 … b7: 128·28·28
-         bottleneck(3), identity(), identity(), identity(), identity(), identity(),          # b8 … b13: 256·14·14
-         bottleneck(4), identity(), companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25)]  # b14 … b16: 512·7·7
-slots_bad = [slots[0], companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5, forget_alpha=True), *slots[2:]]
+# the example's bottlenecks at the slots' widths: b3 keeps 64, b4, b8 and b14 halve the
+# side and double the width, as ResNet-34's own downsample blocks do
+block_cfg = example.Config(
+    stem=resnet34.STEM_WIDTH,
+    stages=((16, 64, 1), (16, 128, 2), (32, 256, 2), (64, 512, 2)),
+)
+identity, bottleneck = companions.identity_slot, (
+    lambda i: companions.foreign_slot(net, block_cfg, f"layer{i}.0")
+)
+# b1 … b3: 64·56·56
+slots = [
+    identity(),
+    companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5),
+    bottleneck(1),
+    bottleneck(2),
+    identity(),
+    identity(),
+    identity(),  # b4 … b7: 128·28·28
+    # b8 … b13: 256·14·14
+    bottleneck(3),
+    identity(),
+    identity(),
+    identity(),
+    identity(),
+    identity(),
+    # b14 … b16: 512·7·7
+    bottleneck(4),
+    identity(),
+    companions.residual_slot(resnet34.WIDTHS[-1], 1, 0.25),
+]
+slots_bad = [
+    slots[0],
+    companions.residual_slot(resnet34.STEM_WIDTH, 3, 0.5, forget_alpha=True),
+    *slots[2:],
+]
 between = companions.stem_head_net(slots)
 between_bad = companions.stem_head_net(slots_bad, name="scaled residual forgetting α")
 cfg_between = resnet34.Config(num_classes=10)
-params_between = {k: v.astype(jnp.float64) for k, v in between.init(key, cfg_between, weights="drawn").items()}
+params_between = {
+    k: v.astype(jnp.float64)
+    for k, v in between.init(key, cfg_between, weights="drawn").items()
+}
 x_between = images("randn", 2, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)
 t_between = targets_matrix(jnp.asarray([1, 4]), 10, jnp.float64)
 blocks_smooth = census.smoothness(between, params_between, x_between, cfg_between)
-stem_pool = blocks_smooth.pools[0].counts          # h_pool: no stem-pool window tied, not even between twins
+# h_pool: no stem-pool window tied, not even between twins
+stem_pool = blocks_smooth.pools[0].counts
 h_pool = stem_pool["twin tie"] + stem_pool["non-twin tie"] == 0
-blocks_census = dict(book.census_verdicts(blocks_smooth), resnet34_input=h_pool and blocks_smooth.zeros == 0)
-# each slot's output, read off the stages at abstract shapes: the types of b1 … b16 at 224 px
-block_shapes = [r.output_shape[1:] for r in between.summary(params_between, cfg_between, x_between.shape)[1:-1]]
-SLOT_TYPES = [(64, 56, 56)] * 3 + [(128, 28, 28)] * 4 + [(256, 14, 14)] * 6 + [(512, 7, 7)] * 3
-blocks_tie = companions.other_blocks(between, params_between, x_between, t_between, cfg_between,
-                                     label_smoothing=0.1, key=jax.random.fold_in(key, 7))
-blocks_bad = companions.other_blocks(between, params_between, x_between, t_between, cfg_between, label_smoothing=0.1,
-                                     rendered_net=between_bad, point=blocks_tie.point)
+blocks_census = dict(
+    book.census_verdicts(blocks_smooth),
+    resnet34_input=h_pool and blocks_smooth.zeros == 0,
+)
+# each slot's output, read off the stages at abstract shapes: the types of b1 … b16 at
+# 224 px
+block_shapes = [
+    r.output_shape[1:]
+    for r in between.summary(params_between, cfg_between, x_between.shape)[1:-1]
+]
+SLOT_TYPES = (
+    [(64, 56, 56)] * 3 + [(128, 28, 28)] * 4 + [(256, 14, 14)] * 6 + [(512, 7, 7)] * 3
+)
+blocks_tie = companions.other_blocks(
+    between,
+    params_between,
+    x_between,
+    t_between,
+    cfg_between,
+    label_smoothing=0.1,
+    key=jax.random.fold_in(key, 7),
+)
+blocks_bad = companions.other_blocks(
+    between,
+    params_between,
+    x_between,
+    t_between,
+    cfg_between,
+    label_smoothing=0.1,
+    rendered_net=between_bad,
+    point=blocks_tie.point,
+)
 
-# %% tags=["nbval-check-output"]
-print("b1 … b16:", ", ".join(f"{k} ×{blocks_tie.slots.count(k)}" for k in dict.fromkeys(blocks_tie.slots)))
-print(f"stem, sixteen other blocks, head: {blocks_tie.report.summary().split('; worst')[0]}")
-print(f"control ({between_bad.name}): {blocks_bad.report.summary().split('; worst')[0]}")
-print(f"slot types at 224 px: {'as the statement types b1 … b16' if block_shapes == SLOT_TYPES else block_shapes}; "
-      f"census: {blocks_smooth.summary().split('; hypotheses')[0]}; h_stem, h_pool and the blocks' ReLUs off their kinks: "
-      f"{blocks_census['resnet34_input']}")
-print(book.glue("other_blocks", (len(blocks_tie.slots), sum(r.ok for r in blocks_tie.report.nodes),
-                                 len(blocks_tie.report.nodes),
-                                 "tied" if blocks_tie.report.row("input").ok else "FAILED",
-                                 "FAILED" if not blocks_bad.ok else "tied"),
-                "ResNet-34's stem and head at 224 px around {} other block maps typed as its slots: {}/{} nodes "
-                "tied, input {}; a block whose VJP forgets α: {}",
-                at=(book.At("resnet34", image_size=resnet34.SUITE_IMAGE_SIZE, batch=2, classes=10, alpha=0.1,
-                            data="randn", dtype="float64", weights="drawn", census=blocks_census,
-                            extra={"widths": list(resnet34.WIDTHS), "blocks": "other maps in the sixteen slots"}),
-                    book.At("resnet34", image_size=resnet34.SUITE_IMAGE_SIZE, batch=2, classes=10, alpha=0.1,
-                            data="randn", dtype="float64", weights="drawn", role="control",
-                            extra={"widths": list(resnet34.WIDTHS), "blocks": "one planted block VJP"}))))
-assert block_shapes == SLOT_TYPES, f"other_blocks: the slots' outputs {block_shapes} are not r34InputGradB_correct's types"
-assert blocks_census["resnet34_input"], f"other_blocks: h_stem, h_pool or a block ReLU fails: {blocks_smooth.summary()}"
-assert blocks_tie.ok and len(blocks_tie.slots) == 16, \
-    f"other_blocks: the chain must equal the composed forward's VJP within 10 envelopes, got {blocks_tie.report.summary()}"
-assert not blocks_bad.ok and not blocks_bad.report.row("input").ok, "other_blocks: the wrong block VJP tied"
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    "b1 … b16:",
+    ", ".join(
+        f"{k} ×{blocks_tie.slots.count(k)}" for k in dict.fromkeys(blocks_tie.slots)
+    ),
+)
+print(
+    "stem, sixteen other blocks, head:"
+    f" {blocks_tie.report.summary().split('; worst')[0]}"
+)
+print(
+    f"control ({between_bad.name}): {blocks_bad.report.summary().split('; worst')[0]}"
+)
+print(
+    "slot types at 224 px:"
+    f" {'as the statement types b1 … b16' if block_shapes == SLOT_TYPES else block_shapes};"
+    f" census: {blocks_smooth.summary().split('; hypotheses')[0]}; h_stem, h_pool and"
+    f" the blocks' ReLUs off their kinks: {blocks_census['resnet34_input']}"
+)
+print(
+    book.glue(
+        "other_blocks",
+        (
+            len(blocks_tie.slots),
+            sum(r.ok for r in blocks_tie.report.nodes),
+            len(blocks_tie.report.nodes),
+            "tied" if blocks_tie.report.row("input").ok else "FAILED",
+            "FAILED" if not blocks_bad.ok else "tied",
+        ),
+        "ResNet-34's stem and head at 224 px around {} other block maps typed as its"
+        " slots: {}/{} nodes tied, input {}; a block whose VJP forgets α: {}",
+        at=(
+            book.At(
+                "resnet34",
+                image_size=resnet34.SUITE_IMAGE_SIZE,
+                batch=2,
+                classes=10,
+                alpha=0.1,
+                data="randn",
+                dtype="float64",
+                weights="drawn",
+                census=blocks_census,
+                extra={
+                    "widths": list(resnet34.WIDTHS),
+                    "blocks": "other maps in the sixteen slots",
+                },
+            ),
+            book.At(
+                "resnet34",
+                image_size=resnet34.SUITE_IMAGE_SIZE,
+                batch=2,
+                classes=10,
+                alpha=0.1,
+                data="randn",
+                dtype="float64",
+                weights="drawn",
+                role="control",
+                extra={
+                    "widths": list(resnet34.WIDTHS),
+                    "blocks": "one planted block VJP",
+                },
+            ),
+        ),
+    )
+)
+assert block_shapes == SLOT_TYPES, (
+    f"other_blocks: the slots' outputs {block_shapes} are not r34InputGradB_correct's"
+    " types"
+)
+assert blocks_census[
+    "resnet34_input"
+], f"other_blocks: h_stem, h_pool or a block ReLU fails: {blocks_smooth.summary()}"
+assert blocks_tie.ok and len(blocks_tie.slots) == 16, (
+    "other_blocks: the chain must equal the composed forward's VJP within 10"
+    f" envelopes, got {blocks_tie.report.summary()}"
+)
+assert (
+    not blocks_bad.ok and not blocks_bad.report.row("input").ok
+), "other_blocks: the wrong block VJP tied"

@@ -47,12 +47,13 @@
 # The replicas are fake host devices, so the device count must be fixed before JAX starts: the
 # first cell does that.
 
-# %%
+# %% tags=["hide-input"]
 import dataclasses
 
 from gradtie.fake_devices import request_host_devices
 
-# eight host devices for the replicas, read by XLA when JAX starts; other XLA_FLAGS are kept
+# eight host devices for the replicas, read by XLA when JAX starts; other XLA_FLAGS are
+# kept
 request_host_devices(8)
 
 import jax
@@ -79,21 +80,43 @@ image_size: int = 32  # the sweep's images; the statement's own 224 px is tied b
 head_width: int = 64  # cifar8 only: 64 is the narrow head, 512 the wide one
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(net=net, batch=batch, replicas=replicas, image_size=image_size,
                    head_width=head_width, seed=seed)
 assert 2 <= p.replicas <= 8, "the sweep runs on the 8 host devices this chapter sets up"
 nets = {"cifar8": (cifar8, cifar8.Config(head_width=p.head_width)),
         "resnet34": (resnet34, resnet34.Config(num_classes=10))}
 model, cfg = nets[p.net]
-alpha = 0.1 if p.net == "resnet34" else 0.0          # label smoothing: ResNet-34's render bakes 0.1, cifar8 runs 0
-params = {k: v.astype(jnp.float64) for k, v in model.init(jax.random.key(p.seed), cfg, weights="drawn").items()}
+# label smoothing: ResNet-34's render bakes 0.1, cifar8 runs 0
+alpha = 0.1 if p.net == "resnet34" else 0.0
+params = {
+    k: v.astype(jnp.float64)
+    for k, v in model.init(jax.random.key(p.seed), cfg, weights="drawn").items()
+}
 devices = jax.devices("cpu")                         # the fake host devices
 # what every figure below is glued with (`book.At`): the point it was computed at
-at_net = dict(net=p.net, classes=cfg.num_classes, alpha=alpha, data="photos", dtype="float64", weights="drawn",
-              extra={"widths": list(resnet34.WIDTHS)} if p.net == "resnet34" else {"head_width": p.head_width})
-print(f"{p.net}: {len(params)} parameter tensors at drawn weights; {len(devices)} host devices"
-      + ("" if p.net == "resnet34" else " (beyond the suite: cifar8 has no data-parallel render)"))
+at_net = dict(
+    net=p.net,
+    classes=cfg.num_classes,
+    alpha=alpha,
+    data="photos",
+    dtype="float64",
+    weights="drawn",
+    extra=(
+        {"widths": list(resnet34.WIDTHS)}
+        if p.net == "resnet34"
+        else {"head_width": p.head_width}
+    ),
+)
+print(
+    f"{p.net}: {len(params)} parameter tensors at drawn weights; {len(devices)} host"
+    " devices"
+    + (
+        ""
+        if p.net == "resnet34"
+        else " (beyond the suite: cifar8 has no data-parallel render)"
+    )
+)
 
 # %% [markdown]
 # ## Why the replica mean is the single-device gradient
@@ -139,26 +162,61 @@ print(f"{p.net}: {len(params)} parameter tensors at drawn weights; {len(devices)
 # tied, and never counted as tied.
 
 # %%
-sweep = dp.sweep(model, params, cfg, dp.splits(p.replicas, p.batch), image_size=p.image_size,
-                 seed=p.seed, label_smoothing=alpha, devices=devices, progress=False)
+sweep = dp.sweep(
+    model,
+    params,
+    cfg,
+    dp.splits(p.replicas, p.batch),
+    image_size=p.image_size,
+    seed=p.seed,
+    label_smoothing=alpha,
+    devices=devices,
+    progress=False,
+)
 for t in sweep.ties:
     print(f"R = {t.meta['replicas']} × N = {t.meta['per_replica']}: {t.summary()}")
 
-# %% tags=["nbval-check-output"]
-print(protocol.resolution_note(model, p.image_size) or f"{p.net} at its literal resolution")
-print(book.glue("rn_sweep", sweep.summary(),
-                at=tuple(book.At(**at_net, image_size=p.image_size, batch=t.meta["per_replica"], replicas=t.meta["replicas"])
-                         for t in sweep.ties)
-                + tuple(book.At(**at_net, image_size=p.image_size, batch=n, replicas=r, role="control")
-                        for r, n in sweep.degenerate)))
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    protocol.resolution_note(model, p.image_size)
+    or f"{p.net} at its literal resolution"
+)
+print(
+    book.glue(
+        "rn_sweep",
+        sweep.summary(),
+        at=tuple(
+            book.At(
+                **at_net,
+                image_size=p.image_size,
+                batch=t.meta["per_replica"],
+                replicas=t.meta["replicas"],
+            )
+            for t in sweep.ties
+        )
+        + tuple(
+            book.At(
+                **at_net, image_size=p.image_size, batch=n, replicas=r, role="control"
+            )
+            for r, n in sweep.degenerate
+        ),
+    )
+)
 print("every point satisfies the parameter-gradient hypothesis (census):", sweep.smooth)
-print("worst row of every split below its limit:", all(t.worst().ratio < 1 for t in sweep.ties))
+print(
+    "worst row of every split below its limit:",
+    all(t.worst().ratio < 1 for t in sweep.ties),
+)
 
 # %%
 assert sweep.ok and sweep.smooth
 assert all(not t.ill_conditioned for t in sweep.ties)
-assert {t.meta["replicas"] for t in sweep.ties} >= {1, 2, 4} & set(range(1, p.replicas + 1))
-assert set(sweep.degenerate) == ({(1, 1)} if (p.net, p.image_size) == ("resnet34", 32) else set()), sweep.degenerate
+assert {t.meta["replicas"] for t in sweep.ties} >= {1, 2, 4} & set(
+    range(1, p.replicas + 1)
+)
+assert set(sweep.degenerate) == (
+    {(1, 1)} if (p.net, p.image_size) == ("resnet34", 32) else set()
+), sweep.degenerate
 plots.data_parallel.figure_sweep(sweep)
 plt.show()
 
@@ -185,25 +243,69 @@ plt.show()
 
 # %% tags=["remove-stderr"]
 if p.net == "resnet34":
-    at224 = dp.sweep(model, params, cfg, [(2, 1)], image_size=resnet34.SUITE_IMAGE_SIZE, seed=p.seed,
-                     label_smoothing=alpha, devices=devices, progress=False)
+    at224 = dp.sweep(
+        model,
+        params,
+        cfg,
+        [(2, 1)],
+        image_size=resnet34.SUITE_IMAGE_SIZE,
+        seed=p.seed,
+        label_smoothing=alpha,
+        devices=devices,
+        progress=False,
+    )
     x224, t224, point224 = at224.points[2]
-    per_replica224 = tie(model, params, x224, t224, cfg, replicas=2, label_smoothing=alpha, point=point224,
-                         sync_bn=False, devices=devices)
+    per_replica224 = tie(
+        model,
+        params,
+        x224,
+        t224,
+        cfg,
+        replicas=2,
+        label_smoothing=alpha,
+        point=point224,
+        sync_bn=False,
+        devices=devices,
+    )
     print(at224.ties[0].summary())
 
 # %% tags=["nbval-check-output"]
 if p.net == "resnet34":
     sync224 = at224.ties[0]
-    print(f"224 px, R = 2 × N = 1: parameter-gradient hypothesis {'holds' if at224.smooth else 'FAILS'}; "
-          f"{sum(r.agrees for r in sync224.nodes)}/{len(sync224.nodes)} nodes, loss "
-          f"{'tied' if sync224.row('loss').agrees else 'FAILED'}, input gradient {sync224.row('input').verdict}; "
-          f"smallest BatchNorm reduction M = {sync224.smallest_bn()[1]}")
-    print(book.glue("sync_224", f"{sum(r.agrees for r in sync224.nodes)}/{len(sync224.nodes)}",
-                    at=(book.At(**at_net, image_size=resnet34.SUITE_IMAGE_SIZE, batch=1, replicas=2),
-                        book.At(**at_net, image_size=resnet34.SUITE_IMAGE_SIZE, batch=1, replicas=2, role="control"))),
-          "nodes tied at 224 px; per-replica BN (control):", "tied" if per_replica224.ok else "FAILED")
-    assert at224.ok and at224.smooth and len(sync224.nodes) == 110 and not per_replica224.ok
+    print(
+        "224 px, R = 2 × N = 1: parameter-gradient hypothesis"
+        f" {'holds' if at224.smooth else 'FAILS'};"
+        f" {sum(r.agrees for r in sync224.nodes)}/{len(sync224.nodes)} nodes, loss"
+        f" {'tied' if sync224.row('loss').agrees else 'FAILED'}, input gradient"
+        f" {sync224.row('input').verdict}; smallest BatchNorm reduction M ="
+        f" {sync224.smallest_bn()[1]}"
+    )
+    print(
+        book.glue(
+            "sync_224",
+            f"{sum(r.agrees for r in sync224.nodes)}/{len(sync224.nodes)}",
+            at=(
+                book.At(
+                    **at_net, image_size=resnet34.SUITE_IMAGE_SIZE, batch=1, replicas=2
+                ),
+                book.At(
+                    **at_net,
+                    image_size=resnet34.SUITE_IMAGE_SIZE,
+                    batch=1,
+                    replicas=2,
+                    role="control",
+                ),
+            ),
+        ),
+        "nodes tied at 224 px; per-replica BN (control):",
+        "tied" if per_replica224.ok else "FAILED",
+    )
+    assert (
+        at224.ok
+        and at224.smooth
+        and len(sync224.nodes) == 110
+        and not per_replica224.ok
+    )
 
 # %% [markdown]
 # ## The counterexample: per-replica BatchNorm goes red
@@ -221,19 +323,37 @@ if p.net == "resnet34":
 # %%
 b2 = 2 * p.batch
 x2, t2, point2 = sweep.points[b2]
-tied2 = next(t for t in sweep.ties if (t.meta["replicas"], t.meta["per_replica"]) == (2, p.batch))
-per_replica = tie(model, params, x2, t2, cfg, replicas=2, label_smoothing=alpha, point=point2,
-                  sync_bn=False, devices=devices)
+tied2 = next(
+    t for t in sweep.ties if (t.meta["replicas"], t.meta["per_replica"]) == (2, p.batch)
+)
+per_replica = tie(
+    model,
+    params,
+    x2,
+    t2,
+    cfg,
+    replicas=2,
+    label_smoothing=alpha,
+    point=point2,
+    sync_bn=False,
+    devices=devices,
+)
 print(per_replica.summary())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 worst = per_replica.worst()
-print(f"per-replica BN, R = 2 × N = {p.batch}: tie {'tied' if per_replica.ok else 'FAILED'}; "
-      f"first to break in backward order: {per_replica.first_failure().name}")
+print(
+    f"per-replica BN, R = 2 × N = {p.batch}: tie"
+    f" {'tied' if per_replica.ok else 'FAILED'}; first to break in backward order:"
+    f" {per_replica.first_failure().name}"
+)
 print("the loss itself differs:", not per_replica.row("loss").ok)
-print("off by more than 1 % of the node (not round-off):", worst.rel > tolerances.ILL_CONDITIONED_REL)
+print(
+    "off by more than 1 % of the node (not round-off):",
+    worst.rel > tolerances.ILL_CONDITIONED_REL,
+)
 
-# %%
+# %% tags=["hide-input"]
 assert not per_replica.ok and not per_replica.row("loss").ok
 assert worst.rel > tolerances.ILL_CONDITIONED_REL
 
@@ -267,35 +387,79 @@ assert worst.rel > tolerances.ILL_CONDITIONED_REL
 
 # %%
 counts = (b2 - 1, 1)
-uneven = tie(model, params, x2, t2, cfg, counts=counts, label_smoothing=alpha, point=point2,
-             devices=devices)
+uneven = tie(
+    model,
+    params,
+    x2,
+    t2,
+    cfg,
+    counts=counts,
+    label_smoothing=alpha,
+    point=point2,
+    devices=devices,
+)
 plain = bugs.plant("sync_plain_mean_of_means", model)
-plain_uneven = tie(model, params, x2, t2, cfg, chain=plain, counts=counts, label_smoothing=alpha,
-                   point=point2, devices=devices)
-plain_even = tie(model, params, x2, t2, cfg, chain=plain, counts=(p.batch, p.batch), label_smoothing=alpha,
-                 point=point2, devices=devices)
+plain_uneven = tie(
+    model,
+    params,
+    x2,
+    t2,
+    cfg,
+    chain=plain,
+    counts=counts,
+    label_smoothing=alpha,
+    point=point2,
+    devices=devices,
+)
+plain_even = tie(
+    model,
+    params,
+    x2,
+    t2,
+    cfg,
+    chain=plain,
+    counts=(p.batch, p.batch),
+    label_smoothing=alpha,
+    point=point2,
+    devices=devices,
+)
 for rep in (uneven, plain_uneven, plain_even):
     print(rep.net, "|", rep.summary())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 split = "+".join(map(str, counts))
-print(book.glue("uneven_tied", f"counts {split}: {sum(r.ok for r in uneven.nodes)}/{len(uneven.nodes)} nodes tied, "
-                f"loss {'tied' if uneven.row('loss').ok else 'FAILED'}, "
-                f"input gradient {'tied' if uneven.row('input').ok else 'FAILED'}",
-                at=book.At(**at_net, image_size=p.image_size, batch=counts, replicas=2)))
-print(book.glue("plain_mean_red", f"plain mean of replica means at {split}: {'tied' if plain_uneven.ok else 'FAILED'}; "
-                f"first to break in backward order: {plain_uneven.first_failure().name}",
-                at=book.At(**at_net, image_size=p.image_size, batch=counts, replicas=2, role="control")))
+print(
+    book.glue(
+        "uneven_tied",
+        f"counts {split}: {sum(r.ok for r in uneven.nodes)}/{len(uneven.nodes)} nodes"
+        f" tied, loss {'tied' if uneven.row('loss').ok else 'FAILED'}, input gradient"
+        f" {'tied' if uneven.row('input').ok else 'FAILED'}",
+        at=book.At(**at_net, image_size=p.image_size, batch=counts, replicas=2),
+    )
+)
+print(
+    book.glue(
+        "plain_mean_red",
+        f"plain mean of replica means at {split}:"
+        f" {'tied' if plain_uneven.ok else 'FAILED'}; first to break in backward order:"
+        f" {plain_uneven.first_failure().name}",
+        at=book.At(
+            **at_net, image_size=p.image_size, batch=counts, replicas=2, role="control"
+        ),
+    )
+)
 print(f"the same bug at {p.batch}+{p.batch}: {'tied' if plain_even.ok else 'FAILED'}")
 
 # %%
 assert uneven.ok and not uneven.ill_conditioned
 assert not plain_uneven.ok and plain_uneven.worst().rel > tolerances.ILL_CONDITIONED_REL
 assert plain_even.ok
-plots.data_parallel.figure_nodes({f"sync BN, R = 2 × N = {p.batch}": tied2,
-                                  f"sync BN, counts {split}": uneven,
-                                  "per-replica BN (control)": per_replica,
-                                  f"plain mean of means, counts {split} (bug)": plain_uneven})
+plots.data_parallel.figure_nodes({
+    f"sync BN, R = 2 × N = {p.batch}": tied2,
+    f"sync BN, counts {split}": uneven,
+    "per-replica BN (control)": per_replica,
+    f"plain mean of means, counts {split} (bug)": plain_uneven,
+})
 plt.show()
 
 # %% [markdown]
@@ -305,19 +469,40 @@ plt.show()
 
 # %%
 xs, ts, valid = parallel.padded(x2, t2, counts)
-junk = np.where(valid[:, None, None, None] > 0, xs, np.random.default_rng(p.seed).uniform(size=xs.shape))
+junk = np.where(
+    valid[:, None, None, None] > 0,
+    xs,
+    np.random.default_rng(p.seed).uniform(size=xs.shape),
+)
 mesh2 = parallel.data_mesh(2, devices=devices)
-zeros_run, junk_run = (parallel.forward_backward(model, params, jnp.asarray(a), jnp.asarray(ts), cfg, mesh=mesh2,
-                                                 label_smoothing=alpha, valid=jnp.asarray(valid))
-                       for a in (xs, junk))
+zeros_run, junk_run = (
+    parallel.forward_backward(
+        model,
+        params,
+        jnp.asarray(a),
+        jnp.asarray(ts),
+        cfg,
+        mesh=mesh2,
+        label_smoothing=alpha,
+        valid=jnp.asarray(valid),
+    )
+    for a in (xs, junk)
+)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 same = all(np.array_equal(zeros_run.grads[k], junk_run.grads[k]) for k in params)
-print("junk in the padding moves no bit of the loss, nodes or input gradient:",
-      same and float(zeros_run.loss) == float(junk_run.loss) and np.array_equal(zeros_run.dx, junk_run.dx))
-print("input gradient of every padded row exactly 0:", bool(np.all(np.asarray(junk_run.dx)[valid == 0] == 0)))
+print(
+    "junk in the padding moves no bit of the loss, nodes or input gradient:",
+    same
+    and float(zeros_run.loss) == float(junk_run.loss)
+    and np.array_equal(zeros_run.dx, junk_run.dx),
+)
+print(
+    "input gradient of every padded row exactly 0:",
+    bool(np.all(np.asarray(junk_run.dx)[valid == 0] == 0)),
+)
 
-# %%
+# %% tags=["hide-input"]
 assert same and np.array_equal(zeros_run.dx, junk_run.dx)
 assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 
@@ -361,22 +546,52 @@ assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 # %%
 cfg16 = dataclasses.replace(cfg, bf16=True)
 params32 = {k: v.astype(jnp.float32) for k, v in params.items()}
-sync16 = bf16_replicas.mesh_replica_sum(model, params32, x2.astype(jnp.float32), t2.astype(jnp.float32), cfg16,
-                                        mesh=mesh2, label_smoothing=alpha)
+sync16 = bf16_replicas.mesh_replica_sum(
+    model,
+    params32,
+    x2.astype(jnp.float32),
+    t2.astype(jnp.float32),
+    cfg16,
+    mesh=mesh2,
+    label_smoothing=alpha,
+)
 print(sync16.table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 rows16 = sync16.rows
-book.glue("sync_bf16", (sum(r.ok for r in rows16), len(rows16), sync16.replicas,
-                        "red" if sync16.control_red else "NOT red"),
-          "{}/{} conv weight-gradient nodes all-reduced as (1/R)·Σ_r rnd(S_r), R = {}; the rounded-sum control {}",
-          at=book.At(p.net, image_size=p.image_size, batch=p.batch, replicas=2, classes=cfg.num_classes, alpha=alpha,
-                     data="photos", dtype="float32, bf16 kinds", weights="drawn"))
+book.glue(
+    "sync_bf16",
+    (
+        sum(r.ok for r in rows16),
+        len(rows16),
+        sync16.replicas,
+        "red" if sync16.control_red else "NOT red",
+    ),
+    "{}/{} conv weight-gradient nodes all-reduced as (1/R)·Σ_r rnd(S_r), R = {}; the"
+    " rounded-sum control {}",
+    at=book.At(
+        p.net,
+        image_size=p.image_size,
+        batch=p.batch,
+        replicas=2,
+        classes=cfg.num_classes,
+        alpha=alpha,
+        data="photos",
+        dtype="float32, bf16 kinds",
+        weights="drawn",
+    ),
+)
 print(sync16.summary())
-print(f"beyond the suite: |formula| ≤ 2u·M at {sum(r.max_diff_rel <= 2 * bf16_replicas.U_BF16 for r in rows16)}/"
-      f"{len(rows16)} nodes; "
-      f"the all-reduce within its float32 rounding at {sum(r.reduce_ratio <= 1 for r in rows16)}/{len(rows16)}")
-print("control (the all-reduce as a rounded sum) fails the formula check:", sync16.control_red)
+print(
+    "beyond the suite: |formula| ≤ 2u·M at"
+    f" {sum(r.max_diff_rel <= 2 * bf16_replicas.U_BF16 for r in rows16)}/{len(rows16)}"
+    " nodes; the all-reduce within its float32 rounding at"
+    f" {sum(r.reduce_ratio <= 1 for r in rows16)}/{len(rows16)}"
+)
+print(
+    "control (the all-reduce as a rounded sum) fails the formula check:",
+    sync16.control_red,
+)
 
 # %%
 assert sync16.ok and sync16.control_red
@@ -411,23 +626,50 @@ plt.show()
 exact16 = sync_bf16.exact_difference(sync16, rounding(cfg16))
 print(exact16.table())
 
-# %% tags=["nbval-check-output"]
-print(book.glue("sync_bf16_exact", (sum(r.within == r.entries for r in exact16.rows), len(exact16.rows),
-                                    "≥" if exact16.share("exact") >= 0.99 else "UNDER",
-                                    "red" if exact16.controls_red else "NOT red"),
-                "G − node(R·N)/R, the mesh against a single device's own run, equals SyncBf16's term within the "
-                "summation-order bound at {}/{} nodes, bit for bit at {} 99 % of the entries; its controls (no "
-                "difference term, no per-replica rounding) {}",
-                at=book.At(p.net, image_size=p.image_size, batch=p.batch, classes=cfg.num_classes, alpha=alpha,
-                           data="photos", dtype="float32, bf16 kinds", weights="drawn", replicas=2,
-                           extra={"widths": list(resnet34.WIDTHS)} if p.net == "resnet34" else None)))
-print(f"controls predict G's bits at under 90 % of the entries: without the difference term "
-      f"{exact16.share('no_term') < 0.9}, without the per-replica rounding {exact16.share('no_rounding') < 0.9}")
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    book.glue(
+        "sync_bf16_exact",
+        (
+            sum(r.within == r.entries for r in exact16.rows),
+            len(exact16.rows),
+            "≥" if exact16.share("exact") >= 0.99 else "UNDER",
+            "red" if exact16.controls_red else "NOT red",
+        ),
+        "G − node(R·N)/R, the mesh against a single device's own run, equals SyncBf16's"
+        " term within the summation-order bound at {}/{} nodes, bit for bit at {} 99 %"
+        " of the entries; its controls (no difference term, no per-replica"
+        " rounding) {}",
+        at=book.At(
+            p.net,
+            image_size=p.image_size,
+            batch=p.batch,
+            classes=cfg.num_classes,
+            alpha=alpha,
+            data="photos",
+            dtype="float32, bf16 kinds",
+            weights="drawn",
+            replicas=2,
+            extra={"widths": list(resnet34.WIDTHS)} if p.net == "resnet34" else None,
+        ),
+    )
+)
+print(
+    "controls predict G's bits at under 90 % of the entries: without the difference"
+    f" term {exact16.share('no_term') < 0.9}, without the per-replica rounding"
+    f" {exact16.share('no_rounding') < 0.9}"
+)
 
-# %%
+# %% tags=["hide-input"]
 assert exact16.exact, f"SyncBf16 exact difference: {exact16.summary()}"
-assert exact16.controls_red and exact16.share("no_term") < 0.9 and exact16.share("no_rounding") < 0.9, \
-    f"SyncBf16 controls: each must fail the verdict at every node (R = 2), got {exact16.summary()}"
+assert (
+    exact16.controls_red
+    and exact16.share("no_term") < 0.9
+    and exact16.share("no_rounding") < 0.9
+), (
+    "SyncBf16 controls: each must fail the verdict at every node (R = 2), got"
+    f" {exact16.summary()}"
+)
 
 # %% [markdown]
 # ## Combining variances: Chan's formula against one E[x²] round (beyond the suite)
@@ -453,14 +695,17 @@ drift = parallel.variance_drift([1.0, 1e1, 1e2, 1e3, 1e4], mesh=mesh8, per_repli
                                 channels=8, size=8, seed=p.seed)
 print(drift.table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 chan_ok = all(r.chan <= parallel.chan_bound(r.offset) for r in drift.rows)
 far = drift.rows[-1]
 scale = parallel.one_round_scale(far.offset)
 print(f"Chan within {tolerances.CHAN_FACTOR:g}·u·(1 + μ/σ) at every μ/σ: {chan_ok}")
 print(f"u·(μ/σ)² at μ/σ = {far.offset:.0e}: {scale:.1f} times the variance")
-print(f"E[x²] − μ² at μ/σ = {far.offset:.0e} off by more than 10 %: {far.one_round > 0.1}; "
-      f"more than 1000 times Chan's error: {far.one_round > 1e3 * far.chan}")
+print(
+    f"E[x²] − μ² at μ/σ = {far.offset:.0e} off by more than 10 %:"
+    f" {far.one_round > 0.1}; more than 1000 times Chan's error:"
+    f" {far.one_round > 1e3 * far.chan}"
+)
 
 # %%
 assert chan_ok
@@ -490,19 +735,47 @@ plt.show()
 
 # %%
 c8, c8_cfg = cifar8, cifar8.Config(head_width=p.head_width)
-c8_params = {k: v.astype(jnp.float64) for k, v in c8.init(jax.random.key(p.seed), c8_cfg, weights="drawn").items()}
-c8_sweep = dp.sweep(c8, c8_params, c8_cfg, [(2, p.batch)], image_size=32, seed=p.seed, devices=devices,
-                    progress=False)
+c8_params = {
+    k: v.astype(jnp.float64)
+    for k, v in c8.init(jax.random.key(p.seed), c8_cfg, weights="drawn").items()
+}
+c8_sweep = dp.sweep(
+    c8,
+    c8_params,
+    c8_cfg,
+    [(2, p.batch)],
+    image_size=32,
+    seed=p.seed,
+    devices=devices,
+    progress=False,
+)
 c8x, c8t, c8_point = c8_sweep.points[b2]
-c8_uneven = tie(c8, c8_params, c8x, c8t, c8_cfg, counts=counts, point=c8_point, devices=devices)
+c8_uneven = tie(
+    c8, c8_params, c8x, c8t, c8_cfg, counts=counts, point=c8_point, devices=devices
+)
 
-# %% tags=["nbval-check-output"]
-print("cifar8 (beyond the suite):", book.glue("c8_mesh", c8_sweep.summary(),
-                                              at=book.At("cifar8", image_size=32, batch=p.batch, replicas=2, classes=10,
-                                                         alpha=0.0, data="photos", dtype="float64", weights="drawn",
-                                                         extra={"head_width": p.head_width})))
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    "cifar8 (beyond the suite):",
+    book.glue(
+        "c8_mesh",
+        c8_sweep.summary(),
+        at=book.At(
+            "cifar8",
+            image_size=32,
+            batch=p.batch,
+            replicas=2,
+            classes=10,
+            alpha=0.0,
+            data="photos",
+            dtype="float64",
+            weights="drawn",
+            extra={"head_width": p.head_width},
+        ),
+    ),
+)
 print(f"cifar8 at counts {split}: {'tied' if c8_uneven.ok else 'FAILED'} "
       f"({sum(r.ok for r in c8_uneven.nodes)}/{len(c8_uneven.nodes)} nodes)")
 
-# %%
+# %% tags=["hide-input"]
 assert c8_sweep.ok and c8_sweep.smooth and c8_uneven.ok

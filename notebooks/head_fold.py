@@ -58,7 +58,7 @@
 #
 # The first cell turns on float64.
 
-# %%
+# %% tags=["hide-input"]
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -75,7 +75,7 @@ from gradtie.ops import head
 num_classes: int = 10  # K for the fold cases (the smoothed minimum below is the claim at K 10)
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(num_classes=num_classes, seed=seed)
 key = jax.random.key(p.seed)
 labels3 = prng.randint(jax.random.fold_in(key, 0), (3,), 0, p.num_classes)
@@ -92,10 +92,12 @@ t3 = head.one_hot(labels3, p.num_classes, jnp.float64)
 # because 1/3 has no exact binary representation: multiplying by a rounded 1/N instead would move
 # some entries by an ulp, and the render's lemma is about division.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 steps = head_checks.fold_steps(z3, t3, 0.1)
 print(steps.table())
-print(f"entries where d2/N ≠ d2·(1/N): {steps.inexact_divisions} of {steps.n * steps.k}")
+print(
+    f"entries where d2/N ≠ d2·(1/N): {steps.inexact_divisions} of {steps.n * steps.k}"
+)
 
 # %%
 plots.head_fold.fold_row(steps)
@@ -117,22 +119,39 @@ plt.show()
 
 # %%
 cases = head_checks.fold_cases(key, num_classes=p.num_classes)
-# what every figure below is glued with (`book.At`): the point it was computed at (logits, no net)
-at_fold = book.At("logits", batch=(3, 6), classes=p.num_classes, alpha=(0.0, 0.1), data="one-hot, mixup, cutmix targets",
-                  dtype="float64")
+# what every figure below is glued with (`book.At`): the point it was computed at
+# (logits, no net)
+at_fold = book.At(
+    "logits",
+    batch=(3, 6),
+    classes=p.num_classes,
+    alpha=(0.0, 0.1),
+    data="one-hot, mixup, cutmix targets",
+    dtype="float64",
+)
 print(cases.table())
-row_sums = {kind: head.row_sum_error(data.batch_targets(kind, 6, p.num_classes, key)) for kind in data.TARGET_KINDS}
+row_sums = {
+    kind: head.row_sum_error(data.batch_targets(kind, 6, p.num_classes, key))
+    for kind in data.TARGET_KINDS
+}
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(book.glue("fold_tied", cases.summary(), at=at_fold))
-print(f"worst relative error at most 1e-14, float64's unit roundoff ({2.0 ** -53:.1e}) times 90: "
-      f"{cases.worst().rel <= 1e-14}; limit tolerances.REL_F64 = {tolerances.REL_F64:.0e}")
-print("rows sum to 1 within 1e-15:", {kind: err <= 1e-15 for kind, err in row_sums.items()})
+print(
+    f"worst relative error at most 1e-14, float64's unit roundoff ({2.0 ** -53:.1e})"
+    f" times 90: {cases.worst().rel <= 1e-14}; limit tolerances.REL_F64 ="
+    f" {tolerances.REL_F64:.0e}"
+)
+print(
+    "rows sum to 1 within 1e-15:",
+    {kind: err <= 1e-15 for kind, err in row_sums.items()},
+)
 assert cases.ok and cases.worst().rel <= 1e-14
 assert all(err <= 1e-15 for err in row_sums.values())
 
-# %%
-# the measured error is the machine's round-off (its exp and sums), so nbval does not compare it
+# %% tags=["hide-input"]
+# the measured error is the machine's round-off (its exp and sums), so nbval does not
+# compare it
 print(f"worst relative error {cases.worst().rel:.0e}")
 
 # %% [markdown]
@@ -140,7 +159,7 @@ print(f"worst relative error {cases.worst().rel:.0e}")
 # break the tie: the oracle's p·Σt̃ − t̃ is no longer p − t̃. `head.cotangent` therefore refuses
 # such targets with an error that says why, instead of returning a wrong cotangent.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 unnormalised = head_checks.tie_fold(z3, 1.2 * t3, 0.1, label="rows summing to 1.2")
 print(f"{unnormalised.name}: tied {unnormalised.ok}")
 print(head_checks.refusal(z3, 1.2 * t3, 0.1))
@@ -155,12 +174,19 @@ assert "sum to 1" in head_checks.refusal(z3, 1.2 * t3, 0.1)
 # of plain cross-entropy written with integer labels, −mean_n log p[n, label_n], which never forms
 # a target row.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 steps0 = head_checks.fold_steps(z3, t3, 0.0)
 plain = head_checks.tie_plain(z3, labels3)
-print(f"α = 0: a is all zero {bool(np.all(steps0.a == 0))}; d2 equals d0 bit for bit "
-      f"{bool(np.array_equal(steps0.d2, steps0.d0))}; tied to plain cross-entropy {plain.ok}")
-assert np.all(steps0.a == 0) and np.array_equal(steps0.d1, steps0.d0) and np.array_equal(steps0.d2, steps0.d0)
+print(
+    f"α = 0: a is all zero {bool(np.all(steps0.a == 0))}; d2 equals d0 bit for bit"
+    f" {bool(np.array_equal(steps0.d2, steps0.d0))}; tied to plain cross-entropy"
+    f" {plain.ok}"
+)
+assert (
+    np.all(steps0.a == 0)
+    and np.array_equal(steps0.d1, steps0.d0)
+    and np.array_equal(steps0.d2, steps0.d0)
+)
 assert plain.ok
 
 # %% [markdown]
@@ -179,16 +205,33 @@ t6 = data.batch_targets("mixup", 6, p.num_classes, jax.random.fold_in(key, 3))
 controls = head_checks.control_cases(z6, t6, 0.1)
 print(controls.table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 fold, planted = controls.rows[0], controls.rows[1:]
 red = [r.name for r in planted if not r.ok]
-print(book.glue("fold_controls", f"the fold tied at rel err ≤ {fold.limit:.0e}; {len(red)}/{len(planted)} planted "
-                                 f"controls red: {', '.join(red)}",
-                at=book.At("logits", batch=6, classes=p.num_classes, alpha=0.1, data="mixup targets", dtype="float64")))
-assert fold.ok and len(red) == len(planted), f"head-fold controls: expected the fold tied and every control red, got {controls.summary()}"
+print(
+    book.glue(
+        "fold_controls",
+        f"the fold tied at rel err ≤ {fold.limit:.0e}; {len(red)}/{len(planted)}"
+        f" planted controls red: {', '.join(red)}",
+        at=book.At(
+            "logits",
+            batch=6,
+            classes=p.num_classes,
+            alpha=0.1,
+            data="mixup targets",
+            dtype="float64",
+        ),
+    )
+)
+assert fold.ok and len(red) == len(planted), (
+    "head-fold controls: expected the fold tied and every control red, got"
+    f" {controls.summary()}"
+)
 
 # %%
-plots.head_fold.fold_ties({"case": cases, "α=0.1 N=6 mixup": controls}, tolerances.REL_F64)
+plots.head_fold.fold_ties(
+    {"case": cases, "α=0.1 N=6 mixup": controls}, tolerances.REL_F64
+)
 plt.show()
 
 # %% [markdown]
@@ -211,17 +254,31 @@ plt.show()
 # trained with α = 0.1 on separable data should see its training loss flatten at H(t̃): the
 # optimum, not a stall. The upstream book prints ≈ 0.485 for this plateau; no logits reach it.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 terms = head_checks.entropy_terms(10, 0.1)
-print(f"K = {terms.num_classes}, α = {terms.alpha:g}: t̃ = {terms.label_share:.2f} on the label, "
-      f"{terms.other_share:.2f} on each other class")
-print(book.glue("smoothed_minimum", f"H(t̃) = {terms.label_term:.4f} (label) + {terms.others_term:.4f} (the other "
-                f"{terms.num_classes - 1}) = {terms.total:.4f} nats, at the margin m* = ln "
-                f"{terms.label_share / terms.other_share:.0f} = {terms.best_margin:.2f}",
-                at=book.At("logits", classes=10, alpha=0.1, data="one-hot target", dtype="float64")))
+print(
+    f"K = {terms.num_classes}, α = {terms.alpha:g}: t̃ = {terms.label_share:.2f} on the"
+    f" label, {terms.other_share:.2f} on each other class"
+)
+print(
+    book.glue(
+        "smoothed_minimum",
+        f"H(t̃) = {terms.label_term:.4f} (label) + {terms.others_term:.4f} (the other "
+        f"{terms.num_classes - 1}) = {terms.total:.4f} nats, at the margin m* = ln "
+        f"{terms.label_share / terms.other_share:.0f} = {terms.best_margin:.2f}",
+        at=book.At(
+            "logits", classes=10, alpha=0.1, data="one-hot target", dtype="float64"
+        ),
+    )
+)
 assert abs(terms.label_share - 0.91) <= 1e-12 and abs(terms.other_share - 0.01) <= 1e-12
-assert abs(terms.label_term - 0.0858) <= 5e-5 and abs(terms.others_term - 0.4145) <= 5e-5
-assert abs(terms.total - 0.5003) <= 5e-5 and abs(terms.total - head_checks.smoothed_entropy(10, 0.1)) <= 1e-15
+assert (
+    abs(terms.label_term - 0.0858) <= 5e-5 and abs(terms.others_term - 0.4145) <= 5e-5
+)
+assert (
+    abs(terms.total - 0.5003) <= 5e-5
+    and abs(terms.total - head_checks.smoothed_entropy(10, 0.1)) <= 1e-15
+)
 assert abs(terms.best_margin - 4.51) <= 5e-3
 
 # %% [markdown]
@@ -231,12 +288,21 @@ assert abs(terms.best_margin - 4.51) <= 5e-3
 # %%
 curve = head_checks.margin_curve(10, 0.1)
 
-# %% tags=["nbval-check-output"]
-print(f"H(t̃) = {curve.entropy:.4f} nats; loss at z = log t̃: {curve.at_log_target:.4f}; "
-      f"after descent along the fold: {curve.descent:.4f}; lowest on the margin grid: {curve.minimum:.4f}")
-print(f"best margin {curve.best_margin:.2f}; upstream's 0.485 lies {curve.entropy - 0.485:.4f} "
-      f"nats below the minimum")
-assert curve.ok and abs(curve.entropy - terms.total) <= 1e-15 and abs(curve.best_margin - terms.best_margin) <= 1e-12
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"H(t̃) = {curve.entropy:.4f} nats; loss at z = log t̃: {curve.at_log_target:.4f};"
+    f" after descent along the fold: {curve.descent:.4f}; lowest on the margin grid:"
+    f" {curve.minimum:.4f}"
+)
+print(
+    f"best margin {curve.best_margin:.2f}; upstream's 0.485 lies"
+    f" {curve.entropy - 0.485:.4f} nats below the minimum"
+)
+assert (
+    curve.ok
+    and abs(curve.entropy - terms.total) <= 1e-15
+    and abs(curve.best_margin - terms.best_margin) <= 1e-12
+)
 assert 0.485 < curve.entropy - 0.01
 
 # %%
@@ -258,17 +324,33 @@ plt.show()
 
 # %%
 linear = head_checks.linear_head_cases(jax.random.fold_in(key, 4))
-linear_bug = head_checks.linear_head_cases(jax.random.fold_in(key, 4), gap_backward=head_checks.gap_without_area)
+linear_bug = head_checks.linear_head_cases(
+    jax.random.fold_in(key, 4), gap_backward=head_checks.gap_without_area
+)
 print(linear.table())
 
-# %% tags=["nbval-check-output"]
-print(book.glue("head_linear", f"{linear.summary()}; {linear.meta['feature_ties']} tied feature pairs",
-                at=book.At("GAP + dense head", data="random inputs with tied GAP features", dtype="float64")))
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    book.glue(
+        "head_linear",
+        f"{linear.summary()}; {linear.meta['feature_ties']} tied feature pairs",
+        at=book.At(
+            "GAP + dense head",
+            data="random inputs with tied GAP features",
+            dtype="float64",
+        ),
+    )
+)
 print(f"gap_without_area: {linear_bug.summary()}")
 assert linear.ok and linear.meta["feature_ties"] > 0
 assert not linear_bug.rows[0].ok and all(r.ok for r in linear_bug.rows[1:])
 
 # %%
-plots.head_fold.fold_ties({"GAP + dense": linear, "gap_without_area": linear_bug}, tolerances.REL_F64,
-                          title="GAP and dense tie to autodiff at tied features; the planted GAP bug goes red")
+plots.head_fold.fold_ties(
+    {"GAP + dense": linear, "gap_without_area": linear_bug},
+    tolerances.REL_F64,
+    title=(
+        "GAP and dense tie to autodiff at tied features; the planted GAP bug goes red"
+    ),
+)
 plt.show()

@@ -31,7 +31,7 @@
 # when one has run), checks them against their limits and draws them. A stopwatch under nbval
 # would measure the machine that runs the tests, not the code.
 
-# %%
+# %% tags=["hide-input"]
 import json
 
 import jax
@@ -46,25 +46,41 @@ net: str = "resnet34"  # the step compiled live from shapes at the end (no data,
 batch: int = 2       # its batch
 image_size: int = 32  # its image side
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(net=net, batch=batch, image_size=image_size)
 cpu = bench.read(bench.RESULTS / "cpu.json")
-assert cpu is not None, "benchmarks/results/cpu.json is missing: run benchmarks/rendered_vs_autodiff.py"
+assert (
+    cpu is not None
+), "benchmarks/results/cpu.json is missing: run benchmarks/rendered_vs_autodiff.py"
 results = cpu["results"]
 m = cpu["machine"]
-print(f"{len(results)} configurations measured on {m['cpu']} ({m['cores']} cores), jax {m['jax']}, {m['date']}")
+print(
+    f"{len(results)} configurations measured on {m['cpu']} ({m['cores']} cores), jax"
+    f" {m['jax']}, {m['date']}"
+)
 
 
 def measured_at(rows, data: str):
     """The points a benchmark figure reads (`book.At`): each configuration measured."""
-    return tuple(book.At(r.config.net, image_size=r.config.image_size, batch=r.config.batch, data=data,
-                         extra={"configuration": r.config.label()}) for r in rows)
+    return tuple(
+        book.At(
+            r.config.net,
+            image_size=r.config.image_size,
+            batch=r.config.batch,
+            data=data,
+            extra={"configuration": r.config.label()},
+        )
+        for r in rows
+    )
 
-# %% tags=["nbval-check-output"]
-# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is the same
-# architecture beyond them, and says so
+# %% tags=["nbval-check-output", "hide-input"]
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
 if p.net == "resnet34":
-    print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px")
+    print(
+        protocol.resolution_note(resnet34.NET, p.image_size)
+        or "resnet34 at the statements' own 224 px"
+    )
 
 # %% [markdown]
 # ## The CPU results
@@ -76,32 +92,61 @@ if p.net == "resnet34":
 # BatchNorm, the batch per replica. The limits: the ratio rendered/autodiff at most
 # `SPEED_RATIO_LIMIT`, the temporary memory at most autodiff's.
 
-# %% tags=["nbval-check-output"]
-print(f"{'configuration':<32} {'rendered ms':>11} {'autodiff ms':>11} {'ratio':>6} {'temp MiB r / a':>16}")
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"{'configuration':<32} {'rendered ms':>11} {'autodiff ms':>11} {'ratio':>6}"
+    f" {'temp MiB r / a':>16}"
+)
 for r in results:
-    print(f"{r.config.label():<32} {r.rendered_ms:11.1f} {r.autodiff_ms:11.1f} {r.ratio:6.3f} "
-          f"{r.rendered_temp_mib:7.1f} / {r.autodiff_temp_mib:6.1f}")
+    print(
+        f"{r.config.label():<32} {r.rendered_ms:11.1f} {r.autodiff_ms:11.1f}"
+        f" {r.ratio:6.3f} {r.rendered_temp_mib:7.1f} / {r.autodiff_temp_mib:6.1f}"
+    )
 problems = bench.verdict(results, tolerances.SPEED_RATIO_LIMIT)
 worst = max(results, key=lambda r: r.ratio)
 within = [r for r in results if not bench.verdict([r], tolerances.SPEED_RATIO_LIMIT)]
 memory_ok = all(r.rendered_temp_mib <= r.autodiff_temp_mib for r in results)
-print(f"worst ratio {worst.ratio:.3f} ({worst.config.label()}), limit {tolerances.SPEED_RATIO_LIMIT}; "
-      f"temporary memory at most autodiff's everywhere: {memory_ok}")
-print("within the limit: " + book.glue("perf_within", f"{len(within)} of {len(results)}",
-                                       at=measured_at(results, "benchmarks/results/cpu.json")) + " configurations")
+print(
+    f"worst ratio {worst.ratio:.3f} ({worst.config.label()}), limit"
+    f" {tolerances.SPEED_RATIO_LIMIT}; temporary memory at most autodiff's everywhere:"
+    f" {memory_ok}"
+)
+print(
+    "within the limit: "
+    + book.glue(
+        "perf_within",
+        f"{len(within)} of {len(results)}",
+        at=measured_at(results, "benchmarks/results/cpu.json"),
+    )
+    + " configurations"
+)
 for line in problems:
     print(f"  over: {line}")
-assert memory_ok and len(within) + len({line.split(':')[0] for line in problems}) == len(results)
+assert memory_ok and len(within) + len(
+    {line.split(':')[0] for line in problems}
+) == len(results)
 
 # %% [markdown]
 # The verdict can fail, and here it does: the same results with the two steps' times swapped (a
 # render as much slower as ours is faster) break the limit at every configuration.
 
 # %% tags=["nbval-check-output"]
-swapped = [bench.BenchResult(r.config, r.backend, r.autodiff_ms, r.rendered_ms, r.autodiff_temp_mib,
-                             r.rendered_temp_mib) for r in results]
+swapped = [
+    bench.BenchResult(
+        r.config,
+        r.backend,
+        r.autodiff_ms,
+        r.rendered_ms,
+        r.autodiff_temp_mib,
+        r.rendered_temp_mib,
+    )
+    for r in results
+]
 red = bench.verdict(swapped, tolerances.SPEED_RATIO_LIMIT)
-print(f"control (times and memory swapped): {len(red)} problems over {len(results)} configurations")
+print(
+    f"control (times and memory swapped): {len(red)} problems over {len(results)}"
+    " configurations"
+)
 assert len(red) >= len(results)
 
 # %%
@@ -109,7 +154,9 @@ plots.performance.figure_time_memory(results)
 plt.show()
 
 # %%
-plots.performance.figure_ratios(results, tolerances.SPEED_RATIO_LIMIT, tolerances.UPSTREAM_RATIOS)
+plots.performance.figure_ratios(
+    results, tolerances.SPEED_RATIO_LIMIT, tolerances.UPSTREAM_RATIOS
+)
 plt.show()
 
 # %% [markdown]
@@ -132,30 +179,54 @@ plt.show()
 #
 # Statements shown: none of the suite's (speed is beyond what it states).
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 peer_doc = peer_bench.read(bench.RESULTS / "peers_cpu.json")
-assert peer_doc is not None, "benchmarks/results/peers_cpu.json is missing: run gradtie bench --peers --suite peers --out …"
+assert peer_doc is not None, (
+    "benchmarks/results/peers_cpu.json is missing: run gradtie bench --peers --suite"
+    " peers --out …"
+)
 peer_rows = peer_doc["rows"]
 pm = peer_doc["machine"]
-print(f"{len(peer_rows)} configurations, {peer_doc['rounds']} alternating rounds, on {pm['cpu']} "
-      f"({pm['cores']} cores), {pm['date']}")
+print(
+    f"{len(peer_rows)} configurations, {peer_doc['rounds']} alternating rounds, on"
+    f" {pm['cpu']} ({pm['cores']} cores), {pm['date']}"
+)
 for c in peer_doc["checks"]:
-    print(f"{c['peer']:<9} {c['net']:<9} " + (f"not run: {c['skipped']}" if c.get("skipped") else c["describe"]))
+    print(
+        f"{c['peer']:<9} {c['net']:<9} "
+        + (f"not run: {c['skipped']}" if c.get("skipped") else c["describe"])
+    )
 assert all(c.get("skipped") or c["ok"] for c in peer_doc["checks"])
-print(f"matrix product {peer_bench.MATMUL_N}³ float32: {peer_doc['matmul_gflops']:.0f} GFLOP/s")
+print(
+    f"matrix product {peer_bench.MATMUL_N}³ float32: {peer_doc['matmul_gflops']:.0f}"
+    " GFLOP/s"
+)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(peer_bench.table(peer_rows))
 behind = peer_bench.verdict(peer_rows)
 ahead = len(peer_rows) - len({line.split(':')[0] for line in behind})
-print("configurations where the rendered step is ahead of every peer by the goal: "
-      + book.glue("peers_ahead", f"{ahead} of {len(peer_rows)}", at=measured_at(peer_rows, "the committed peer run")))
+print(
+    "configurations where the rendered step is ahead of every peer by the goal: "
+    + book.glue(
+        "peers_ahead",
+        f"{ahead} of {len(peer_rows)}",
+        at=measured_at(peer_rows, "the committed peer run"),
+    )
+)
 for line in behind:
     print(f"  behind: {line}")
-limit_row = next(r for r in peer_rows if (r.config.net, r.config.batch, r.config.image_size) == ("resnet34", 32, 64))
+limit_row = next(
+    r
+    for r in peer_rows
+    if (r.config.net, r.config.batch, r.config.image_size) == ("resnet34", 32, 64)
+)
 fraction = limit_row.limit_fraction()
-print(f"ResNet-34 batch 32, 64 px: rendered at {fraction:.2f} of the matrix product's rate "
-      f"(goal {peer_bench.LIMIT_GOAL}: {'met' if fraction >= peer_bench.LIMIT_GOAL else 'not met'})")
+print(
+    f"ResNet-34 batch 32, 64 px: rendered at {fraction:.2f} of the matrix product's"
+    f" rate (goal {peer_bench.LIMIT_GOAL}:"
+    f" {'met' if fraction >= peer_bench.LIMIT_GOAL else 'not met'})"
+)
 assert 0 < fraction < 1.5 and 0 <= ahead <= len(peer_rows)
 
 
@@ -163,12 +234,21 @@ assert 0 < fraction < 1.5 and 0 <= ahead <= len(peer_rows)
 # The verdict can fail, and can pass: the same rows with the rendered step's times doubled are
 # behind at every configuration, and with every peer's times doubled ahead wherever the peer ran.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 slow = peer_bench.verdict(peer_bench.scaled(peer_rows, {"rendered": 2.0}))
-fast = peer_bench.verdict(peer_bench.scaled(peer_rows, {side: 2.0 for side in peer_bench.SIDES if side != "rendered"}))
-print(f"control, rendered twice as slow: behind at {len({l.split(':')[0] for l in slow})} of {len(peer_rows)}; "
-      f"every peer twice as slow: behind {len([l for l in fast if 'not run' not in l])} times")
-assert len({l.split(':')[0] for l in slow}) == len(peer_rows) and not [l for l in fast if "not run" not in l]
+fast = peer_bench.verdict(
+    peer_bench.scaled(
+        peer_rows, {side: 2.0 for side in peer_bench.SIDES if side != "rendered"}
+    )
+)
+print(
+    f"control, rendered twice as slow: behind at {len({l.split(':')[0] for l in slow})}"
+    f" of {len(peer_rows)}; every peer twice as slow: behind"
+    f" {len([l for l in fast if 'not run' not in l])} times"
+)
+assert len({l.split(':')[0] for l in slow}) == len(peer_rows) and not [
+    l for l in fast if "not run" not in l
+]
 
 # %% [markdown]
 # Time per image against the batch and the image side, for every side that ran, and each process's
@@ -199,14 +279,18 @@ plt.show()
 # 0.95 × PyTorch's whole step, no step built on XLA's CPU convolutions reaches the goal; where it is
 # below, the rest of the gap lies in the work around the convolutions.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 floor_doc = conv_floor.read(bench.RESULTS / "conv_floor_cpu.json")
-assert floor_doc is not None, ("benchmarks/results/conv_floor_cpu.json is missing: run gradtie bench "
-                               "--conv-floor --suite peers --rounds 2 --out …")
+assert floor_doc is not None, (
+    "benchmarks/results/conv_floor_cpu.json is missing: run gradtie bench "
+    "--conv-floor --suite peers --rounds 2 --out …"
+)
 floor_rows = floor_doc["rows"]
 fm = floor_doc["machine"]
-print(f"{len(floor_rows)} configurations, {floor_doc['rounds']} alternating rounds, on {fm['cpu']} "
-      f"({fm['cores']} cores), {fm['date']}")
+print(
+    f"{len(floor_rows)} configurations, {floor_doc['rounds']} alternating rounds, on"
+    f" {fm['cpu']} ({fm['cores']} cores), {fm['date']}"
+)
 print(conv_floor.table(floor_rows))
 bound = conv_floor.kernel_bound(floor_rows)
 print("configurations out of reach of XLA's CPU convolutions: "
@@ -214,12 +298,19 @@ print("configurations out of reach of XLA's CPU convolutions: "
                   at=measured_at(floor_rows, "the committed conv-floor run")))
 for line in bound:
     print(f"  {line}")
-# gradtie's conv ops are under the rendered step that runs them (the peer run is another run on the
-# same machine: 15 % for drift); the channels-last floor bounds a channels-last step, not this one
-rendered_ms = {(r.config.net, r.config.batch, r.config.image_size): r.ms("rendered") for r in peer_rows}
+# gradtie's conv ops are under the rendered step that runs them (the peer run is another
+# run on the same machine: 15 % for drift); the channels-last floor bounds a channels-
+# last step, not this one
+rendered_ms = {
+    (r.config.net, r.config.batch, r.config.image_size): r.ms("rendered")
+    for r in peer_rows
+}
 for r in floor_rows:
     step = rendered_ms[(r.config.net, r.config.batch, r.config.image_size)]
-    print(f"{r.config.label():<24} convolutions alone: {r.floor_ms() / step:.2f} of the rendered step")
+    print(
+        f"{r.config.label():<24} convolutions alone: {r.floor_ms() / step:.2f} of the"
+        " rendered step"
+    )
     assert r.floor_ms() < 1.15 * step
 assert all(0 < r.fraction() < 5 for r in floor_rows if r.fraction() is not None)
 
@@ -227,7 +318,7 @@ assert all(0 < r.fraction() < 5 for r in floor_rows if r.fraction() is not None)
 # The verdict can fail, and can pass: with gradtie's conv times (both floors) divided by four no
 # configuration is out of reach, and multiplied by four every configuration where PyTorch ran is.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 ran = [r for r in floor_rows if r.fraction() is not None]
 quick = conv_floor.kernel_bound(conv_floor.scaled(floor_rows, 0.25))
 slow = conv_floor.kernel_bound(conv_floor.scaled(floor_rows, 4.0))
@@ -292,12 +383,18 @@ plt.show()
 # lower as `(bf16, bf16) -> f32` at HIGHEST, which XLA's GPU backend runs as float32 convolutions.
 
 # %% tags=["nbval-check-output"]
-lowered_programs = {name: lowered.program(resnet34.NET, resnet34.NET.config(policy=name), batch=2, image_size=64)
-                    for name in policy.NAMES}
+lowered_programs = {
+    name: lowered.program(
+        resnet34.NET, resnet34.NET.config(policy=name), batch=2, image_size=64
+    )
+    for name in policy.NAMES
+}
 for name, prog in lowered_programs.items():
     print(f"{name:<5} {prog.summary().split(': ', 1)[1]}")
     assert lowered.violations(prog) == [], lowered.violations(prog)[:3]
-old_sites = lowered.program(resnet34.NET, resnet34.NET.config(bf16=True), batch=2, image_size=64)
+old_sites = lowered.program(
+    resnet34.NET, resnet34.NET.config(bf16=True), batch=2, image_size=64
+)
 print(f"bf16 conv sites in a float32 chain: {old_sites.summary().split(': ', 1)[1]}")
 half = lowered_programs["bf16"].saved_bytes / lowered_programs["tie"].saved_bytes
 assert 0.45 < half < 0.55 and "(bf16, bf16) -> f32" in old_sites.signatures()
@@ -315,24 +412,36 @@ print(f"saved record under bf16: {half:.2f} of float32's")
 # %% tags=["nbval-check-output"]
 gpu = bench.read(bench.RESULTS / "gpu.json")
 if gpu is None:
-    print("no GPU figure exists yet: benchmarks/results/gpu.json has not been written (run benchmarks/gpu.sh)")
+    print(
+        "no GPU figure exists yet: benchmarks/results/gpu.json has not been written"
+        " (run benchmarks/gpu.sh)"
+    )
 else:
     for r in gpu["results"]:
         mfu = r.mfu
-        print(f"{r.config.label():<40} {r.images_per_s[0]:8.0f} / {r.images_per_s[1]:8.0f} img/s  "
-              f"ratio {r.ratio:.3f}  MFU {mfu[0] if mfu[0] is None else round(100 * mfu[0], 1)} %")
+        print(
+            f"{r.config.label():<40} {r.images_per_s[0]:8.0f} /"
+            f" {r.images_per_s[1]:8.0f} img/s  ratio {r.ratio:.3f}  MFU"
+            f" {mfu[0] if mfu[0] is None else round(100 * mfu[0], 1)} %"
+        )
 
 # %%
 if gpu is not None:
     plots.performance.figure_gpu(gpu["results"])
     plt.show()
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 peers_gpu = peer_bench.read(bench.RESULTS / "peers_gpu.json")
 if peers_gpu is None:
-    print("no GPU peer figure exists yet: benchmarks/gpu.sh writes benchmarks/results/peers_gpu.json")
+    print(
+        "no GPU peer figure exists yet: benchmarks/gpu.sh writes"
+        " benchmarks/results/peers_gpu.json"
+    )
 else:
-    print(f"on {peers_gpu['machine']['device_kind']}: matrix product {peers_gpu['matmul_gflops']:.0f} GFLOP/s")
+    print(
+        f"on {peers_gpu['machine']['device_kind']}: matrix product"
+        f" {peers_gpu['matmul_gflops']:.0f} GFLOP/s"
+    )
     print(peer_bench.table(peers_gpu["rows"]))
 
 # %% [markdown]
@@ -344,9 +453,12 @@ else:
 # in `GPU_FIT_GIB`. The footprint is the CPU compiler's; a GPU's buffer assignment differs in
 # detail, not in order of magnitude.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 abstract = bench.read_abstract(bench.RESULTS / "abstract_gpu.json")
-assert abstract is not None, "benchmarks/results/abstract_gpu.json is missing: run gradtie bench --abstract --out …"
+assert abstract is not None, (
+    "benchmarks/results/abstract_gpu.json is missing: run gradtie bench --abstract"
+    " --out …"
+)
 largest = bench.largest_by_owner(abstract["rows"])
 for owner, gib in largest.items():
     print(f"{owner:<16} largest computation {gib:7.2f} GiB")
@@ -365,17 +477,32 @@ plt.show()
 # ResNet-34 at 224 px, batch 64). Nothing runs; XLA only plans the buffers.
 
 # %%
-live = bench.abstract([bench.Workload("performance", f"{p.net} batch {p.batch}", p.net, side, p.batch,
-                                      p.image_size, 10, "float32") for side in ("rendered", "autodiff")],
-                      progress=False)
+live = bench.abstract(
+    [
+        bench.Workload(
+            "performance",
+            f"{p.net} batch {p.batch}",
+            p.net,
+            side,
+            p.batch,
+            p.image_size,
+            10,
+            "float32",
+        )
+        for side in ("rendered", "autodiff")
+    ],
+    progress=False,
+)
 for row in live:
     print(f"{row.workload.side:<9} temporaries {row.temp_gib * 1024:9.1f} MiB, "
           f"footprint {row.total_gib * 1024:9.1f} MiB")
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 rendered_row, autodiff_row = live
-print(f"{p.net} at batch {p.batch}, {p.image_size} px: the rendered step plans less temporary memory "
-      f"than autodiff: {rendered_row.temp_gib <= autodiff_row.temp_gib}")
+print(
+    f"{p.net} at batch {p.batch}, {p.image_size} px: the rendered step plans less"
+    f" temporary memory than autodiff: {rendered_row.temp_gib <= autodiff_row.temp_gib}"
+)
 assert rendered_row.temp_gib <= autodiff_row.temp_gib
 
 # %% [markdown]
@@ -389,12 +516,18 @@ assert rendered_row.temp_gib <= autodiff_row.temp_gib
 # differences run each node's forward from its stage onward, the earlier stages' activations
 # taken from the point. CI's time is mostly compilation and the chapters under nbval.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 budgets = json.loads((bench.RESULTS / "budgets.json").read_text())["budgets"]
 for b in budgets:
-    after = "not measured yet" if b["after_s"] is None else f"{plots.performance._seconds(b['after_s']):.0f} s"
-    print(f"{b['what']:<38} before {plots.performance._seconds(b['before_s']):6.0f} s   "
-          f"budget {b['target_s']:4d} s   after {after}")
+    after = (
+        "not measured yet"
+        if b["after_s"] is None
+        else f"{plots.performance._seconds(b['after_s']):.0f} s"
+    )
+    print(
+        f"{b['what']:<38} before {plots.performance._seconds(b['before_s']):6.0f} s   "
+        f"budget {b['target_s']:4d} s   after {after}"
+    )
 
 # %%
 plots.performance.figure_budgets(budgets)

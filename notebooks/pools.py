@@ -61,7 +61,7 @@
 #
 # The first cell turns on float64: every equality below is meant to the last few bits.
 
-# %%
+# %% tags=["hide-input"]
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -83,41 +83,80 @@ batch: int = 4       # examples per census batch (both nets)
 image_size: int = 64  # ResNet-34's input side (cifar8 always reads 32×32)
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(batch=batch, image_size=image_size, seed=seed)
 key = jax.random.key(p.seed)
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=10)
-params8 = {k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights="drawn").items()}
-params34 = {k: v.astype(jnp.float64) for k, v in resnet34.init(key, cfg34, weights="drawn").items()}
+params8 = {
+    k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights="drawn").items()
+}
+params34 = {
+    k: v.astype(jnp.float64)
+    for k, v in resnet34.init(key, cfg34, weights="drawn").items()
+}
 x8 = images("photos", p.batch, 32, seed=p.seed)            # float64 images in [0,1]
 x34 = images("photos", p.batch, p.image_size, seed=p.seed)
 flat8 = images("flat", p.batch, 32, seed=p.seed)
 flat34 = images("flat", p.batch, p.image_size, seed=p.seed)
-randn8 = images("randn", p.batch, 32, seed=p.seed)         # N(0, 1) pixels: no two receptive fields alike
+# N(0, 1) pixels: no two receptive fields alike
+randn8 = images("randn", p.batch, 32, seed=p.seed)
 randn34 = images("randn", p.batch, p.image_size, seed=p.seed)
 labels = prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10)
 targets = head.one_hot(labels, 10, jnp.float64)
 bn_scales = [(net, k) for net, ps in (("cifar8", params8), ("ResNet-34", params34))
-             for k, v in ps.items() if v.ndim == 1 and k.endswith(".weight")]        # every BN's γ
-gammas = np.concatenate([np.asarray({"cifar8": params8, "ResNet-34": params34}[n][k]) for n, k in bn_scales])
-shifts = np.concatenate([np.asarray({"cifar8": params8, "ResNet-34": params34}[n][k[:-6] + "bias"])
-                         for n, k in bn_scales])
+             # every BN's γ
+             for k, v in ps.items() if v.ndim == 1 and k.endswith(".weight")]
+gammas = np.concatenate(
+    [np.asarray({"cifar8": params8, "ResNet-34": params34}[n][k]) for n, k in bn_scales]
+)
+shifts = np.concatenate([
+    np.asarray({"cifar8": params8, "ResNet-34": params34}[n][k[:-6] + "bias"])
+    for n, k in bn_scales
+])
 # what every figure below is glued with (`book.At`): the point it was computed at
-at8 = dict(net="cifar8", image_size=32, batch=p.batch, classes=10, dtype="float64", weights="drawn")
-at34 = dict(net="resnet34", image_size=p.image_size, batch=p.batch, classes=10, dtype="float64", weights="drawn",
-            extra={"widths": list(resnet34.WIDTHS)})
+at8 = dict(
+    net="cifar8",
+    image_size=32,
+    batch=p.batch,
+    classes=10,
+    dtype="float64",
+    weights="drawn",
+)
+at34 = dict(
+    net="resnet34",
+    image_size=p.image_size,
+    batch=p.batch,
+    classes=10,
+    dtype="float64",
+    weights="drawn",
+    extra={"widths": list(resnet34.WIDTHS)},
+)
 
-# %% tags=["nbval-check-output"]
-# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is the same
-# architecture beyond them, and says so
-print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px")
+# %% tags=["nbval-check-output", "hide-input"]
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
+print(
+    protocol.resolution_note(resnet34.NET, p.image_size)
+    or "resnet34 at the statements' own 224 px"
+)
 
-# %% tags=["nbval-check-output"]
-print(f"cifar8 on photos {tuple(x8.shape)}: pools {', '.join(cifar8.POOLS)} (2×2/s2); "
-      f"ResNet-34 on photos {tuple(x34.shape)}: {', '.join(resnet34.POOLS)} (3×3/s2 pad 1)")
-print(f"drawn weights: {len(bn_scales)} BatchNorm layers, {gammas.size} channels; γ in "
-      f"[{gammas.min():.2f}, {gammas.max():.2f}], none equal to 1; {np.sum(shifts != 0)}/{shifts.size} shifts β nonzero")
-assert 0.5 <= gammas.min() and gammas.max() <= 1.5 and not np.any(gammas == 1) and np.all(shifts != 0)
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"cifar8 on photos {tuple(x8.shape)}: pools {', '.join(cifar8.POOLS)} (2×2/s2);"
+    f" ResNet-34 on photos {tuple(x34.shape)}: {', '.join(resnet34.POOLS)} (3×3/s2"
+    " pad 1)"
+)
+print(
+    f"drawn weights: {len(bn_scales)} BatchNorm layers, {gammas.size} channels; γ in"
+    f" [{gammas.min():.2f}, {gammas.max():.2f}], none equal to 1;"
+    f" {np.sum(shifts != 0)}/{shifts.size} shifts β nonzero"
+)
+assert (
+    0.5 <= gammas.min()
+    and gammas.max() <= 1.5
+    and not np.any(gammas == 1)
+    and np.all(shifts != 0)
+)
 
 
 # %% [markdown]
@@ -166,18 +205,27 @@ toy = jnp.asarray([[1.0, 3.0, 5.0, 2.0],
                    [1.0, 4.0, 0.0, 0.0]])[None, None]
 dtoy = jnp.asarray([[1.0, -2.0], [3.0, -4.0]])[None, None]
 toy_back = maxpool.backward(maxpool.PoolSaved(toy, maxpool.POOL2), dtoy)
-toy_first = maxpool.scatter(maxpool.select(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2)
-toy_last = maxpool.scatter(maxpool.last_max(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2)
+toy_first = maxpool.scatter(
+    maxpool.select(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2
+)
+toy_last = maxpool.scatter(
+    maxpool.last_max(toy, maxpool.POOL2), dtoy, toy.shape, maxpool.POOL2
+)
 print("sigma = argmax:", maxpool.select(toy, maxpool.POOL2)[0, 0].tolist(),
       " last max:", maxpool.last_max(toy, maxpool.POOL2)[0, 0].tolist())
 print("backward == selScatter(argmax):", bool(jnp.array_equal(toy_back, toy_first)))
 print("backward == selScatter(last max):", bool(jnp.array_equal(toy_back, toy_last)))
 assert jnp.array_equal(toy_back, toy_first)
-assert not jnp.array_equal(toy_back, toy_last)      # the control: another σ is another backward
+# the control: another σ is another backward
+assert not jnp.array_equal(toy_back, toy_last)
 
 # %%
-plots.pools.selection_example(np.asarray(toy[0, 0]), np.asarray(dtoy[0, 0]), np.asarray(toy_first[0, 0]),
-                              np.asarray(toy_last[0, 0]))
+plots.pools.selection_example(
+    np.asarray(toy[0, 0]),
+    np.asarray(dtoy[0, 0]),
+    np.asarray(toy_first[0, 0]),
+    np.asarray(toy_last[0, 0]),
+)
 plt.show()
 
 # %% [markdown]
@@ -197,8 +245,16 @@ plt.show()
 # ```
 
 # %% tags=["nbval-check-output"]
-inputs = {**{("cifar8", k): v for k, v in census.pool_inputs(cifar8, params8, x8, cfg8).items()},
-          **{("resnet34", k): v for k, v in census.pool_inputs(resnet34, params34, x34, cfg34).items()}}
+inputs = {
+    **{
+        ("cifar8", k): v
+        for k, v in census.pool_inputs(cifar8, params8, x8, cfg8).items()
+    },
+    **{
+        ("resnet34", k): v
+        for k, v in census.pool_inputs(resnet34, params34, x34, cfg34).items()
+    },
+}
 for i, ((net_name, pool), r) in enumerate(inputs.items()):
     spec = (cifar8.POOLS | resnet34.POOLS)[pool]
     y, saved = maxpool.forward(r, spec)
@@ -210,12 +266,22 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
     tied = int(jnp.sum(jnp.sum(maxpool.windows(r, spec) == y[..., None], axis=-1) > 1))
     last = maxpool.scatter(maxpool.last_max(r, spec), dy, r.shape, spec)
     moved = int(jnp.sum(last != back))
-    print(f"{net_name:8} {pool:9} {spec.name:13} windows {y.size:6}, tied {tied:6}: backward == selScatter "
-          f"{same_back}, gather == forward {same_fwd}; last-max control differs at {moved} cells")
+    print(
+        f"{net_name:8} {pool:9} {spec.name:13} windows {y.size:6}, tied {tied:6}:"
+        f" backward == selScatter {same_back}, gather == forward {same_fwd}; last-max"
+        f" control differs at {moved} cells"
+    )
     assert same_back and same_fwd
     assert tied > 0 and moved > 0
-print(book.glue("selscatter_pools", sum(n == "cifar8" for n, _ in inputs), "backward == selScatter at σ = argmax, "
-                "bit for bit, at cifar8's {} 2×2 pools, ties included", at=book.At(**at8, data="photos")))
+print(
+    book.glue(
+        "selscatter_pools",
+        sum(n == "cifar8" for n, _ in inputs),
+        "backward == selScatter at σ = argmax, "
+        "bit for bit, at cifar8's {} 2×2 pools, ties included",
+        at=book.At(**at8, data="photos"),
+    )
+)
 print("beyond the suite: the same at ResNet-34's 3×3/s2 stem pool")
 
 # %% [markdown]
@@ -241,34 +307,77 @@ offset_kit = bugs.plant("pool_window_offset", cifar8).kit
 pool_ties, pool_controls = {}, {}
 for i, ((net_name, pool), r) in enumerate(inputs.items()):
     spec = (cifar8.POOLS | resnet34.POOLS)[pool]
-    grid = (r.shape[0], r.shape[1], maxpool.out_size(r.shape[2], spec), maxpool.out_size(r.shape[3], spec))
+    grid = (
+        r.shape[0],
+        r.shape[1],
+        maxpool.out_size(r.shape[2], spec),
+        maxpool.out_size(r.shape[3], spec),
+    )
     dy = prng.normal(jax.random.fold_in(key, 200 + i), grid, jnp.float64)
     sigma = companions.argmax_selection(r, spec)
     label = f"{net_name} {pool} ({spec.name})"
     pool_ties[label] = companions.pool_vjp_tie(label, r, dy, spec)
     pool_controls[label] = [
-        companions.pool_vjp_tie(label, r, dy, spec, sigma=np.asarray(maxpool.last_max(r, spec)),
-                                rendered="σ at the last maximal cell"),
-        companions.pool_vjp_tie(label, r, dy, spec, sigma=companions.shifted_selection(sigma, spec),
-                                rendered="σ shifted one cell"),
-        companions.pool_vjp_tie(label, r, dy, spec, backward=lambda s, d, pool=pool: offset_kit.pool_backward(pool, s, d),
-                                rendered="planted pool_window_offset")]
+        companions.pool_vjp_tie(
+            label,
+            r,
+            dy,
+            spec,
+            sigma=np.asarray(maxpool.last_max(r, spec)),
+            rendered="σ at the last maximal cell",
+        ),
+        companions.pool_vjp_tie(
+            label,
+            r,
+            dy,
+            spec,
+            sigma=companions.shifted_selection(sigma, spec),
+            rendered="σ shifted one cell",
+        ),
+        companions.pool_vjp_tie(
+            label,
+            r,
+            dy,
+            spec,
+            backward=lambda s, d, pool=pool: offset_kit.pool_backward(pool, s, d),
+            rendered="planted pool_window_offset",
+        ),
+    ]
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 two_by_two = {k: v for k, v in pool_ties.items() if k.startswith("cifar8")}
 for label, row in two_by_two.items():
-    print(f"{label:26} windows {row.windows:6}, tied {row.tied_windows:5}: backward == vjp of the gather model "
-          f"bit for bit {row.equal}; controls red: {[c.rendered for c in pool_controls[label] if not c.ok]}")
-print(book.glue("pool_vjp_2x2", (sum(r.equal for r in two_by_two.values()), len(two_by_two),
-                                 sum(r.tied_windows for r in two_by_two.values()),
-                                 sum(not c.ok for k in two_by_two for c in pool_controls[k]),
-                                 sum(len(pool_controls[k]) for k in two_by_two)),
-                "2×2 pools: backward == jax.vjp of the gather model at σ = argmax, bit for bit, at {}/{} pools "
-                "({} tied windows); controls red {}/{}", at=book.At(**at8, data="photos")))
+    print(
+        f"{label:26} windows {row.windows:6}, tied {row.tied_windows:5}: backward =="
+        f" vjp of the gather model bit for bit {row.equal}; controls red:"
+        f" {[c.rendered for c in pool_controls[label] if not c.ok]}"
+    )
+print(
+    book.glue(
+        "pool_vjp_2x2",
+        (
+            sum(r.equal for r in two_by_two.values()),
+            len(two_by_two),
+            sum(r.tied_windows for r in two_by_two.values()),
+            sum(not c.ok for k in two_by_two for c in pool_controls[k]),
+            sum(len(pool_controls[k]) for k in two_by_two),
+        ),
+        "2×2 pools: backward == jax.vjp of the gather model at σ = argmax, bit for bit,"
+        " at {}/{} pools ({} tied windows); controls red {}/{}",
+        at=book.At(**at8, data="photos"),
+    )
+)
 for label, row in two_by_two.items():
-    assert row.equal, f"pool_vjp_2x2: {label} differs from the gather model's VJP at {row.differing} cells"
-    assert not any(c.ok for c in pool_controls[label]), f"pool_vjp_2x2: a control of {label} passed"
-    assert row.tied_windows > 0, f"pool_vjp_2x2: {label} has no tied window, the point shows no tie"
+    assert row.equal, (
+        f"pool_vjp_2x2: {label} differs from the gather model's VJP at {row.differing}"
+        " cells"
+    )
+    assert not any(
+        c.ok for c in pool_controls[label]
+    ), f"pool_vjp_2x2: a control of {label} passed"
+    assert (
+        row.tied_windows > 0
+    ), f"pool_vjp_2x2: {label} has no tied window, the point shows no tie"
 
 # %% [markdown]
 # ### The 3×3/s2 stem pool
@@ -281,23 +390,43 @@ for label, row in two_by_two.items():
 # magnitudes and counts the cells whose bits differ.
 # ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 stem_label = next(k for k in pool_ties if k.startswith("resnet34"))
 stem_row = pool_ties[stem_label]
-print(f"{stem_label}: windows {stem_row.windows}, tied {stem_row.tied_windows}; within 2·γ₃ of the sum: "
-      f"{stem_row.ok}; controls red: {[c.rendered for c in pool_controls[stem_label] if not c.ok]}")
-print(book.glue("pool_vjp_stem", ("within" if stem_row.ok else "OUTSIDE", sum(not c.ok for c in pool_controls[stem_label])),
-                "stem pool (3×3/s2): backward {} the order bound of jax.vjp of the gather model; {}/3 controls red",
-                at=book.At(**at34, data="photos")))
-assert stem_row.ok, f"pool_vjp_stem: {stem_label} past 2·γ₃ of the summed magnitudes (ratio {stem_row.ratio:.2g})"
-assert not any(c.ok for c in pool_controls[stem_label]), "pool_vjp_stem: a control of the stem pool passed"
+print(
+    f"{stem_label}: windows {stem_row.windows}, tied {stem_row.tied_windows}; within"
+    f" 2·γ₃ of the sum: {stem_row.ok}; controls red:"
+    f" {[c.rendered for c in pool_controls[stem_label] if not c.ok]}"
+)
+print(
+    book.glue(
+        "pool_vjp_stem",
+        (
+            "within" if stem_row.ok else "OUTSIDE",
+            sum(not c.ok for c in pool_controls[stem_label]),
+        ),
+        "stem pool (3×3/s2): backward {} the order bound of jax.vjp of the gather"
+        " model; {}/3 controls red",
+        at=book.At(**at34, data="photos"),
+    )
+)
+assert stem_row.ok, (
+    f"pool_vjp_stem: {stem_label} past 2·γ₃ of the summed magnitudes (ratio"
+    f" {stem_row.ratio:.2g})"
+)
+assert not any(
+    c.ok for c in pool_controls[stem_label]
+), "pool_vjp_stem: a control of the stem pool passed"
 
 # %% [markdown]
 # How many of its cells differ in their bits from autodiff's scatter (this moves with the order the
 # backend adds in; the verdict above does not):
 
-# %%
-print(f"{stem_label}: {stem_row.differing} cells differ in their bits; largest difference {stem_row.ratio:.2g} of the bound")
+# %% tags=["hide-input"]
+print(
+    f"{stem_label}: {stem_row.differing} cells differ in their bits; largest difference"
+    f" {stem_row.ratio:.2g} of the bound"
+)
 
 # %% [markdown]
 # ## Three hypotheses, three verdicts
@@ -333,46 +462,86 @@ print(f"{stem_label}: {stem_row.differing} cells differ in their bits; largest d
 # %%
 lifted8 = census.lift_dead_windows(cifar8, params8, randn8, cfg8)
 lifted34 = census.lift_dead_windows(resnet34, params34, randn34, cfg34)
-planted8, planted34 = census.planted_tie(cifar8, params8), census.planted_tie(resnet34, params34)
+planted8, planted34 = census.planted_tie(cifar8, params8), census.planted_tie(
+    resnet34, params34
+)
 points = {
-    "randn, β lifted": {"cifar8": census.smoothness(cifar8, lifted8, randn8, cfg8),
-                        "ResNet-34": census.smoothness(resnet34, lifted34, randn34, cfg34)},
-    "photos": {"cifar8": census.smoothness(cifar8, params8, x8, cfg8),
-               "ResNet-34": census.smoothness(resnet34, params34, x34, cfg34)},
-    "flat images": {"cifar8": census.smoothness(cifar8, params8, flat8, cfg8),
-                    "ResNet-34": census.smoothness(resnet34, params34, flat34, cfg34)},
-    "planted non-twin tie": {"cifar8": census.smoothness(cifar8, planted8, flat8, cfg8),
-                             "ResNet-34": census.smoothness(resnet34, planted34, flat34, cfg34)},
+    "randn, β lifted": {
+        "cifar8": census.smoothness(cifar8, lifted8, randn8, cfg8),
+        "ResNet-34": census.smoothness(resnet34, lifted34, randn34, cfg34),
+    },
+    "photos": {
+        "cifar8": census.smoothness(cifar8, params8, x8, cfg8),
+        "ResNet-34": census.smoothness(resnet34, params34, x34, cfg34),
+    },
+    "flat images": {
+        "cifar8": census.smoothness(cifar8, params8, flat8, cfg8),
+        "ResNet-34": census.smoothness(resnet34, params34, flat34, cfg34),
+    },
+    "planted non-twin tie": {
+        "cifar8": census.smoothness(cifar8, planted8, flat8, cfg8),
+        "ResNet-34": census.smoothness(resnet34, planted34, flat34, cfg34),
+    },
 }
-lifted_by = {net: float(sum(jnp.sum(lifted[k] - params[k]) for k in params))
-             for net, lifted, params in (("cifar8", lifted8, params8), ("ResNet-34", lifted34, params34))}
+lifted_by = {
+    net: float(sum(jnp.sum(lifted[k] - params[k]) for k in params))
+    for net, lifted, params in (
+        ("cifar8", lifted8, params8),
+        ("ResNet-34", lifted34, params34),
+    )
+}
 
-# %% tags=["nbval-check-output"]
-print(f"{'point':<22} {'net':<10} {'hypothesis':<26} {'verdict':<7} {'violations':>10}  first")
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"{'point':<22} {'net':<10} {'hypothesis':<26} {'verdict':<7} {'violations':>10} "
+    " first"
+)
 for label, reports in points.items():
     for net_name, r in reports.items():
         for h in r.hypotheses:
             first = "" if h.first is None else h.first.describe()
-            print(f"{label:<22} {net_name:<10} {h.name:<26} {'holds' if h.holds else 'FAILS':<7} {h.violated:>10}  {first}")
+            print(
+                f"{label:<22} {net_name:<10} {h.name:<26}"
+                f" {'holds' if h.holds else 'FAILS':<7} {h.violated:>10}  {first}"
+            )
 photo8, photo34 = points["photos"]["cifar8"], points["photos"]["ResNet-34"]
 twin8, twin34 = points["flat images"]["cifar8"], points["flat images"]["ResNet-34"]
-planted, planted_r34 = points["planted non-twin tie"]["cifar8"], points["planted non-twin tie"]["ResNet-34"]
+planted, planted_r34 = (
+    points["planted non-twin tie"]["cifar8"],
+    points["planted non-twin tie"]["ResNet-34"],
+)
 stem_twins_on_photos = photo34.pools[0].counts["twin tie"]
-print(f"β lifted by {lifted_by['cifar8']:.2f} (cifar8, summed over channels) and {lifted_by['ResNet-34']:.2f} (ResNet-34); "
-      f"twin ties at the stem pool on photos: {stem_twins_on_photos}")
+print(
+    f"β lifted by {lifted_by['cifar8']:.2f} (cifar8, summed over channels) and"
+    f" {lifted_by['ResNet-34']:.2f} (ResNet-34); twin ties at the stem pool on photos:"
+    f" {stem_twins_on_photos}"
+)
 assert all(h.holds for r in points["randn, β lifted"].values() for h in r.hypotheses)
-assert all(sum(q.counts["dead"] for q in r.pools) == 0 for r in points["randn, β lifted"].values())
-book.glue("c8_input_hypothesis", photo8.hypothesis("cifar8_input").violated,
-          "holds at randn with β lifted; fails on photos at {} windows, the first a dead one",
-          at=tuple(book.At(**at8, data=label, census=book.census_verdicts(points[label]["cifar8"]))
-                   for label in ("randn, β lifted", "photos")))
+assert all(
+    sum(q.counts["dead"] for q in r.pools) == 0
+    for r in points["randn, β lifted"].values()
+)
+book.glue(
+    "c8_input_hypothesis",
+    photo8.hypothesis("cifar8_input").violated,
+    "holds at randn with β lifted; fails on photos at {} windows, the first a dead one",
+    at=tuple(
+        book.At(**at8, data=label, census=book.census_verdicts(points[label]["cifar8"]))
+        for label in ("randn, β lifted", "photos")
+    ),
+)
 assert photo8.ok and photo34.ok and not photo8.hypothesis("cifar8_input").holds
 assert photo8.hypothesis("cifar8_input").first.kind == "dead window"
 assert photo34.hypothesis("resnet34_input").holds == (stem_twins_on_photos == 0)
 assert twin8.ok and twin34.ok
-assert not twin8.hypothesis("cifar8_input").holds and not twin34.hypothesis("resnet34_input").holds
+assert (
+    not twin8.hypothesis("cifar8_input").holds
+    and not twin34.hypothesis("resnet34_input").holds
+)
 assert twin34.hypothesis("resnet34_input").first.kind == "twin tie"
-assert not any(h.holds for r in points["planted non-twin tie"].values() for h in r.hypotheses)
+assert not any(
+    h.holds for r in points["planted non-twin tie"].values() for h in r.hypotheses
+)
 
 # %%
 plots.pools.hypotheses_grid(points)
@@ -397,9 +566,10 @@ for label in ("photos", "flat images"):
         print(census.hypotheses_table(r.hypotheses))
         print()
 
-# %%
-# the margins are measured: on flat images BatchNorm divides by a small spread and carries the
-# machine's round-off into them, so nbval compares the classes and verdicts above, not these
+# %% tags=["hide-input"]
+# the margins are measured: on flat images BatchNorm divides by a small spread and
+# carries the machine's round-off into them, so nbval compares the classes and verdicts
+# above, not these
 for label in ("photos", "flat images"):
     for name, r in points[label].items():
         print(f"{name} on {label}:")
@@ -407,9 +577,15 @@ for label in ("photos", "flat images"):
         print()
 
 # %%
-plots.pools.pool_census({"cifar8, photos": photo8, "ResNet-34, photos": photo34,
-                         "cifar8, flat": twin8, "ResNet-34, flat": twin34},
-                        title="Photos: dead and strict windows; flat images: twin ties; no non-twin tie")
+plots.pools.pool_census(
+    {
+        "cifar8, photos": photo8,
+        "ResNet-34, photos": photo34,
+        "cifar8, flat": twin8,
+        "ResNet-34, flat": twin34,
+    },
+    title="Photos: dead and strict windows; flat images: twin ties; no non-twin tie",
+)
 plt.show()
 
 # %% [markdown]
@@ -428,7 +604,8 @@ plt.show()
 # twice the independent figure.
 
 # %% tags=["nbval-check-output"]
-shares = {"cifar8": photo8.pools, "ResNet-34": photo34.pools}    # each pool's census holds its shares
+# each pool's census holds its shares
+shares = {"cifar8": photo8.pools, "ResNet-34": photo34.pools}
 dead_share = {}
 for name, rows in shares.items():
     r = {"cifar8": photo8, "ResNet-34": photo34}[name]
@@ -436,17 +613,31 @@ for name, rows in shares.items():
     dead_share[name] = float(np.sum([s.dead for s in rows] * windows) / windows.sum())
     independent = float(np.sum([s.independent for s in rows] * windows) / windows.sum())
     for s in rows:
-        print(f"{name:<9} {s.pool:<9} negative cells {s.negative:.2f}; dead windows {s.dead:.3f}, "
-              f"independent cells would give {s.independent:.3f} ({s.lift:.1f}×)")
-    print(f"{name:<9} all pools: dead windows {dead_share[name]:.2f} (independent: {independent:.3f}, "
-          f"{dead_share[name] / independent:.1f}×)")
+        print(
+            f"{name:<9} {s.pool:<9} negative cells {s.negative:.2f}; dead windows"
+            f" {s.dead:.3f}, independent cells would give {s.independent:.3f}"
+            f" ({s.lift:.1f}×)"
+        )
+    print(
+        f"{name:<9} all pools: dead windows {dead_share[name]:.2f} (independent:"
+        f" {independent:.3f}, {dead_share[name] / independent:.1f}×)"
+    )
     assert all(0.4 <= s.negative <= 0.6 and s.lift > 1 for s in rows)
-    assert 0.2 <= dead_share[name] <= 0.4 and dead_share[name] >= 2 * independent, \
-        f"{name}: dead share {dead_share[name]:.3f} outside [0.2, 0.4] or under 2 × independent {independent:.3f}"
-print(book.glue("dead_share", (dead_share["cifar8"], dead_share["ResNet-34"]),
-                "share of windows dead on photos: cifar8 {:.2f}, ResNet-34's stem pool {:.2f}",
-                at=(book.At(**at8, data="photos", census=book.census_verdicts(photo8)),
-                    book.At(**at34, data="photos", census=book.census_verdicts(photo34)))))
+    assert 0.2 <= dead_share[name] <= 0.4 and dead_share[name] >= 2 * independent, (
+        f"{name}: dead share {dead_share[name]:.3f} outside [0.2, 0.4] or under 2 ×"
+        f" independent {independent:.3f}"
+    )
+print(
+    book.glue(
+        "dead_share",
+        (dead_share["cifar8"], dead_share["ResNet-34"]),
+        "share of windows dead on photos: cifar8 {:.2f}, ResNet-34's stem pool {:.2f}",
+        at=(
+            book.At(**at8, data="photos", census=book.census_verdicts(photo8)),
+            book.At(**at34, data="photos", census=book.census_verdicts(photo34)),
+        ),
+    )
+)
 
 # %% [markdown]
 # ## At a twin tie: the same parameter gradient, a different input gradient
@@ -466,18 +657,32 @@ print(book.glue("dead_share", (dead_share["cifar8"], dead_share["ResNet-34"]),
 # other harmless tie: rerouting them changes nothing at all, since the ReLU mask zeroes the
 # cotangent wherever it lands.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 twin_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "twin tie")
 dead_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "dead")
-print(book.glue("twin_reroute", twin_route.summary(),
-                at=book.At(**at8, alpha=0.0, data="flat", census=book.census_verdicts(twin8))))
-print(f"  rerouted per pool {twin_route.rerouted}; input gradient moves by {twin_route.dx_rel:.1f} of its max; "
-      f"parameter nodes within {tolerances.ROUTE_REL:.0e}: {twin_route.same_parameter_gradient}")
+print(
+    book.glue(
+        "twin_reroute",
+        twin_route.summary(),
+        at=book.At(**at8, alpha=0.0, data="flat", census=book.census_verdicts(twin8)),
+    )
+)
+print(
+    f"  rerouted per pool {twin_route.rerouted}; input gradient moves by"
+    f" {twin_route.dx_rel:.1f} of its max; parameter nodes within"
+    f" {tolerances.ROUTE_REL:.0e}: {twin_route.same_parameter_gradient}"
+)
 print(dead_route.summary())
-print(f"  dead reroute changes parameter nodes by exactly 0: {dead_route.param_rel == 0.0}, input gradient "
-      f"by exactly 0: {dead_route.dx_rel == 0.0}")
+print(
+    "  dead reroute changes parameter nodes by exactly 0:"
+    f" {dead_route.param_rel == 0.0}, input gradient by exactly 0:"
+    f" {dead_route.dx_rel == 0.0}"
+)
 assert twin_route.same_parameter_gradient and twin_route.dx_rel > 0.1
-assert sum(twin_route.rerouted.values()) > 0 and twin_route.loss == twin_route.loss_rerouted
+assert (
+    sum(twin_route.rerouted.values()) > 0
+    and twin_route.loss == twin_route.loss_rerouted
+)
 assert dead_route.param_rel == 0.0 and dead_route.dx_rel == 0.0
 
 # %% [markdown]
@@ -495,25 +700,35 @@ assert dead_route.param_rel == 0.0 and dead_route.dx_rel == 0.0
 # their receptive fields differ and the off-centre taps, 0 but free to move, tell them apart. The
 # census refuses the point and names the first offending window.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(planted.summary().split("; hypotheses")[0])
 print(planted.table())
 assert not planted.ok and planted.non_twin_ties > 0
-assert planted.violations[0].kind == "non-twin tie" and planted.violations[0].layer == "pool1"
+assert (
+    planted.violations[0].kind == "non-twin tie"
+    and planted.violations[0].layer == "pool1"
+)
 
 # %% [markdown]
 # Routing a non-twin tie to its other cell now moves the parameter gradient itself: the control
 # that the twin result above is not automatic.
 
-# %% tags=["nbval-check-output"]
-nontwin_route = census.routing(cifar8, planted8, flat8, targets, cfg8, planted, "non-twin tie")
+# %% tags=["nbval-check-output", "hide-input"]
+nontwin_route = census.routing(
+    cifar8, planted8, flat8, targets, cfg8, planted, "non-twin tie"
+)
 print(nontwin_route.summary())
-print(f"  largest parameter node change {nontwin_route.param_rel:.2f} of its max ({nontwin_route.worst})")
+print(
+    f"  largest parameter node change {nontwin_route.param_rel:.2f} of its max"
+    f" ({nontwin_route.worst})"
+)
 assert not nontwin_route.same_parameter_gradient and nontwin_route.param_rel > 1e-3
 
 # %%
-plots.pools.routing_nodes({"twin ties (flat images)": twin_route, "non-twin ties (planted)": nontwin_route},
-                          tolerances.ROUTE_REL)
+plots.pools.routing_nodes(
+    {"twin ties (flat images)": twin_route, "non-twin ties (planted)": nontwin_route},
+    tolerances.ROUTE_REL,
+)
 plt.show()
 
 # %% [markdown]
@@ -530,19 +745,34 @@ plt.show()
 # sides agree with each other and with the rendered ⟨∇L, v⟩, within `tolerances.SLOPE_REL` of the
 # slope. At the planted point they differ: no gradient exists.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 v = fd.direction(params8, ["conv1.weight", "conv2.weight"], jax.random.fold_in(key, 2))
-at_planted = book.At(**at8, alpha=0.0, data="flat, planted non-twin tie", census=book.census_verdicts(planted))
+at_planted = book.At(
+    **at8,
+    alpha=0.0,
+    data="flat, planted non-twin tie",
+    census=book.census_verdicts(planted),
+)
 slopes_twin = census.one_sided_slopes(cifar8, params8, flat8, targets, cfg8, v)
 slopes_planted = census.one_sided_slopes(cifar8, planted8, flat8, targets, cfg8, v)
-print(f"h = {tolerances.RADIUS_FRACTION} × the radius; sides judged to {tolerances.SLOPE_REL:.0e} of the slope")
+print(
+    f"h = {tolerances.RADIUS_FRACTION} × the radius; sides judged to"
+    f" {tolerances.SLOPE_REL:.0e} of the slope"
+)
 print(f"twin-tie point:     {slopes_twin.summary()}")
-print(f"non-twin tie point: {book.glue('nontwin_slopes', slopes_planted.summary(), at=at_planted)}")
-assert slopes_twin.smooth and abs(slopes_twin.right - slopes_twin.rendered) <= tolerances.SLOPE_REL * abs(slopes_twin.rendered)
+print(
+    "non-twin tie point:"
+    f" {book.glue('nontwin_slopes', slopes_planted.summary(), at=at_planted)}"
+)
+assert slopes_twin.smooth and abs(
+    slopes_twin.right - slopes_twin.rendered
+) <= tolerances.SLOPE_REL * abs(slopes_twin.rendered)
 assert not slopes_planted.smooth
 
 # %%
-plots.pools.one_sided_slopes({"twin ties (flat images)": slopes_twin, "non-twin ties (planted)": slopes_planted})
+plots.pools.one_sided_slopes(
+    {"twin ties (flat images)": slopes_twin, "non-twin ties (planted)": slopes_planted}
+)
 plt.show()
 
 # %% [markdown]
@@ -551,10 +781,19 @@ plt.show()
 # it computes no tie: its verdict is about derivatives, and there is no whole-loss gradient to tie. We run the command line in-process.
 
 # %%
-code = cli.main(["check", "--net", "cifar8", "--batch", str(p.batch), "--seed", str(p.seed), "--plant-tie"])
+code = cli.main([
+    "check",
+    "--net",
+    "cifar8",
+    "--batch",
+    str(p.batch),
+    "--seed",
+    str(p.seed),
+    "--plant-tie",
+])
 report = check.run_check("cifar8", batch=p.batch, seed=p.seed, plant_tie=True)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(f"exit code {code}; first violation: {report.smooth.violations[0].describe()}")
 assert code == report.exit_code == check.EXIT_NOT_SMOOTH
 assert report.smooth.non_twin_ties == planted.non_twin_ties and report.tie is None
@@ -581,22 +820,51 @@ assert report.smooth.non_twin_ties == planted.non_twin_ties and report.tie is No
 # loss, and there is none to match here.
 
 # %%
-at_tie = companions.node_ties_at_tie(cifar8, planted8, flat8, targets, cfg8, key=jax.random.fold_in(key, 3))
-at_tie_bug = companions.node_ties_at_tie(cifar8, planted8, flat8, targets, cfg8, key=jax.random.fold_in(key, 3),
-                                         chain=bugs.plant("bn_forget_gamma", cifar8))
+at_tie = companions.node_ties_at_tie(
+    cifar8, planted8, flat8, targets, cfg8, key=jax.random.fold_in(key, 3)
+)
+at_tie_bug = companions.node_ties_at_tie(
+    cifar8,
+    planted8,
+    flat8,
+    targets,
+    cfg8,
+    key=jax.random.fold_in(key, 3),
+    chain=bugs.plant("bn_forget_gamma", cifar8),
+)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(f"planted non-twin tie: {at_tie.summary()}")
-print(f"whole-loss derivative: one-sided slopes {'agree' if slopes_planted.smooth else 'DIFFER'}; "
-      f"`gradtie check --plant-tie` exit code {code}")
-print(f"control bn_forget_gamma: {sum(t.ok for t in at_tie_bug.stages.ties)}/{len(at_tie_bug.stages.ties)} stages tie; "
-      f"first parting: {at_tie_bug.stages.first_parting().stage} ({at_tie_bug.stages.first_parting().row.name})")
-print(book.glue("nontwin_node_ties", (sum(r.ok for r in at_tie.nodes), len(at_tie.nodes),
-                                      sum(t.ok for t in at_tie.stages.ties), len(at_tie.stages.ties)),
-                "at the planted non-twin tie: {}/{} nodes tied at the cotangent the chain hands their stage, "
-                "{}/{} stages (no smoothness clause); the loss has no gradient there", at=at_planted))
-assert at_tie.stages.ok and len(at_tie.nodes) == 38, \
-    f"nontwin_node_ties: every node tie must hold at the planted point (envelope × 10), got {at_tie.summary()}"
+print(
+    "whole-loss derivative: one-sided slopes"
+    f" {'agree' if slopes_planted.smooth else 'DIFFER'}; `gradtie check --plant-tie`"
+    f" exit code {code}"
+)
+print(
+    "control bn_forget_gamma:"
+    f" {sum(t.ok for t in at_tie_bug.stages.ties)}/{len(at_tie_bug.stages.ties)} stages"
+    f" tie; first parting: {at_tie_bug.stages.first_parting().stage}"
+    f" ({at_tie_bug.stages.first_parting().row.name})"
+)
+print(
+    book.glue(
+        "nontwin_node_ties",
+        (
+            sum(r.ok for r in at_tie.nodes),
+            len(at_tie.nodes),
+            sum(t.ok for t in at_tie.stages.ties),
+            len(at_tie.stages.ties),
+        ),
+        "at the planted non-twin tie: {}/{} nodes tied at the cotangent the chain hands"
+        " their stage, {}/{} stages (no smoothness clause); the loss has no gradient"
+        " there",
+        at=at_planted,
+    )
+)
+assert at_tie.stages.ok and len(at_tie.nodes) == 38, (
+    "nontwin_node_ties: every node tie must hold at the planted point (envelope × 10),"
+    f" got {at_tie.summary()}"
+)
 assert not at_tie.smooth.ok and at_tie.smooth.non_twin_ties == planted.non_twin_ties, \
     "nontwin_node_ties: the census must refuse the planted point"
 assert not slopes_planted.smooth and code == check.EXIT_NOT_SMOOTH, \
@@ -616,18 +884,37 @@ assert not at_tie_bug.stages.ok, "nontwin_node_ties: the bn_forget_gamma control
 
 # %% tags=["nbval-check-output"]
 side = 8
-rows = jnp.broadcast_to(jnp.arange(side, dtype=jnp.float64)[:, None], (1, 1, side, side))
-same = (lax.reduce_window(rows, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "SAME")[0, 0, :, 0],
-        -lax.reduce_window(-rows, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "SAME")[0, 0, :, 0])
-pad1 = (maxpool.forward(rows, maxpool.POOL3S2)[0][0, 0, :, 0], -maxpool.forward(-rows, maxpool.POOL3S2)[0][0, 0, :, 0])
-two = (maxpool.forward(rows, maxpool.POOL2)[0][0, 0, :, 0], -maxpool.forward(-rows, maxpool.POOL2)[0][0, 0, :, 0])
+rows = jnp.broadcast_to(
+    jnp.arange(side, dtype=jnp.float64)[:, None], (1, 1, side, side)
+)
+same = (
+    lax.reduce_window(rows, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "SAME")[
+        0, 0, :, 0
+    ],
+    -lax.reduce_window(-rows, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "SAME")[
+        0, 0, :, 0
+    ],
+)
+pad1 = (
+    maxpool.forward(rows, maxpool.POOL3S2)[0][0, 0, :, 0],
+    -maxpool.forward(-rows, maxpool.POOL3S2)[0][0, 0, :, 0],
+)
+two = (
+    maxpool.forward(rows, maxpool.POOL2)[0][0, 0, :, 0],
+    -maxpool.forward(-rows, maxpool.POOL2)[0][0, 0, :, 0],
+)
 i = np.arange(side // 2)
-spans = {"2×2/s2": (2 * i, 2 * i + 1), "3×3/s2 pad 1 (PyTorch, Lean)": (2 * i - 1, 2 * i + 1),
-         "3×3/s2 'SAME' (XLA): control": (2 * i, 2 * i + 2)}
+spans = {
+    "2×2/s2": (2 * i, 2 * i + 1),
+    "3×3/s2 pad 1 (PyTorch, Lean)": (2 * i - 1, 2 * i + 1),
+    "3×3/s2 'SAME' (XLA): control": (2 * i, 2 * i + 2),
+}
 for (label, (first, last)), (m_last, m_first) in zip(spans.items(), (two, pad1, same)):
     print(f"{label:30} first rows {np.asarray(m_first).astype(int).tolist()}, "
           f"last rows {np.asarray(m_last).astype(int).tolist()}")
-    assert np.array_equal(np.clip(first, 0, side - 1), m_first) and np.array_equal(np.clip(last, 0, side - 1), m_last)
+    assert np.array_equal(np.clip(first, 0, side - 1), m_first) and np.array_equal(
+        np.clip(last, 0, side - 1), m_last
+    )
 assert not np.array_equal(np.asarray(same[0]), np.asarray(pad1[0]))
 
 # %%
@@ -638,13 +925,16 @@ plt.show()
 # On the real stem-pool input the offset is no rounding matter: the 'SAME' pool reads other cells
 # and returns other values, so a backward built for it would route to other cells too.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 r34 = inputs[("resnet34", "stem.pool")]
 y_pad1 = maxpool.forward(r34, maxpool.POOL3S2)[0]
 y_same = lax.reduce_window(r34, -jnp.inf, lax.max, (1, 1, 3, 3), (1, 1, 2, 2), "SAME")
 differ = int(jnp.sum(y_same != y_pad1))
-print(f"stem pool on {tuple(r34.shape)}: 'SAME' and pad 1 give the same shape {y_same.shape == y_pad1.shape}; "
-      f"they differ at {differ / y_pad1.size:.0%} of the outputs")
+print(
+    f"stem pool on {tuple(r34.shape)}: 'SAME' and pad 1 give the same shape"
+    f" {y_same.shape == y_pad1.shape}; they differ at {differ / y_pad1.size:.0%} of the"
+    " outputs"
+)
 assert y_same.shape == y_pad1.shape and differ > 0
 
 # %% [markdown]

@@ -49,7 +49,7 @@
 #
 # The first cell turns on float64.
 
-# %%
+# %% tags=["hide-input"]
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -70,26 +70,46 @@ data: str = "photos"  # the batch: photos, flat or randn
 directions: int = 2  # paths per germ: straight, curved, straight, then again (cpu profile: 6)
 seed: int = 0
 
-# %%
+# %% tags=["hide-input"]
 p = book.validated(batch=batch, data=data, directions=directions, seed=seed)
 key = jax.random.key(p.seed)
 net8, cfg8 = cifar8.NET, cifar8.Config()
-params8 = {k: v.astype(jnp.float64) for k, v in net8.init(key, cfg8, weights="drawn").items()}
+params8 = {
+    k: v.astype(jnp.float64) for k, v in net8.init(key, cfg8, weights="drawn").items()
+}
 x8 = images(p.data, p.batch, 32, seed=p.seed)
-targets = head.one_hot(prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10), 10, jnp.float64)
+targets = head.one_hot(
+    prng.randint(jax.random.fold_in(key, 1), (p.batch,), 0, 10), 10, jnp.float64
+)
 grads8 = germs.rendered_nodes(net8, params8, x8, targets, cfg8)
 smooth8 = census.smoothness(net8, params8, x8, cfg8)
 # what every figure below is glued with (`book.At`): the point it was computed at
-at8 = dict(net="cifar8", image_size=32, batch=p.batch, classes=10, alpha=0.0, dtype="float64", weights="drawn")
+at8 = dict(
+    net="cifar8",
+    image_size=32,
+    batch=p.batch,
+    classes=10,
+    alpha=0.0,
+    dtype="float64",
+    weights="drawn",
+)
 at_germs = book.At(**at8, data=p.data, census=book.census_verdicts(smooth8))
 gammas = np.concatenate([np.asarray(params8[f"bn{k}.weight"]) for k in range(1, 9)])
 shifts = np.concatenate([np.asarray(params8[f"bn{k}.bias"]) for k in range(1, 9)])
 
-# %% tags=["nbval-check-output"]
-print(f"cifar8 on {p.data} {tuple(x8.shape)}, float64, drawn weights: {gammas.size} BN scales γ in "
-      f"[{gammas.min():.2f}, {gammas.max():.2f}], none equal to 1; {np.sum(shifts != 0)}/{shifts.size} shifts β nonzero")
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"cifar8 on {p.data} {tuple(x8.shape)}, float64, drawn weights: {gammas.size} BN"
+    f" scales γ in [{gammas.min():.2f}, {gammas.max():.2f}], none equal to 1;"
+    f" {np.sum(shifts != 0)}/{shifts.size} shifts β nonzero"
+)
 print(smooth8.summary())
-assert 0.5 <= gammas.min() and gammas.max() <= 1.5 and not np.any(gammas == 1) and np.all(shifts != 0)
+assert (
+    0.5 <= gammas.min()
+    and gammas.max() <= 1.5
+    and not np.any(gammas == 1)
+    and np.all(shifts != 0)
+)
 assert smooth8.ok
 
 # %% [markdown]
@@ -126,16 +146,24 @@ survey8 = germs.survey(net8, params8, x8, targets, cfg8, grads8, germs.C8_GERMS,
                        key=jax.random.fold_in(key, 2), directions=p.directions)
 print(survey8.radii_table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 curved = [r for r in survey8.reports if r.path == "curved"]
 shallow = np.median([r.delta for r in survey8.reports if r.germ in ("bn1", "bn2")])
 deep = np.median([r.delta for r in survey8.reports if r.germ in ("bn7", "bn8")])
 print(book.glue("germs_bit_for_bit", survey8.summary().splitlines()[0], at=at_germs))
-print(book.glue("germ_paths", f"{len(germs.C8_GERMS)} germs × {p.directions} paths, {len(curved)} of them curved",
-                at=at_germs))
+print(
+    book.glue(
+        "germ_paths",
+        f"{len(germs.C8_GERMS)} germs × {p.directions} paths, {len(curved)} of them"
+        " curved",
+        at=at_germs,
+    )
+)
 print(f"median δ: germs 1–2 {shallow:.0e}, germs 7–8 {deep:.0e}")
 assert survey8.germs_hold
-assert len({r.germ for r in survey8.reports}) == 8 and (p.directions < 2 or len(curved) >= 8)
+assert len({r.germ for r in survey8.reports}) == 8 and (
+    p.directions < 2 or len(curved) >= 8
+)
 assert shallow < deep
 
 # %%
@@ -166,13 +194,19 @@ plt.show()
 # column) the tangents change and a gap can bend — but not by more than a decade. We also count
 # the walks where the two agree to 5 %.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 ratios = np.array([r.prediction_ratio for r in survey8.reports])
 sharp = sum(r.sharp for r in survey8.reports)
 kink_first = sum(r.kink_radius < r.delta for r in survey8.reports)
 print(survey8.summary().splitlines()[1])
-print(book.glue("germ_delta_ratio", (ratios.min(), ratios.max()), "δ found / δ predicted from {:.2f} to {:.2f}",
-                at=at_germs))
+print(
+    book.glue(
+        "germ_delta_ratio",
+        (ratios.min(), ratios.max()),
+        "δ found / δ predicted from {:.2f} to {:.2f}",
+        at=at_germs,
+    )
+)
 print(f"{kink_first}/{len(survey8.reports)} walks meet a ReLU kink before δ")
 assert survey8.predictions_hold
 assert sharp >= 0.75 * len(survey8.reports)
@@ -212,25 +246,34 @@ plt.show()
 # round-off and the first kink. Where the h² term rises tenfold above round-off before the kink
 # (an O(h²) window), the error must also BE the predicted truncation, slope 2.
 
-# %%
+# %% tags=["hide-input"]
 print(survey8.fd_table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 fd8 = [r for r in survey8.reports if r.has_fd]
 ulps = np.array([r.loss_roundoff / np.spacing(r.loss) for r in fd8])
 worst_pin, best_pin = max(r.resolution for r in fd8), min(r.resolution for r in fd8)
 print(book.glue("germ_fd", survey8.summary().splitlines()[2], at=at_germs))
-print(f"{sum(r.path == 'curved' for r in survey8.windows)} of the {len(survey8.windows)} O(h²) windows on curved paths")
-print(f"ε_L of every walk between half an ulp and 10 ulps of S(0): {0.5 <= ulps.min() and ulps.max() <= 10}; "
-      f"each node pinned to between 1e{np.floor(np.log10(best_pin)):.0f} and 1e{np.ceil(np.log10(worst_pin)):.0f} "
-      f"of itself")
+print(
+    f"{sum(r.path == 'curved' for r in survey8.windows)} of the {len(survey8.windows)}"
+    " O(h²) windows on curved paths"
+)
+print(
+    "ε_L of every walk between half an ulp and 10 ulps of S(0):"
+    f" {0.5 <= ulps.min() and ulps.max() <= 10}; each node pinned to between"
+    f" 1e{np.floor(np.log10(best_pin)):.0f} and 1e{np.ceil(np.log10(worst_pin)):.0f} of"
+    " itself"
+)
 assert survey8.fd_converges
 assert 0.5 <= ulps.min() and ulps.max() <= 10
-assert 1e-12 < best_pin and worst_pin < 1e-4   # far inside the 1 % that counts as evidence
+# far inside the 1 % that counts as evidence
+assert 1e-12 < best_pin and worst_pin < 1e-4
 assert all(abs(r.fd_slope - 2) <= tolerances.GERM_SLOPE_TOL for r in survey8.windows)
 
 # %%
-plots.stage_germs.germ_fd([r for r in survey8.reports if r.label.endswith(" 0") or r.path == "curved"][:8])
+plots.stage_germs.germ_fd(
+    [r for r in survey8.reports if r.label.endswith(" 0") or r.path == "curved"][:8]
+)
 plt.show()
 
 # %% [markdown]
@@ -245,10 +288,13 @@ plt.show()
 # wrong nodes: ⟨g, v⟩ doubled, dropped (×0) and off by 1 % (×1.01). Every walk must reject all
 # three.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 wrong = {f"×{s:g}": [r.judged_against(s) for r in fd8] for s in (2.0, 0.0, 1.01)}
 for name, reports in wrong.items():
-    print(f"node {name}: {sum(r.fd_verdict == 'fails' for r in reports)}/{len(reports)} walks fail")
+    print(
+        f"node {name}: {sum(r.fd_verdict == 'fails' for r in reports)}/{len(reports)}"
+        " walks fail"
+    )
 assert all(r.fd_verdict == "fails" for reports in wrong.values() for r in reports)
 
 # %% [markdown]
@@ -259,16 +305,28 @@ assert all(r.fd_verdict == "fails" for reports in wrong.values() for r in report
 
 # %%
 walk8 = next(r for r in fd8 if r.germ == "bn8" and r.path == "straight")
-walk8_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, 2), 7), 0)   # the survey's: germ 8, path 0
+# the survey's: germ 8, path 0
+walk8_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, 2), 7), 0)
 forgot = bugs.plant("bn_forget_gamma", net8)
-forgot_walk = germs.germ(net8, params8, x8, targets, cfg8, germs.rendered_nodes(net8, params8, x8, targets, cfg8,
-                                                                                 chain=forgot),
-                         "bn8", key=walk8_key, label=f"c8Z8 straight 0, {forgot.label}")
+forgot_walk = germs.germ(
+    net8,
+    params8,
+    x8,
+    targets,
+    cfg8,
+    germs.rendered_nodes(net8, params8, x8, targets, cfg8, chain=forgot),
+    "bn8",
+    key=walk8_key,
+    label=f"c8Z8 straight 0, {forgot.label}",
+)
 
-# %% tags=["nbval-check-output"]
-print(f"{forgot.label}: finite differences {forgot_walk.fd_verdict}, where the real chain's walk "
-      f"{walk8.fd_verdict}")
-assert np.array_equal(forgot_walk.central, walk8.central)      # the same walk: only the node differs
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"{forgot.label}: finite differences {forgot_walk.fd_verdict}, where the real"
+    f" chain's walk {walk8.fd_verdict}"
+)
+# the same walk: only the node differs
+assert np.array_equal(forgot_walk.central, walk8.central)
 assert walk8.fd_converges and forgot_walk.fd_verdict == "fails"
 
 # %% [markdown]
@@ -281,32 +339,58 @@ assert walk8.fd_converges and forgot_walk.fd_verdict == "fails"
 
 # %%
 near_key = jax.random.fold_in(jax.random.fold_in(key, 2), 7)
-near_params = germs.near_kink(net8, params8, x8, cfg8, "bn8", key=near_key, radius=walk8.roundoff_edge / 100)
+near_params = germs.near_kink(
+    net8, params8, x8, cfg8, "bn8", key=near_key, radius=walk8.roundoff_edge / 100
+)
 near_census = census.smoothness(net8, near_params, x8, cfg8)
-near = germs.germ(net8, near_params, x8, targets, cfg8, germs.rendered_nodes(net8, near_params, x8, targets, cfg8),
-                  "bn8", key=near_key, label="c8Z8, kink close")
+near = germs.germ(
+    net8,
+    near_params,
+    x8,
+    targets,
+    cfg8,
+    germs.rendered_nodes(net8, near_params, x8, targets, cfg8),
+    "bn8",
+    key=near_key,
+    label="c8Z8, kink close",
+)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 below = near.kink_radius < near.roundoff_edge
-print(f"the same point with one bn8 shift moved: smooth {near_census.ok}; first kink below the round-off "
-      f"edge: {below}; evidence inside the kink: {int(near.evidence.sum())}; verdict: {near.fd_verdict}")
+print(
+    f"the same point with one bn8 shift moved: smooth {near_census.ok}; first kink"
+    f" below the round-off edge: {below}; evidence inside the kink:"
+    f" {int(near.evidence.sum())}; verdict: {near.fd_verdict}"
+)
 params_line = f"(batch {batch}, seed {seed})"
-assert near_census.ok and below, (f"close-kink control: expected a smooth point with its first kink below the "
-                                  f"round-off edge {near.roundoff_edge:.1e}, got smooth {near_census.ok}, "
-                                  f"kink {near.kink_radius:.1e} {params_line}")
+assert near_census.ok and below, (
+    "close-kink control: expected a smooth point with its first kink below the "
+    f"round-off edge {near.roundoff_edge:.1e}, got smooth {near_census.ok}, "
+    f"kink {near.kink_radius:.1e} {params_line}"
+)
 assert near.fd_verdict == "no evidence" and not near.evidence.any(), (
-    f"close-kink control: expected 'no evidence' with 0 evidence, got {near.fd_verdict!r} with "
-    f"{int(near.evidence.sum())} {params_line}")
+    "close-kink control: expected 'no evidence' with 0 evidence, got"
+    f" {near.fd_verdict!r} with {int(near.evidence.sum())} {params_line}"
+)
+
+# %% tags=["hide-input"]
+# where the kink falls and how many steps fit inside it depend on the seed and on the
+# machine's round-off (not compared by nbval)
+print(
+    "first kink at about"
+    f" 1e{np.round(np.log10(near.kink_radius / near.roundoff_edge)):.0f} × the"
+    f" round-off edge; {int(near.judged.sum())} steps inside the kink"
+)
 
 # %%
-# where the kink falls and how many steps fit inside it depend on the seed and on the machine's
-# round-off (not compared by nbval)
-print(f"first kink at about 1e{np.round(np.log10(near.kink_radius / near.roundoff_edge)):.0f} × the round-off "
-      f"edge; {int(near.judged.sum())} steps inside the kink")
-
-# %%
-plots.stage_germs.germ_fd_controls(walk8, {k: next(r for r in v if r.germ == "bn8" and r.path == "straight")
-                                           for k, v in wrong.items()}, near)
+plots.stage_germs.germ_fd_controls(
+    walk8,
+    {
+        k: next(r for r in v if r.germ == "bn8" and r.path == "straight")
+        for k, v in wrong.items()
+    },
+    near,
+)
 plt.show()
 
 # %% [markdown]
@@ -328,33 +412,63 @@ flat8 = images("flat", p.batch, 32, seed=p.seed)
 flat_census = census.smoothness(net8, params8, flat8, cfg8)
 twins_by_pool = {pc.pool: pc.counts["twin tie"] for pc in flat_census.pools}
 grads_flat = germs.rendered_nodes(net8, params8, flat8, targets, cfg8)
-twin_walks = germs.survey(net8, params8, flat8, targets, cfg8, grads_flat,
-                          {k: germs.C8_GERMS[k] for k in ("c8Z1", "c8Z2", "c8Z3", "c8Z4")},
-                          key=jax.random.fold_in(key, 5), directions=1)
+twin_walks = germs.survey(
+    net8,
+    params8,
+    flat8,
+    targets,
+    cfg8,
+    grads_flat,
+    {k: germs.C8_GERMS[k] for k in ("c8Z1", "c8Z2", "c8Z3", "c8Z4")},
+    key=jax.random.fold_in(key, 5),
+    directions=1,
+)
 print(twin_walks.radii_table())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(f"flat images: {flat_census.summary()}")
 at_flat = book.At(**at8, data="flat", census=book.census_verdicts(flat_census))
-print(book.glue("twin_windows", (", ".join(f"{k} {v}" for k, v in twins_by_pool.items()),
-                                 sum(v > 0 for v in twins_by_pool.values())),
-                "twin-tied windows by pool: {} (twins at {} of the four pools)", at=at_flat))
-print(f"at the twin-tie point: {book.glue('twin_walks', twin_walks.summary().splitlines()[0], at=at_flat)}")
-# the margins' δ is second order along the path: at seed 3 the first walk parts at 0.895 of it
-# (third-order terms of the BatchNorm), so the band is [0.85, GERM_PREDICTION_SPAN]; counting the
-# twins' gap of 0 as a tie would predict δ = 0 and fail it
+print(
+    book.glue(
+        "twin_windows",
+        (
+            ", ".join(f"{k} {v}" for k, v in twins_by_pool.items()),
+            sum(v > 0 for v in twins_by_pool.values()),
+        ),
+        "twin-tied windows by pool: {} (twins at {} of the four pools)",
+        at=at_flat,
+    )
+)
+print(
+    "at the twin-tie point:"
+    f" {book.glue('twin_walks', twin_walks.summary().splitlines()[0], at=at_flat)}"
+)
+# the margins' δ is second order along the path: at seed 3 the first walk parts at 0.895
+# of it (third-order terms of the BatchNorm), so the band is [0.85,
+# GERM_PREDICTION_SPAN]; counting the twins' gap of 0 as a tie would predict δ = 0 and
+# fail it
 ratios = [r.prediction_ratio for r in twin_walks.reports]
 in_band = all(0.85 <= q <= tolerances.GERM_PREDICTION_SPAN for q in ratios)
-print(f"δ found / predicted in [0.85, {tolerances.GERM_PREDICTION_SPAN:g}] on every walk: {in_band}; finite "
-      f"differences: {sum(r.fd_converges for r in twin_walks.reports)}/{len(twin_walks.reports)} converge")
-assert flat_census.ok and twins_by_pool["pool1"] > 0, f"flat images: smooth {flat_census.ok}, twins {twins_by_pool}"
+print(
+    f"δ found / predicted in [0.85, {tolerances.GERM_PREDICTION_SPAN:g}] on every walk:"
+    f" {in_band}; finite differences:"
+    f" {sum(r.fd_converges for r in twin_walks.reports)}/{len(twin_walks.reports)}"
+    " converge"
+)
+assert (
+    flat_census.ok and twins_by_pool["pool1"] > 0
+), f"flat images: smooth {flat_census.ok}, twins {twins_by_pool}"
 assert twin_walks.germs_hold and in_band and twin_walks.fd_converges, (
-    f"twin walks (batch {batch}, seed {seed}): germs hold {twin_walks.germs_hold}, δ found/predicted "
-    f"{[round(q, 3) for q in ratios]} (band [0.85, {tolerances.GERM_PREDICTION_SPAN:g}]), finite differences "
-    f"converge {twin_walks.fd_converges}")
+    f"twin walks (batch {batch}, seed {seed}): germs hold {twin_walks.germs_hold}, δ"
+    f" found/predicted {[round(q, 3) for q in ratios]} (band [0.85,"
+    f" {tolerances.GERM_PREDICTION_SPAN:g}]), finite differences converge"
+    f" {twin_walks.fd_converges}"
+)
 
 # %%
-plots.stage_germs.germ_radii(survey8.reports, extra=twin_walks.reports, extra_label="at twin ties (flat images)")
+plots.stage_germs.germ_radii(
+    survey8.reports, extra=twin_walks.reports, extra_label="at twin ties (flat images)"
+)
 plt.show()
 
 # %% [markdown]
@@ -376,16 +490,29 @@ plt.show()
 planted = census.planted_tie(net8, params8)
 tie_census = census.smoothness(net8, planted, flat8, cfg8)
 grads_tie = germs.rendered_nodes(net8, planted, flat8, targets, cfg8)
-at_tie = germs.germ(net8, planted, flat8, targets, cfg8, grads_tie, "bn1", key=jax.random.fold_in(key, 2),
-                    label="c8Z1 at a non-twin tie")
+at_tie = germs.germ(
+    net8,
+    planted,
+    flat8,
+    targets,
+    cfg8,
+    grads_tie,
+    "bn1",
+    key=jax.random.fold_in(key, 2),
+    label="c8Z1 at a non-twin tie",
+)
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(tie_census.summary().split(";")[0])
 print(at_tie.summary())
 small = at_tie.hs == 1e-8
-print(f"one-sided slopes at h = 1e-8: right {at_tie.right[small][0]:.2f}, left {at_tie.left[small][0]:.2f}; "
-      f"rendered node {at_tie.exact:.2f}")
-print(f"kink at t = 0: {at_tie.kinked}; at the smooth point: {survey8.reports[0].kinked}")
+print(
+    f"one-sided slopes at h = 1e-8: right {at_tie.right[small][0]:.2f}, left"
+    f" {at_tie.left[small][0]:.2f}; rendered node {at_tie.exact:.2f}"
+)
+print(
+    f"kink at t = 0: {at_tie.kinked}; at the smooth point: {survey8.reports[0].kinked}"
+)
 assert not tie_census.ok and tie_census.non_twin_ties > 0
 assert at_tie.parts_at_smallest and at_tie.delta_measured == at_tie.ts[0]
 assert at_tie.kinked and not survey8.reports[0].kinked

@@ -41,7 +41,7 @@
 # The same runs are a command away: `gradtie train` (see the README) writes `run.json`,
 # `metrics.jsonl` and resumable checkpoints.
 
-# %%
+# %% tags=["hide-input"]
 import tempfile
 from dataclasses import replace
 from pathlib import Path
@@ -66,26 +66,48 @@ tie_batch: int = 4    # photos per step in the two step ties (the last section)
 image_size: int = 32  # their side in pixels
 conv_bias: bool = False  # True ties the 146-tensor ResNet-34 step (a bias on every conv)
 
-# %%
-p = book.validated(net=net, batch=batch, epochs=epochs, steps=steps, lr=lr, seed=seed,
-                   cifar10_path=cifar10_path, tie_batch=tie_batch, image_size=image_size,
-                   conv_bias=conv_bias)
-assert p.epochs >= 2, "the chapter interrupts its run after epoch 1 and resumes it: epochs ≥ 2"
+# %% tags=["hide-input"]
+p = book.validated(
+    net=net,
+    batch=batch,
+    epochs=epochs,
+    steps=steps,
+    lr=lr,
+    seed=seed,
+    cifar10_path=cifar10_path,
+    tie_batch=tie_batch,
+    image_size=image_size,
+    conv_bias=conv_bias,
+)
+assert (
+    p.epochs >= 2
+), "the chapter interrupts its run after epoch 1 and resumes it: epochs ≥ 2"
 model = {"cifar8": cifar8.NET, "resnet34": resnet34.NET}[p.net]
 cfg = model.config(num_classes=10)
 digits = data.load("digits", seed=p.seed)
-# the run every section follows: upstream's cifar8 recipe, Nesterov with a cosine schedule
-run = train.FitConfig(optimizer="nesterov", lr=p.lr, epochs=p.epochs, batch=p.batch, seed=p.seed)
+# the run every section follows: upstream's cifar8 recipe, Nesterov with a cosine
+# schedule
+run = train.FitConfig(
+    optimizer="nesterov", lr=p.lr, epochs=p.epochs, batch=p.batch, seed=p.seed
+)
 steps_per_epoch = len(digits.split.y_train) // p.batch
 assert p.steps <= p.epochs * steps_per_epoch, "steps must fit in the run"
-print(f"digits: {len(digits.split.y_train)} training and {len(digits.split.y_test)} test images, "
-      f"3×32×32 in [0, 1]; {p.net} at batch {p.batch}: {steps_per_epoch} steps an epoch, "
-      f"{p.epochs} epochs")
+print(
+    f"digits: {len(digits.split.y_train)} training and {len(digits.split.y_test)} test"
+    f" images, 3×32×32 in [0, 1]; {p.net} at batch {p.batch}: {steps_per_epoch} steps"
+    f" an epoch, {p.epochs} epochs"
+)
 
-# %% tags=["nbval-check-output"]
-# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is the same
-# architecture beyond them, and says so
-print("the step ties below: " + (protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px"))
+# %% tags=["nbval-check-output", "hide-input"]
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
+print(
+    "the step ties below: "
+    + (
+        protocol.resolution_note(resnet34.NET, p.image_size)
+        or "resnet34 at the statements' own 224 px"
+    )
+)
 
 # %% [markdown]
 # ## Rendered and autodiff, side by side
@@ -130,13 +152,25 @@ tracking = train.side_by_side(model, cfg, digits, run, steps=p.steps, progress=F
                               controls=[bugs.plant("bn_swap_dgamma_dbeta", model)])
 print(tracking.summary())
 
-# %% tags=["nbval-check-output"]
-print(f"{tracking.dtype}: bound = {tracking.factor:g} × the one-ulp envelope ({tracking.draws} draws)")
-print(f"autodiff step within the bound at every smooth step: {tracking.first_over('autodiff') is None}")
-print(f"control {tracking.controls[0]} out of the bound: {tracking.first_over(tracking.controls[0]) is not None}")
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"{tracking.dtype}: bound = {tracking.factor:g} × the one-ulp envelope"
+    f" ({tracking.draws} draws)"
+)
+print(
+    "autodiff step within the bound at every smooth step:"
+    f" {tracking.first_over('autodiff') is None}"
+)
+print(
+    f"control {tracking.controls[0]} out of the bound:"
+    f" {tracking.first_over(tracking.controls[0]) is not None}"
+)
 low, high = tol.TRAIN_DRIFT_BAND
 drift = float(tracking.drift[-1])
-print(f"free runs after {p.steps} steps: {low:g} < relative distance < {high:g}: {low < drift < high}")
+print(
+    f"free runs after {p.steps} steps: {low:g} < relative distance < {high:g}:"
+    f" {low < drift < high}"
+)
 assert tracking.ok
 assert low < drift < high
 
@@ -190,17 +224,29 @@ history = result.history
 for h in history:
     print(train.epoch_line(h, p.epochs))
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 lines = (run_dir / train.METRICS).read_text().splitlines()
-print(f"{train.METRICS}: {len(lines)} lines for {p.epochs} epochs; the first run stopped after "
-      f"{len(first.history)}")
-# every epoch after the resume that lies within the side-by-side steps, against those steps
+print(
+    f"{train.METRICS}: {len(lines)} lines for {p.epochs} epochs; the first run stopped"
+    f" after {len(first.history)}"
+)
+# every epoch after the resume that lies within the side-by-side steps, against those
+# steps
 resumed = [h for h in history[1:] if h["step"] <= p.steps]
-same = all(h["loss"] == sum(tracking.loss["rendered"][h["step"] - steps_per_epoch:h["step"]]) / steps_per_epoch
-           and h["train_accuracy"] == sum(tracking.accuracy["rendered"][h["step"] - steps_per_epoch:h["step"]])
-           / steps_per_epoch for h in resumed)
-print(f"resumed epochs inside the first {p.steps} steps: {[h['epoch'] for h in resumed]}; their mean loss "
-      f"and accuracy equal the side-by-side's rendered steps bit for bit: {same}")
+same = all(
+    h["loss"]
+    == sum(tracking.loss["rendered"][h["step"] - steps_per_epoch : h["step"]])
+    / steps_per_epoch
+    and h["train_accuracy"]
+    == sum(tracking.accuracy["rendered"][h["step"] - steps_per_epoch : h["step"]])
+    / steps_per_epoch
+    for h in resumed
+)
+print(
+    f"resumed epochs inside the first {p.steps} steps: {[h['epoch'] for h in resumed]};"
+    " their mean loss and accuracy equal the side-by-side's rendered steps bit for"
+    f" bit: {same}"
+)
 left = (1 - train.RUNNING_MOMENTUM) ** history[0]["step"]
 print(f"after epoch 1 ({history[0]['step']} steps) the running statistics still carry "
       f"0.99^{history[0]['step']} = {left:.2f} of their start")
@@ -208,11 +254,25 @@ print(f"epoch 1: recomputed statistics beat running ones by ≥ {tol.TRAIN_LAG_G
       f"{history[0]['bn_gap'] >= tol.TRAIN_LAG_GAP}")
 band = tol.TRAIN_DIGITS_ACCURACY[p.net] if p.epochs >= 8 else tol.TRAIN_SHORT_ACCURACY
 final = history[-1]["test_accuracy"]
-print(f"test accuracy after {p.epochs} epochs, recomputed statistics, ≥ {band:g}: {final >= band}")
-book.glue("digits_accuracy", (p.net, band, p.epochs, final >= band),
-          "{}: test accuracy on digits ≥ {:g} after {} epochs (recomputed statistics): {}",
-          at=book.At(p.net, image_size=32, batch=p.batch, classes=10, data="digits", dtype="float32", weights="init",
-                     extra={"epochs": p.epochs}))
+print(
+    f"test accuracy after {p.epochs} epochs, recomputed statistics, ≥ {band:g}:"
+    f" {final >= band}"
+)
+book.glue(
+    "digits_accuracy",
+    (p.net, band, p.epochs, final >= band),
+    "{}: test accuracy on digits ≥ {:g} after {} epochs (recomputed statistics): {}",
+    at=book.At(
+        p.net,
+        image_size=32,
+        batch=p.batch,
+        classes=10,
+        data="digits",
+        dtype="float32",
+        weights="init",
+        extra={"epochs": p.epochs},
+    ),
+)
 assert len(lines) == p.epochs and len(first.history) == 1 and resumed and same
 assert history[0]["bn_gap"] >= tol.TRAIN_LAG_GAP
 assert final >= band
@@ -242,7 +302,9 @@ plt.show()
 # %%
 histories = {"nesterov": history}
 for name in ("sgd", "heavy-ball", "adamw"):
-    histories[name] = train.fit(model, cfg, digits, replace(run, optimizer=name, lr=None), progress=False).history
+    histories[name] = train.fit(
+        model, cfg, digits, replace(run, optimizer=name, lr=None), progress=False
+    ).history
 for name, h in histories.items():
     print(f"{name:10s} " + train.epoch_line(h[-1], p.epochs))
 
@@ -251,7 +313,9 @@ for name, h in histories.items():
     rate = p.lr if name == "nesterov" else train.DEFAULT_LR[name]
     print(f"{name} (lr {rate:g}): test accuracy ≥ {tol.TRAIN_SHORT_ACCURACY:g}: "
           f"{h[-1]['test_accuracy'] >= tol.TRAIN_SHORT_ACCURACY}")
-assert all(h[-1]["test_accuracy"] >= tol.TRAIN_SHORT_ACCURACY for h in histories.values())
+assert all(
+    h[-1]["test_accuracy"] >= tol.TRAIN_SHORT_ACCURACY for h in histories.values()
+)
 
 # %%
 plots.training.optimizers(histories)
@@ -275,8 +339,10 @@ if p.cifar10_path:
     print(f"CIFAR-10, {p.net}, {p.epochs} epochs: test accuracy "
           f"{cifar_run.history[-1]['test_accuracy']:.4f} (recomputed statistics)")
 else:
-    print("CIFAR-10: skipped, no files given (set cifar10_path to the cifar-10-batches-py or "
-          "cifar-10-batches-bin folder)")
+    print(
+        "CIFAR-10: skipped, no files given (set cifar10_path to the cifar-10-batches-py"
+        " or cifar-10-batches-bin folder)"
+    )
 
 # %% [markdown]
 # ## Upstream's results, quoted
@@ -334,9 +400,13 @@ else:
 # First the census of the tensors a step updates, read from each net's parameter list.
 
 # %% tags=["nbval-check-output"]
-census = {"resnet34": len(resnet34.NET.param_specs(resnet34.Config(conv_bias=False))),
-          "resnet34, conv_bias": len(resnet34.NET.param_specs(resnet34.Config(conv_bias=True))),
-          "cifar8": len(cifar8.NET.param_specs(cifar8.Config()))}
+census = {
+    "resnet34": len(resnet34.NET.param_specs(resnet34.Config(conv_bias=False))),
+    "resnet34, conv_bias": len(
+        resnet34.NET.param_specs(resnet34.Config(conv_bias=True))
+    ),
+    "cifar8": len(cifar8.NET.param_specs(cifar8.Config())),
+}
 print(f"tensors a step updates: {census}")
 assert census == {"resnet34": 110, "resnet34, conv_bias": 146, "cifar8": 38}
 
@@ -355,18 +425,28 @@ assert census == {"resnet34": 110, "resnet34, conv_bias": 146, "cifar8": 38}
 
 # %% tags=["nbval-check-output"]
 jax.config.update("jax_enable_x64", True)   # the step tie runs in float64
-step_cfg = {"resnet34": resnet34.Config(num_classes=7, conv_bias=p.conv_bias), "cifar8": cifar8.Config(num_classes=7)}
-r34_params = resnet34.NET.init(jax.random.key(p.seed), step_cfg["resnet34"], weights="drawn")
+step_cfg = {
+    "resnet34": resnet34.Config(num_classes=7, conv_bias=p.conv_bias),
+    "cifar8": cifar8.Config(num_classes=7),
+}
+r34_params = resnet34.NET.init(
+    jax.random.key(p.seed), step_cfg["resnet34"], weights="drawn"
+)
 c8_params = cifar8.NET.init(jax.random.key(p.seed), step_cfg["cifar8"], weights="drawn")
 rule_grads = step.random_gradients(c8_params, 3, seed=p.seed)
 for recipe in step.RECIPES:
     d = step.rule_difference(recipe, c8_params, rule_grads)
-    print(f"{recipe}: train.make_optimizer({recipe!r}) vs {step.optax_text(recipe)}, 3 steps on the same "
-          f"gradients: bit for bit: {d == 0.0}")
+    print(
+        f"{recipe}: train.make_optimizer({recipe!r}) vs {step.optax_text(recipe)}, 3"
+        f" steps on the same gradients: bit for bit: {d == 0.0}"
+    )
     assert d == 0.0
 decoupled = step.control(cifar8.NET, "heavy-ball", "decoupled_weight_decay").optimizer
 d = step.rule_difference("heavy-ball", c8_params, rule_grads, optimizer=decoupled)
-print(f"control decoupled_weight_decay vs {step.optax_text('heavy-ball')}: bit for bit: {d == 0.0}")
+print(
+    f"control decoupled_weight_decay vs {step.optax_text('heavy-ball')}: bit for bit:"
+    f" {d == 0.0}"
+)
 assert d != 0.0
 
 # %% [markdown]
@@ -394,24 +474,52 @@ assert d != 0.0
 
 # %%
 r34_batches = data.photo_batches(2, p.tie_batch, p.image_size, seed=p.seed)
-r34_reference = step.reference_run(resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball")
-r34_tie = step.tie_step(resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball",
-                        reference=r34_reference)
+r34_reference = step.reference_run(
+    resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball"
+)
+r34_tie = step.tie_step(
+    resnet34.NET,
+    r34_params,
+    r34_batches,
+    step_cfg["resnet34"],
+    recipe="heavy-ball",
+    reference=r34_reference,
+)
 print(r34_tie.summary())
 widened = [r for _, _, r in r34_tie.rows() if r.by == "envelope"]
-print(f"{len(widened)} of {len(r34_tie.rows())} rows have limits the envelope widened past the 1e-10 floor "
-      f"(widest {max(r.limit for r in widened):.1e})" if widened else "every limit at the 1e-10 floor")
+print(
+    f"{len(widened)} of {len(r34_tie.rows())} rows have limits the envelope widened"
+    f" past the 1e-10 floor (widest {max(r.limit for r in widened):.1e})"
+    if widened
+    else "every limit at the 1e-10 floor"
+)
 
-# %% tags=["nbval-check-output"]
-print(f"beyond the suite: ResNet-34, {r34_tie.recipe} ({r34_tie.optax}, lr {r34_tie.lr:g}), "
-      f"{len(r34_tie.steps)} steps at batch {p.tie_batch}, {p.image_size} px, float64, drawn weights")
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"beyond the suite: ResNet-34, {r34_tie.recipe} ({r34_tie.optax}, lr"
+    f" {r34_tie.lr:g}), {len(r34_tie.steps)} steps at batch {p.tie_batch},"
+    f" {p.image_size} px, float64, drawn weights"
+)
 for line in r34_tie.verdict_lines():
     print(line)
-print(f"tied: {r34_tie.ok}; rows too ill-conditioned to judge: {len(r34_tie.ill_conditioned)}")
-book.glue("r34_step_tied", (*r34_tie.counts("params"), len(r34_tie.steps)),
-          "{}/{} updated tensors within their limits at each of {} steps",
-          at=book.At("resnet34", image_size=p.image_size, batch=p.tie_batch, data="photos", dtype="float64",
-                     weights="drawn", extra={"conv_bias": p.conv_bias, "optimizer": r34_tie.optax}))
+print(
+    f"tied: {r34_tie.ok}; rows too ill-conditioned to judge:"
+    f" {len(r34_tie.ill_conditioned)}"
+)
+book.glue(
+    "r34_step_tied",
+    (*r34_tie.counts("params"), len(r34_tie.steps)),
+    "{}/{} updated tensors within their limits at each of {} steps",
+    at=book.At(
+        "resnet34",
+        image_size=p.image_size,
+        batch=p.tie_batch,
+        data="photos",
+        dtype="float64",
+        weights="drawn",
+        extra={"conv_bias": p.conv_bias, "optimizer": r34_tie.optax},
+    ),
+)
 assert r34_tie.ok and not r34_tie.ill_conditioned
 assert r34_tie.tensors == census["resnet34, conv_bias" if p.conv_bias else "resnet34"]
 assert all(s.moved == r34_tie.movers for s in r34_tie.steps)
@@ -423,13 +531,22 @@ assert all(s.moved == r34_tie.movers for s in r34_tie.steps)
 # and every tensor fails. A tie that compared the parameters after one step would have passed it.
 
 # %% tags=["nbval-check-output"]
-r34_control = step.tie_step(resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball",
-                            reference=r34_reference,
-                            control=step.control(resnet34.NET, "heavy-ball", "decoupled_weight_decay"))
+r34_control = step.tie_step(
+    resnet34.NET,
+    r34_params,
+    r34_batches,
+    step_cfg["resnet34"],
+    recipe="heavy-ball",
+    reference=r34_reference,
+    control=step.control(resnet34.NET, "heavy-ball", "decoupled_weight_decay"),
+)
 for line in r34_control.verdict_lines():
     print(f"control {r34_control.control}, {line}")
 first_step, first_group, _ = r34_control.first_failure()
-print(f"red: {r34_control.red}; first to break: step {first_step}, the {step.GROUP_NAMES[first_group]}s")
+print(
+    f"red: {r34_control.red}; first to break: step {first_step}, the"
+    f" {step.GROUP_NAMES[first_group]}s"
+)
 assert r34_control.red and (first_step, first_group) == (1, "momentum")
 assert r34_control.steps[0].within("params") == (r34_tie.tensors, r34_tie.tensors)
 assert r34_control.steps[1].within("params")[0] == 0
@@ -450,25 +567,63 @@ assert r34_control.steps[1].within("params")[0] == 0
 
 # %%
 c8_batches = data.photo_batches(2, p.tie_batch, 32, seed=p.seed)
-c8_reference = step.reference_run(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov")
-c8_tie = step.tie_step(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov", reference=c8_reference)
-c8_control = step.tie_step(cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov",
-                           reference=c8_reference, control=step.control(cifar8.NET, "nesterov", "no_lookahead"))
+c8_reference = step.reference_run(
+    cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov"
+)
+c8_tie = step.tie_step(
+    cifar8.NET,
+    c8_params,
+    c8_batches,
+    step_cfg["cifar8"],
+    recipe="nesterov",
+    reference=c8_reference,
+)
+c8_control = step.tie_step(
+    cifar8.NET,
+    c8_params,
+    c8_batches,
+    step_cfg["cifar8"],
+    recipe="nesterov",
+    reference=c8_reference,
+    control=step.control(cifar8.NET, "nesterov", "no_lookahead"),
+)
 print(c8_tie.summary())
 print(c8_control.summary())
 
-# %% tags=["nbval-check-output"]
-print(f"beyond the suite: cifar8-BN, {c8_tie.recipe} ({c8_tie.optax}, lr {c8_tie.lr:g}), "
-      f"{len(c8_tie.steps)} steps at batch {p.tie_batch}, float64, drawn weights")
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    f"beyond the suite: cifar8-BN, {c8_tie.recipe} ({c8_tie.optax}, lr {c8_tie.lr:g}), "
+    f"{len(c8_tie.steps)} steps at batch {p.tie_batch}, float64, drawn weights"
+)
 for line in c8_tie.verdict_lines():
     print(line)
-print(f"tied: {c8_tie.ok}; rows too ill-conditioned to judge: {len(c8_tie.ill_conditioned)}")
-print(f"control {c8_control.control}: red: {c8_control.red}, first at step {c8_control.first_failure()[0]}")
-book.glue("c8_step_tied", (*c8_tie.counts("params"), len(c8_tie.steps), c8_control.control,
-                           "red" if c8_control.red else "NOT red"),
-          "{}/{} updated tensors within their limits at each of {} steps; control {} {}",
-          at=book.At("cifar8", image_size=32, batch=p.tie_batch, data="photos", dtype="float64", weights="drawn",
-                     extra={"optimizer": c8_tie.optax}))
+print(
+    f"tied: {c8_tie.ok}; rows too ill-conditioned to judge:"
+    f" {len(c8_tie.ill_conditioned)}"
+)
+print(
+    f"control {c8_control.control}: red: {c8_control.red}, first at step"
+    f" {c8_control.first_failure()[0]}"
+)
+book.glue(
+    "c8_step_tied",
+    (
+        *c8_tie.counts("params"),
+        len(c8_tie.steps),
+        c8_control.control,
+        "red" if c8_control.red else "NOT red",
+    ),
+    "{}/{} updated tensors within their limits at each of {} steps; control {} {}",
+    at=book.At(
+        "cifar8",
+        image_size=32,
+        batch=p.tie_batch,
+        data="photos",
+        dtype="float64",
+        weights="drawn",
+        extra={"optimizer": c8_tie.optax},
+    ),
+)
 assert c8_tie.ok and not c8_tie.ill_conditioned and c8_tie.tensors == census["cifar8"]
 assert all(s.moved == c8_tie.movers for s in c8_tie.steps)
 assert c8_control.red and c8_control.first_failure()[0] == 1

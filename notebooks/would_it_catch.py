@@ -36,11 +36,11 @@
 # `gradtie check --plant-bug list` prints the catalogue; `gradtie check --plant-bug NAME` runs one
 # entry and exits 1 naming the first failing node.
 
-# %%
+# %% tags=["hide-input"]
 from gradtie.fake_devices import request_host_devices
 
-# eight host devices for the synchronised-BN entries (R ≤ 8), read by XLA when JAX starts; other
-# XLA_FLAGS in the environment are kept
+# eight host devices for the synchronised-BN entries (R ≤ 8), read by XLA when JAX
+# starts; other XLA_FLAGS in the environment are kept
 request_host_devices(8)
 
 import jax
@@ -63,23 +63,42 @@ image_size: int = 32  # ResNet-34's image side
 replicas: int = 2    # the synchronised-BN entries: R replicas on host devices
 seed: int = 0
 
-# %%
-p = book.validated(batch=batch, resnet_batch=resnet_batch, image_size=image_size, replicas=replicas, seed=seed)
-assert 2 <= p.replicas <= 8, "the synchronised-BN entries run on the 8 host devices this chapter sets up"
+# %% tags=["hide-input"]
+p = book.validated(
+    batch=batch,
+    resnet_batch=resnet_batch,
+    image_size=image_size,
+    replicas=replicas,
+    seed=seed,
+)
+assert (
+    2 <= p.replicas <= 8
+), "the synchronised-BN entries run on the 8 host devices this chapter sets up"
 key = jax.random.key(p.seed)
-alpha = 0.1          # label smoothing on: the head entry α/(K−1) plants nothing at α = 0
+alpha = 0.1  # label smoothing on: the head entry α/(K−1) plants nothing at α = 0
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=10)
-params8 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in cifar8.init(key, cfg8, weights="drawn").items()}
-params34 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in resnet34.init(key, cfg34, weights="drawn").items()}
+params8 = {
+    k: jnp.asarray(np.asarray(v, np.float64))
+    for k, v in cifar8.init(key, cfg8, weights="drawn").items()
+}
+params34 = {
+    k: jnp.asarray(np.asarray(v, np.float64))
+    for k, v in resnet34.init(key, cfg34, weights="drawn").items()
+}
 x8 = jnp.asarray(data.photos(p.batch, 32, seed=p.seed), jnp.float64)
-x34 = jnp.asarray(data.flat_images(p.resnet_batch, p.image_size, seed=p.seed), jnp.float64)
+x34 = jnp.asarray(
+    data.flat_images(p.resnet_batch, p.image_size, seed=p.seed), jnp.float64
+)
 t8 = targets_matrix(jnp.arange(p.batch) * 3 % 10, 10, jnp.float64)
 t34 = targets_matrix(jnp.arange(p.resnet_batch) * 3 % 10, 10, jnp.float64)
 
-# %% tags=["nbval-check-output"]
-# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is the same
-# architecture beyond them, and says so
-print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the statements' own 224 px")
+# %% tags=["nbval-check-output", "hide-input"]
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
+print(
+    protocol.resolution_note(resnet34.NET, p.image_size)
+    or "resnet34 at the statements' own 224 px"
+)
 
 # %% [markdown]
 # ## The catalogue
@@ -88,10 +107,13 @@ print(protocol.resolution_note(resnet34.NET, p.image_size) or "resnet34 at the s
 # no projection and no overlapping pool; ResNet-34's only dense layer is not square, so a
 # transposed weight gradient would raise a shape error rather than hide.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 print(bugs.listing())
-print(f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8))} apply to cifar8, "
-      f"{len(bugs.entries(resnet34))} to ResNet-34, {len(bugs.entries(replicas=True))} through the data-parallel step")
+print(
+    f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8))} apply to cifar8,"
+    f" {len(bugs.entries(resnet34))} to ResNet-34, {len(bugs.entries(replicas=True))}"
+    " through the data-parallel step"
+)
 assert len(bugs.CATALOGUE) >= 20
 
 # %% [markdown]
@@ -101,17 +123,22 @@ assert len(bugs.CATALOGUE) >= 20
 # of the ci profile (two flat images at 32 px) the smallest BatchNorm reduction is M = 2, the
 # envelope widens most limits past the 1e-10 floor, and the chain still ties.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha)
 point34 = reference_at(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha)
 real8 = tie(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
 real34 = tie(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34)
 for r in (real8, real34):
-    print(f"{r.net}: {'tied' if r.ok else 'FAILED'} {sum(x.ok for x in r.nodes)}/{len(r.nodes)} nodes, "
-          f"input {'tied' if r.row('input').ok else 'FAILED'}, loss {'tied' if r.row('loss').ok else 'FAILED'}; "
-          f"limits widened past the floor at {len(r.widened())} rows; smallest BN reduction M = {r.smallest_bn()[1]}")
+    print(
+        f"{r.net}: {'tied' if r.ok else 'FAILED'}"
+        f" {sum(x.ok for x in r.nodes)}/{len(r.nodes)} nodes, input"
+        f" {'tied' if r.row('input').ok else 'FAILED'}, loss"
+        f" {'tied' if r.row('loss').ok else 'FAILED'}; limits widened past the floor at"
+        f" {len(r.widened())} rows; smallest BN reduction M = {r.smallest_bn()[1]}"
+    )
 assert real8.ok and real34.ok
-m34 = p.resnet_batch * (p.image_size // 32) ** 2     # layer4's BatchNorm reduces over N·(side/32)² cells
+# layer4's BatchNorm reduces over N·(side/32)² cells
+m34 = p.resnet_batch * (p.image_size // 32) ** 2
 assert real34.smallest_bn()[1] == m34
 if m34 == 2:    # the ci point: round-off at M = 2 widens most limits past the floor
     assert len(real34.widened()) > len(real34.rows) // 2
@@ -133,33 +160,64 @@ if m34 == 2:    # the ci point: round-off at M = 2 widens most limits past the f
 # the table reads, family by family, where the entries first show. The error over the limit (the
 # figure) is many orders of magnitude for every entry: these bugs are not subtle next to round-off.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 caught8 = bugs.run(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
-caught34 = bugs.run(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34)
+caught34 = bugs.run(
+    resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34
+)
 for rep in (caught8, caught34):
     print(rep.summary())
     print(rep.table())
     print()
-book.glue("bugs_caught", f"{caught8.summary()}; {caught34.summary()}",
-          at=(book.At("cifar8", image_size=32, batch=p.batch, classes=10, alpha=alpha, data="photos", dtype="float64",
-                      weights="drawn", role="control"),
-              book.At("resnet34", image_size=p.image_size, batch=p.resnet_batch, classes=10, alpha=alpha, data="flat",
-                      dtype="float64", weights="drawn", role="control", extra={"widths": list(resnet34.WIDTHS)})))
+book.glue(
+    "bugs_caught",
+    f"{caught8.summary()}; {caught34.summary()}",
+    at=(
+        book.At(
+            "cifar8",
+            image_size=32,
+            batch=p.batch,
+            classes=10,
+            alpha=alpha,
+            data="photos",
+            dtype="float64",
+            weights="drawn",
+            role="control",
+        ),
+        book.At(
+            "resnet34",
+            image_size=p.image_size,
+            batch=p.resnet_batch,
+            classes=10,
+            alpha=alpha,
+            data="flat",
+            dtype="float64",
+            weights="drawn",
+            role="control",
+            extra={"widths": list(resnet34.WIDTHS)},
+        ),
+    ),
+)
 assert caught8.ok and caught34.ok
 assert min(c.ratio for rep in (caught8, caught34) for c in rep.caught) > 1e3
 
 # %% tags=["nbval-check-output"]
-last_bn = {"cifar8": ("conv8.", "bn8."), "resnet34": ("layer4.2.conv2.", "layer4.2.bn2.")}
+last_bn = {
+    "cifar8": ("conv8.", "bn8."),
+    "resnet34": ("layer4.2.conv2.", "layer4.2.bn2."),
+}
 for rep, net_name in ((caught8, "cifar8"), (caught34, "resnet34")):
     firsts = {}
     for c in rep.caught:
         firsts.setdefault(c.family, []).append(c.first.name)
     for family, names in firsts.items():
         print(f"{net_name} {family}: first failing nodes {sorted(set(names))}")
-    assert all(n.startswith(last_bn[net_name]) for n in firsts["BatchNorm"]), \
-        f"{net_name}: a BatchNorm entry first shows outside the last BatchNorm layer and its conv: {firsts['BatchNorm']}"
+    assert all(n.startswith(last_bn[net_name]) for n in firsts["BatchNorm"]), (
+        f"{net_name}: a BatchNorm entry first shows outside the last BatchNorm layer"
+        f" and its conv: {firsts['BatchNorm']}"
+    )
 
-# %%
+# %% tags=["hide-input"]
 print(caught8.table(ratios=True))
 print(caught34.table(ratios=True))
 
@@ -181,7 +239,16 @@ print(caught34.table(ratios=True))
 # for.
 
 # %% tags=["nbval-check-output"]
-sync8 = bugs.run(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8, replicas=p.replicas)
+sync8 = bugs.run(
+    cifar8,
+    params8,
+    x8,
+    t8,
+    cfg8,
+    label_smoothing=alpha,
+    point=point8,
+    replicas=p.replicas,
+)
 print(sync8.summary())
 print(sync8.table())
 assert sync8.ok
@@ -195,14 +262,19 @@ assert sync8.ok
 # check, and every tie in this book, runs at drawn weights unless it says otherwise.
 
 # %% tags=["nbval-check-output"]
-init8 = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in cifar8.init(key, cfg8, weights="init").items()}
+init8 = {
+    k: jnp.asarray(np.asarray(v, np.float64))
+    for k, v in cifar8.init(key, cfg8, weights="init").items()
+}
 point_init = reference_at(cifar8, init8, x8, t8, cfg8, label_smoothing=alpha)
 hidden = bugs.run(cifar8, init8, x8, t8, cfg8, label_smoothing=alpha, point=point_init,
                   names=("bn_forget_gamma", "bn_dgamma_from_y"))
 for c in hidden.caught:
     drawn = next(d for d in caught8.caught if d.bug == c.bug)
-    print(f"{c.bug}: at init {'caught' if c.red else 'passes (hidden)'}; at drawn weights "
-          f"{'caught' if drawn.red else 'passes'}")
+    print(
+        f"{c.bug}: at init {'caught' if c.red else 'passes (hidden)'}; at drawn weights"
+        f" {'caught' if drawn.red else 'passes'}"
+    )
 assert hidden.real.ok and not any(c.red for c in hidden.caught)
 
 # %% [markdown]
@@ -217,26 +289,39 @@ assert hidden.real.ok and not any(c.red for c in hidden.caught)
 # them can be seen, and they are left out of the figures. We check the threshold by planting it:
 # one node scaled at twice its threshold, and at half of it.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 sens8, sens34 = real8.sensitivity(), real34.sensitivity()
-print(f"cifar8 (photos): a node off by δ is caught from δ ≈ {sens8[0]:.0e} (median), every node from "
-      f"δ ≈ {sens8[1]:.0e}")
-# the flat point's thresholds follow its measured round-off, which moves by a small factor from one
-# CPU to another: printed as the decade they fall in (the values themselves below)
-print(f"ResNet-34 (flat, M = {m34}): from δ in {book.decade(sens34[0])} (median), every node from δ in "
-      f"{book.decade(sens34[1])}")
+print(
+    f"cifar8 (photos): a node off by δ is caught from δ ≈ {sens8[0]:.0e} (median),"
+    f" every node from δ ≈ {sens8[1]:.0e}"
+)
+# the flat point's thresholds follow its measured round-off, which moves by a small
+# factor from one CPU to another: printed as the decade they fall in (the values
+# themselves below)
+print(
+    f"ResNet-34 (flat, M = {m34}): from δ in {book.decade(sens34[0])} (median), every"
+    f" node from δ in {book.decade(sens34[1])}"
+)
 assert sens8[0] < 1e-9 < sens34[1]
 row = real34.row("layer3.0.conv1.weight")
 at2 = tie(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34,
           chain=bugs.scaled_node(resnet34, row.name, 2 * row.sensitivity))
 at_half = tie(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34,
               chain=bugs.scaled_node(resnet34, row.name, 0.5 * row.sensitivity))
-print(f"{row.name} scaled by 1 + 2δ*: {at2.row(row.name).verdict}; by 1 + δ*/2: {at_half.row(row.name).verdict}")
+print(
+    f"{row.name} scaled by 1 + 2δ*: {at2.row(row.name).verdict}; by 1 + δ*/2:"
+    f" {at_half.row(row.name).verdict}"
+)
 assert not at2.row(row.name).ok and at_half.row(row.name).ok
 
-# %%
-print(f"ResNet-34 thresholds on this machine: {sens34[0]:.1e} (median), {sens34[1]:.1e} (every node)")
-print(f"the threshold δ* of {row.name}: {row.sensitivity:.2e} (its limit {row.limit:.1e})")
+# %% tags=["hide-input"]
+print(
+    f"ResNet-34 thresholds on this machine: {sens34[0]:.1e} (median), {sens34[1]:.1e}"
+    " (every node)"
+)
+print(
+    f"the threshold δ* of {row.name}: {row.sensitivity:.2e} (its limit {row.limit:.1e})"
+)
 
 # %%
 plots.would_it_catch.caught([caught8, caught34, sync8])
