@@ -21,8 +21,10 @@
 # - **the six-op head fold** of `r34_net_tiedB` (module `ResNet34StepTieB`): the loss cotangent at
 #   the logits z [N,K] is not written as one formula in the render (`ResNet34RenderB`); it is folded
 #   from six kit ops, α baked at 0.1, the target a graph input that mixup or cutmix may make soft.
-#   The head fold is stated at that smoothed cotangent (its lemma: `Foundation/SmoothedLossCot`),
-#   not at softmax − oneHot:
+#   The head fold is stated at that smoothed cotangent, not at softmax − oneHot. "The six-op head
+#   fold" is our name: the statement that proves it is `smoothedLossCotGraph_row`
+#   (`Foundation/SmoothedLossCot`), for any N, K, α and divisor B, with the hypotheses 0 < K and
+#   each target row summing to 1; `r34_lossCot_is_smoothedCE_grad` reads it at ResNet-34's logits:
 #
 #   | step | op (Lean) | computes |
 #   |---|---|---|
@@ -31,7 +33,7 @@
 #   | 3 | `scaleB` | a = α·t |
 #   | 4 | `addVB` | d1 = d0 + a |
 #   | 5 | `shiftB` | d2 = d1 − α/K |
-#   | 6 | `divConstB` | dy = d2 / N |
+#   | 6 | `divConstB` | dy = d2 / B (the render's B = N) |
 #
 # - **`cifar8Bbn_net_lossGrad_CE`**: `cifar8Bbn_net_lossGrad` holds for any loss of the logits with
 #   gradient g at them; `_CE` instantiates it at the smoothed cross-entropy, at the artifacts' own
@@ -42,7 +44,8 @@
 #   place in that net whose certified backward comes with **no hypothesis at all**, since both maps
 #   are linear and taken example by example.
 #
-# So dy = (p − (1−α)t − α/K)/N = (p − t̃)/N. We show that this fold IS ∂/∂z of the mean smoothed
+# So dy = (p − (1−α)t − α/K)/B = (p − t̃)/B, and at the render's divisor B = N, (p − t̃)/N. We show
+# that this fold, at B = N, IS ∂/∂z of the mean smoothed
 # cross-entropy — under one assumption, that every row of t sums to 1 — for hard and soft (mixup,
 # cutmix) targets, with α = 0 and α = 0.1, at batch sizes where 1/N is not a binary fraction; that
 # three planted bugs in the fold go red; and that the GAP and dense layer tie at any point, ties
@@ -116,6 +119,16 @@ plt.show()
 
 # %%
 cases = head_checks.fold_cases(key, num_classes=p.num_classes)
+# what every figure below is glued with (`book.At`): the point it was computed at
+# (logits, no net)
+at_fold = book.At(
+    "logits",
+    batch=(3, 6),
+    classes=p.num_classes,
+    alpha=(0.0, 0.1),
+    data="one-hot, mixup, cutmix targets",
+    dtype="float64",
+)
 display(pages.tie(cases))
 row_sums = {
     kind: head.row_sum_error(data.batch_targets(kind, 6, p.num_classes, key))
@@ -123,7 +136,7 @@ row_sums = {
 }
 
 # %% tags=["nbval-check-output", "hide-input"]
-print(book.glue("fold_tied", cases.summary()))
+print(book.glue("fold_tied", cases.summary(), at=at_fold))
 print(
     f"worst relative error at most 1e-14, float64's unit roundoff ({2.0 ** -53:.1e})"
     f" times 90: {cases.worst().rel <= 1e-14}; limit tolerances.REL_F64 ="
@@ -200,6 +213,14 @@ print(
         "fold_controls",
         f"the fold tied at rel err ≤ {fold.limit:.0e}; {len(red)}/{len(planted)}"
         f" planted controls red: {', '.join(red)}",
+        at=book.At(
+            "logits",
+            batch=6,
+            classes=p.num_classes,
+            alpha=0.1,
+            data="mixup targets",
+            dtype="float64",
+        ),
     )
 )
 assert fold.ok and len(red) == len(planted), (
@@ -245,6 +266,9 @@ print(
         f"H(t̃) = {terms.label_term:.4f} (label) + {terms.others_term:.4f} (the other "
         f"{terms.num_classes - 1}) = {terms.total:.4f} nats, at the margin m* = ln "
         f"{terms.label_share / terms.other_share:.0f} = {terms.best_margin:.2f}",
+        at=book.At(
+            "logits", classes=10, alpha=0.1, data="one-hot target", dtype="float64"
+        ),
     )
 )
 assert abs(terms.label_share - 0.91) <= 1e-12 and abs(terms.other_share - 0.01) <= 1e-12
@@ -310,6 +334,11 @@ print(
     book.glue(
         "head_linear",
         f"{linear.summary()}; {linear.meta['feature_ties']} tied feature pairs",
+        at=book.At(
+            "GAP + dense head",
+            data="random inputs with tied GAP features",
+            dtype="float64",
+        ),
     )
 )
 print(f"gap_without_area: {linear_bug.summary()}")

@@ -32,6 +32,7 @@
 # would measure the machine that runs the tests, not the code.
 
 # %% tags=["hide-input"]
+import json
 
 import jax
 import matplotlib.pyplot as plt
@@ -59,9 +60,23 @@ print(
     f" {m['jax']}, {m['date']}"
 )
 
+
+def measured_at(rows, data: str):
+    """The points a benchmark figure reads (`book.At`): each configuration measured."""
+    return tuple(
+        book.At(
+            r.config.net,
+            image_size=r.config.image_size,
+            batch=r.config.batch,
+            data=data,
+            extra={"configuration": r.config.label()},
+        )
+        for r in rows
+    )
+
 # %% tags=["nbval-check-output", "hide-input"]
-# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
-# another side is the same architecture beyond them, and says so
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
 if p.net == "resnet34":
     print(
         protocol.resolution_note(resnet34.NET, p.image_size)
@@ -99,7 +114,11 @@ print(
 )
 print(
     "within the limit: "
-    + book.glue("perf_within", f"{len(within)} of {len(results)}")
+    + book.glue(
+        "perf_within",
+        f"{len(within)} of {len(results)}",
+        at=measured_at(results, "benchmarks/results/cpu.json"),
+    )
     + " configurations"
 )
 for line in problems:
@@ -188,8 +207,14 @@ print(
 display(Markdown(peer_bench.table(peer_rows)))
 behind = peer_bench.verdict(peer_rows)
 ahead = len(peer_rows) - len({line.split(':')[0] for line in behind})
-print("configurations where the rendered step is ahead of every peer by the goal: "
-      + book.glue("peers_ahead", f"{ahead} of {len(peer_rows)}"))
+print(
+    "configurations where the rendered step is ahead of every peer by the goal: "
+    + book.glue(
+        "peers_ahead",
+        f"{ahead} of {len(peer_rows)}",
+        at=measured_at(peer_rows, "the committed peer run"),
+    )
+)
 for line in behind:
     print(f"  behind: {line}")
 limit_row = next(
@@ -255,7 +280,7 @@ plt.show()
 # 0.95 × PyTorch's whole step, no step built on XLA's CPU convolutions reaches the goal; where it is
 # below, the rest of the gap lies in the work around the convolutions.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 floor_doc = conv_floor.read(bench.RESULTS / "conv_floor_cpu.json")
 assert floor_doc is not None, (
     "benchmarks/results/conv_floor_cpu.json is missing: run gradtie bench "
@@ -270,7 +295,8 @@ print(
 display(Markdown(conv_floor.table(floor_rows)))
 bound = conv_floor.kernel_bound(floor_rows)
 print("configurations out of reach of XLA's CPU convolutions: "
-      + book.glue("kernel_bound", f"{len(bound)} of {len(floor_rows)}"))
+      + book.glue("kernel_bound", f"{len(bound)} of {len(floor_rows)}",
+                  at=measured_at(floor_rows, "the committed conv-floor run")))
 for line in bound:
     print(f"  {line}")
 # gradtie's conv ops are under the rendered step that runs them (the peer run is another

@@ -24,8 +24,11 @@
 #   cell in row-major window order) selScatter IS the render's pool backward `maxPoolBackB`, example
 #   by example. This takes **no hypothesis**: it holds at every point, ties included. It is a lemma
 #   about the 2×2 pool. ResNet-34's overlapping 3×3/s2 stem pool (`maxPool3s2BackB`) enters
-#   `r34InputGradB_correct` differently: its endpoint is `rfl` under `h_pool`, with no selScatter
-#   lemma; the same check on it below is beyond the suite.
+#   `r34InputGradB_correct` differently: its endpoint there is `rfl` under `h_pool`. In the
+#   parameter-gradient statements it is frozen at a selection σ as cifar8's pools are (the seeds:
+#   "as the per-image rung and ResNet-34's stem do, the pools are frozen at a selection σ"), but
+#   the selScatter lemma is stated for the 2×2 pool, so the same check on the stem pool below is
+#   beyond the suite.
 # - **`maxPoolB_relu_eventuallyEq_sel`** (`PoolSelB`): near a point where every window is dead or
 #   tied only between **twins**, the pooled ReLU IS the gather at σ along any parameter.
 #   **C8PoolTwin₁ … C8PoolTwin₄** name the twins of cifar8's pools 1 … 4: cells of c8Z₂ⱼ (the output
@@ -43,8 +46,10 @@
 # The {term}`census` (`census.smoothness`) gives every point one verdict per hypothesis, each with the
 # count of windows and cells that break it and the first one named. The node ties of the train
 # steps (`r34_net_tiedB`, `r34_net_syncTiedB`, `cifar8Bbn_train_step_tiedB`) are not in the table:
-# they carry no smoothness clause (N is their only binder, with 0 < R and 0 < N for the sync tie),
-# and hold at every point, kinks included. Every point here is at
+# they carry no smoothness clause (`r34_net_tiedB`'s binders are N, nCls, α, B, w, x, t, and
+# `r34_net_syncTiedB`'s are R, N, nCls, w, X, G, gs, with 0 < R and 0 < N; cifar8's module docs
+# state no hypothesis for it, and that it needs none is our reading), and hold at every point, kinks
+# included. Every point here is at
 # {term}`drawn weights` (`init(key, cfg, weights="drawn")`: γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases
 # ~ N(0, 0.1²)), where no γ is 1 and no shift 0.
 #
@@ -108,10 +113,28 @@ shifts = np.concatenate([
     np.asarray({"cifar8": params8, "ResNet-34": params34}[n][k[:-6] + "bias"])
     for n, k in bn_scales
 ])
+# what every figure below is glued with (`book.At`): the point it was computed at
+at8 = dict(
+    net="cifar8",
+    image_size=32,
+    batch=p.batch,
+    classes=10,
+    dtype="float64",
+    weights="drawn",
+)
+at34 = dict(
+    net="resnet34",
+    image_size=p.image_size,
+    batch=p.batch,
+    classes=10,
+    dtype="float64",
+    weights="drawn",
+    extra={"widths": list(resnet34.WIDTHS)},
+)
 
 # %% tags=["nbval-check-output", "hide-input"]
-# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
-# another side is the same architecture beyond them, and says so
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
 print(
     protocol.resolution_note(resnet34.NET, p.image_size)
     or "resnet34 at the statements' own 224 px"
@@ -216,8 +239,9 @@ plt.show()
 # ```{admonition} Beyond the suite
 # :class: attention
 # The stem pool's row: `batchMapAux_maxPoolBackFlat_eq_selScatter` is stated for the 2×2 pool. The
-# 3×3/s2 stem pool's endpoint in `r34InputGradB_correct` is `rfl` under `h_pool`; that its backward
-# is selScatter at σ = argmax at every point, ties included, is our check, not a statement of the suite.
+# 3×3/s2 stem pool's endpoint in `r34InputGradB_correct` is `rfl` under `h_pool` (the
+# parameter-gradient statements freeze it at a selection σ); that its backward is selScatter at
+# σ = argmax at every point, ties included, is our check, not a statement of the suite.
 # ```
 
 # %% tags=["nbval-check-output"]
@@ -255,6 +279,7 @@ print(
         sum(n == "cifar8" for n, _ in inputs),
         "backward == selScatter at σ = argmax, "
         "bit for bit, at cifar8's {} 2×2 pools, ties included",
+        at=book.At(**at8, data="photos"),
     )
 )
 print("beyond the suite: the same at ResNet-34's 3×3/s2 stem pool")
@@ -339,6 +364,7 @@ print(
         ),
         "2×2 pools: backward == jax.vjp of the gather model at σ = argmax, bit for bit,"
         " at {}/{} pools ({} tied windows); controls red {}/{}",
+        at=book.At(**at8, data="photos"),
     )
 )
 for label, row in two_by_two.items():
@@ -382,6 +408,7 @@ print(
         ),
         "stem pool (3×3/s2): backward {} the order bound of jax.vjp of the gather"
         " model; {}/3 controls red",
+        at=book.At(**at34, data="photos"),
     )
 )
 assert stem_row.ok, (
@@ -499,6 +526,10 @@ book.glue(
     "c8_input_hypothesis",
     photo8.hypothesis("cifar8_input").violated,
     "holds at randn with β lifted; fails on photos at {} windows, the first a dead one",
+    at=tuple(
+        book.At(**at8, data=label, census=book.census_verdicts(points[label]["cifar8"]))
+        for label in ("randn, β lifted", "photos")
+    ),
 )
 assert photo8.ok and photo34.ok and not photo8.hypothesis("cifar8_input").holds
 assert photo8.hypothesis("cifar8_input").first.kind == "dead window"
@@ -599,6 +630,10 @@ print(
         "dead_share",
         (dead_share["cifar8"], dead_share["ResNet-34"]),
         "share of windows dead on photos: cifar8 {:.2f}, ResNet-34's stem pool {:.2f}",
+        at=(
+            book.At(**at8, data="photos", census=book.census_verdicts(photo8)),
+            book.At(**at34, data="photos", census=book.census_verdicts(photo34)),
+        ),
     )
 )
 
@@ -623,7 +658,13 @@ print(
 # %% tags=["nbval-check-output", "hide-input"]
 twin_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "twin tie")
 dead_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "dead")
-print(book.glue("twin_reroute", twin_route.summary()))
+print(
+    book.glue(
+        "twin_reroute",
+        twin_route.summary(),
+        at=book.At(**at8, alpha=0.0, data="flat", census=book.census_verdicts(twin8)),
+    )
+)
 print(
     f"  rerouted per pool {twin_route.rerouted}; input gradient moves by"
     f" {twin_route.dx_rel:.1f} of its max; parameter nodes within"
@@ -648,8 +689,9 @@ assert dead_route.param_rel == 0.0 and dead_route.dx_rel == 0.0
 # ```{admonition} Beyond the suite
 # :class: attention
 # At a non-twin tie the whole-loss statements (`cifar8Bbn_net_lossGrad`, `r34_net_lossGrad`) have
-# no gradient to match: their hypotheses fail. The node ties (`cifar8Bbn_train_step_tiedB`,
-# `r34_net_tiedB`) carry no smoothness clause and still hold there; what fails is the derivative.
+# no gradient to match: their hypotheses fail. The node ties (`r34_net_tiedB`, and by our reading
+# `cifar8Bbn_train_step_tiedB`) carry no smoothness clause and still hold there; what fails is the
+# derivative.
 # ```
 #
 # At the planted point every hypothesis of the census fails. Each cell of pool1's input reads a single pixel, so cells with equal pixels tie; they are not twins, because
@@ -703,6 +745,12 @@ plt.show()
 
 # %% tags=["nbval-check-output", "hide-input"]
 v = fd.direction(params8, ["conv1.weight", "conv2.weight"], jax.random.fold_in(key, 2))
+at_planted = book.At(
+    **at8,
+    alpha=0.0,
+    data="flat, planted non-twin tie",
+    census=book.census_verdicts(planted),
+)
 slopes_twin = census.one_sided_slopes(cifar8, params8, flat8, targets, cfg8, v)
 slopes_planted = census.one_sided_slopes(cifar8, planted8, flat8, targets, cfg8, v)
 print(
@@ -710,7 +758,10 @@ print(
     f" {tolerances.SLOPE_REL:.0e} of the slope"
 )
 print(f"twin-tie point:     {slopes_twin.summary()}")
-print(f"non-twin tie point: {book.glue('nontwin_slopes', slopes_planted.summary())}")
+print(
+    "non-twin tie point:"
+    f" {book.glue('nontwin_slopes', slopes_planted.summary(), at=at_planted)}"
+)
 assert slopes_twin.smooth and abs(
     slopes_twin.right - slopes_twin.rendered
 ) <= tolerances.SLOPE_REL * abs(slopes_twin.rendered)
@@ -746,15 +797,18 @@ assert code == report.exit_code == check.EXIT_NOT_SMOOTH
 assert report.smooth.non_twin_ties == planted.non_twin_ties and report.tie is None
 
 # %% [markdown]
-# ## At the same non-twin tie, every node tie holds (`cifar8Bbn_train_step_tiedB`: no smoothness clause)
+# ## At the same non-twin tie, every node tie holds (`cifar8Bbn_train_step_tiedB`)
 #
 # `cifar8Bbn_train_step_tiedB` ties each gradient node to the layer's Jacobian contracted with
 # the cotangent the rendered chain hands it (ResNet-34's `r34_net_tiedB` has the same form; we run
-# cifar8's here).
-# That is an equality of the chain with composed certified VJPs, and it carries **no smoothness
-# clause**: N is a binder, and smoothness enters only the whole-loss derivative statements. So at
-# the planted point, where the census refuses and the one-sided slopes part, the node ties must
-# still hold. We tie every stage of cifar8's chain there alone, at the cotangent the chain hands
+# cifar8's here). Each conjunct is a fold over every cotangent, instantiated at the one the chain
+# delivers, so it needs **no smoothness clause**: `r34_net_tiedB` states none, and for cifar8's,
+# whose module docs state no hypothesis, that is our reading. Upstream keeps the two halves of the
+# step tie apart because they carry different hypotheses: the other half, that the chain delivers
+# the right cotangents (`r34IdCotIn_eq_vjp`, `r34DownCotIn_eq_vjp`; for cifar8,
+# `cifar8BbnInputGradB_correct`), carries smoothness, as the whole-loss derivative statements do.
+# So at the planted point, where the census refuses and the one-sided slopes part, the node ties
+# must still hold. We tie every stage of cifar8's chain there alone, at the cotangent the chain hands
 # it (`stages.stage_ties`; a window tied at a positive maximum reads the gather model at
 # σ = argmax, the selScatter the chain runs). Each stage's nodes and the cotangent it hands on
 # are held to ten times the stage's own envelope. The control plants `bn_forget_gamma` in the
@@ -802,6 +856,7 @@ print(
         "at the planted non-twin tie: {}/{} nodes tied at the cotangent the chain hands"
         " their stage, {}/{} stages (no smoothness clause); the loss has no gradient"
         " there",
+        at=at_planted,
     )
 )
 assert at_tie.stages.ok and len(at_tie.nodes) == 38, (

@@ -83,6 +83,17 @@ targets = head.one_hot(
 )
 grads8 = germs.rendered_nodes(net8, params8, x8, targets, cfg8)
 smooth8 = census.smoothness(net8, params8, x8, cfg8)
+# what every figure below is glued with (`book.At`): the point it was computed at
+at8 = dict(
+    net="cifar8",
+    image_size=32,
+    batch=p.batch,
+    classes=10,
+    alpha=0.0,
+    dtype="float64",
+    weights="drawn",
+)
+at_germs = book.At(**at8, data=p.data, census=book.census_verdicts(smooth8))
 gammas = np.concatenate([np.asarray(params8[f"bn{k}.weight"]) for k in range(1, 9)])
 shifts = np.concatenate([np.asarray(params8[f"bn{k}.bias"]) for k in range(1, 9)])
 
@@ -139,12 +150,13 @@ print(survey8.radii_table())
 curved = [r for r in survey8.reports if r.path == "curved"]
 shallow = np.median([r.delta for r in survey8.reports if r.germ in ("bn1", "bn2")])
 deep = np.median([r.delta for r in survey8.reports if r.germ in ("bn7", "bn8")])
-print(book.glue("germs_bit_for_bit", survey8.summary().splitlines()[0]))
+print(book.glue("germs_bit_for_bit", survey8.summary().splitlines()[0], at=at_germs))
 print(
     book.glue(
         "germ_paths",
         f"{len(germs.C8_GERMS)} germs × {p.directions} paths, {len(curved)} of them"
         " curved",
+        at=at_germs,
     )
 )
 print(f"median δ: germs 1–2 {shallow:.0e}, germs 7–8 {deep:.0e}")
@@ -192,6 +204,7 @@ print(
         "germ_delta_ratio",
         (ratios.min(), ratios.max()),
         "δ found / δ predicted from {:.2f} to {:.2f}",
+        at=at_germs,
     )
 )
 print(f"{kink_first}/{len(survey8.reports)} walks meet a ReLU kink before δ")
@@ -240,7 +253,7 @@ print(survey8.fd_table())
 fd8 = [r for r in survey8.reports if r.has_fd]
 ulps = np.array([r.loss_roundoff / np.spacing(r.loss) for r in fd8])
 worst_pin, best_pin = max(r.resolution for r in fd8), min(r.resolution for r in fd8)
-print(book.glue("germ_fd", survey8.summary().splitlines()[2]))
+print(book.glue("germ_fd", survey8.summary().splitlines()[2], at=at_germs))
 print(
     f"{sum(r.path == 'curved' for r in survey8.windows)} of the {len(survey8.windows)}"
     " O(h²) windows on curved paths"
@@ -388,7 +401,11 @@ plt.show()
 # maximum sits on twins is tied, and it stays tied whatever the weights do, so the germ holds
 # through it; the rendered pool backward picks the first twin, and the parameter gradient does not
 # care which. We take flat images (horse silhouette, scanned page, an upsampled digit) at the same
-# drawn weights, and walk the four germs upstream of pools 1 and 2.
+# drawn weights, and walk the four germs upstream of pools 1 and 2. The twins this point finds sit
+# at pools 1 and 2 only: before pool 3 a cell's receptive field is 32 px wide, the whole image, and
+# two cells meet the zero padding at different offsets, so a flat region makes no twins there (an
+# image could only by being zero where the two fields differ). This figure shows C8PoolTwin₁ and
+# C8PoolTwin₂; C8PoolTwin₃ and C8PoolTwin₄ are not exercised.
 
 # %%
 flat8 = images("flat", p.batch, 32, seed=p.seed)
@@ -410,11 +427,21 @@ print(twin_walks.radii_table())
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(f"flat images: {flat_census.summary()}")
-print(book.glue("twin_windows", "twin-tied windows by pool: "
-                + ", ".join(f"{k} {v}" for k, v in twins_by_pool.items())))
+at_flat = book.At(**at8, data="flat", census=book.census_verdicts(flat_census))
+print(
+    book.glue(
+        "twin_windows",
+        (
+            ", ".join(f"{k} {v}" for k, v in twins_by_pool.items()),
+            sum(v > 0 for v in twins_by_pool.values()),
+        ),
+        "twin-tied windows by pool: {} (twins at {} of the four pools)",
+        at=at_flat,
+    )
+)
 print(
     "at the twin-tie point:"
-    f" {book.glue('twin_walks', twin_walks.summary().splitlines()[0])}"
+    f" {book.glue('twin_walks', twin_walks.summary().splitlines()[0], at=at_flat)}"
 )
 # the margins' δ is second order along the path: at seed 3 the first walk parts at 0.895
 # of it (third-order terms of the BatchNorm), so the band is [0.85,
@@ -507,8 +534,11 @@ plt.show()
 #
 # Together: at a point satisfying the hypothesis — dead, strict and twin-tied windows — each of the
 # eight germs holds along straight and curved paths, bit for bit below a radius the margins
-# predict, and the finite differences of the real loss pin each rendered node between round-off
-# and the first kink: `cifar8Bbn_net_lossGrad`'s `HasGradAt`, seen in float64.
+# predict, and the finite differences of the real loss pin ⟨g, v⟩ between round-off and the first
+# kink: the rendered nodes of a stage, contracted with a path direction through all of that stage's
+# tensors at once (conv weight and bias, γ, β), not each node apart. That is
+# `cifar8Bbn_net_lossGrad`'s `HasGradAt` along those paths, seen in float64; the dense head has no
+# germ, and its six nodes are left to the Whole-net tie's finite differences, one node at a time.
 
 # %% [markdown]
 # ## What this chapter showed
@@ -517,10 +547,11 @@ plt.show()
 # |---|---|---|
 # | near a smooth point the real net and the gather model give the same loss, bit for bit, along straight and curved paths through each of the eight stages' weights, up to a radius δ | `c8_germ_stageₖ`, k = 1…8; `maxPoolB_relu_eventuallyEq_sel` | [§ Eight germs](#eight-germs-s-and-g-agree-bit-for-bit-then-part) and its figure |
 # | the window margins predict δ, to second order along the path | the germs' hypothesis, read window by window | [§ δ predicted from the margins](#δ-predicted-from-the-margins) and its figure |
-# | central finite differences of the real loss converge to each walk's rendered directional derivative, between round-off and the first kink | `cifar8Bbn_net_lossGrad` (`HasGradAt`) | [§ Finite differences](#finite-differences-the-node-pinned-between-round-off-and-the-first-kink) and its figure |
+# | central finite differences of the real loss converge to each walk's rendered directional derivative ⟨g, v⟩ — a stage's nodes contracted with a path direction through all of its tensors at once, not each node apart — between round-off and the first kink; the dense head has no germ and is left to the Whole-net tie | `cifar8Bbn_net_lossGrad` (`HasGradAt`), along those paths | [§ Finite differences](#finite-differences-the-node-pinned-between-round-off-and-the-first-kink) and its figure |
 # | a wrong node, a planted chain bug and a kink too close to resolve are told apart: "fails", "fails", "no evidence" | controls | [§ Controls](#controls-a-wrong-node-fails-a-close-kink-gives-no-evidence) |
-# | at twin ties the germ still holds | C8PoolTwin₁…₄ | [§ At twin ties](#at-twin-ties-the-gather-model-still-agrees-bit-for-bit) |
+# | at twin ties the germ still holds (flat images make twins at pools 1 and 2 only) | C8PoolTwin₁, C8PoolTwin₂ (C8PoolTwin₃ and C8PoolTwin₄ not exercised) | [§ At twin ties](#at-twin-ties-the-gather-model-still-agrees-bit-for-bit) |
 # | at a non-twin tie there is no germ and no derivative, and the check says "no evidence" | the hypothesis fails (the control) | [§ The control: a non-twin tie](#the-control-a-non-twin-tie) |
 #
-# Nothing here goes beyond the suite except the controls: the chapter reads `HasGradAt` in
-# float64 at the points the census admits, and shows why the points it refuses are refused.
+# Nothing here goes beyond the suite except the controls: the chapter reads `HasGradAt` along
+# stage paths, in float64, at the points the census admits, and shows why the points it refuses
+# are refused.

@@ -30,7 +30,7 @@
 # 1. the rendered step and the autodiff step, side by side over the first steps of a run, with a
 #    float32 bound that a wrong gradient breaks;
 # 2. why test accuracy must be read with recomputed BatchNorm statistics, not the running ones the
-#    tied step keeps;
+#    training step keeps (downstream of the tied nodes);
 # 3. the four update rules on the rendered gradient;
 # 4. CIFAR-10, when you point the chapter at its files, and upstream's own CIFAR-10 and ImageNet
 #    results, quoted as theirs;
@@ -108,8 +108,8 @@ print(
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
-# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
-# another side is the same architecture beyond them, and says so
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
 print(
     "the step ties below: "
     + (
@@ -207,7 +207,8 @@ plt.show()
 # accuracy is no theorem.
 # ```
 #
-# BatchNorm's running statistics are part of the tied step. Every step moves them 1% of the way
+# BatchNorm's running statistics are part of the training step, downstream of the gradient nodes the
+# suite ties (its step ties stop at the raw nodes). Every step moves them 1% of the way
 # toward the batch's: `running ← 0.99·running + 0.01·batch`, the upstream recipe, which we keep as
 # it is. After s steps they still carry 0.99^s of their starting point. Meanwhile the weights move
 # fast early in training, so the running statistics describe weights from many steps ago. Read
@@ -270,6 +271,16 @@ book.glue(
     "digits_accuracy",
     (p.net, band, p.epochs, final >= band),
     "{}: test accuracy on digits ≥ {:g} after {} epochs (recomputed statistics): {}",
+    at=book.At(
+        p.net,
+        image_size=32,
+        batch=p.batch,
+        classes=10,
+        data="digits",
+        dtype="float32",
+        weights="init",
+        extra={"epochs": p.epochs},
+    ),
 )
 assert len(lines) == p.epochs and len(first.history) == 1 and resumed and same
 assert history[0]["bn_gap"] >= tol.TRAIN_LAG_GAP
@@ -544,8 +555,9 @@ assert all(r.images_per_second > 0 for r in input_rates)
 #
 # What the suite covers of these runs is narrower than the runs. It ties the raw gradient nodes of
 # the cifar8-BN train step (`cifar8Bbn_train_step_tiedB`; cifar8 has no data-parallel render) and
-# of ResNet-34's (`r34_net_tiedB`), read over ℝ; the bf16 nodes only at the identity rounding
-# (`Bf16Erasure`). Every ResNet-34 data-parallel render synchronises BatchNorm, and its
+# of ResNet-34's (`r34_net_tiedB`), read over ℝ, the bf16 nodes at the identity rounding
+# (`Bf16Erasure`; the kinds' rounding itself is stated for any rounding, but tied nowhere). Every
+# ResNet-34 data-parallel render synchronises BatchNorm, and its
 # all-reduced nodes are `r34_net_syncTiedB`'s. So the "verified bf16 path, synchronised BatchNorm"
 # run took steps whose raw gradient nodes the suite states, read at the identity rounding. It does
 # not cover the JAX reference run (autodiff, not the render), the per-replica BatchNorm run (every
@@ -684,8 +696,20 @@ print(
     f"tied: {r34_tie.ok}; rows too ill-conditioned to judge:"
     f" {len(r34_tie.ill_conditioned)}"
 )
-book.glue("r34_step_tied", (*r34_tie.counts("params"), len(r34_tie.steps)),
-          "{}/{} updated tensors within their limits at each of {} steps")
+book.glue(
+    "r34_step_tied",
+    (*r34_tie.counts("params"), len(r34_tie.steps)),
+    "{}/{} updated tensors within their limits at each of {} steps",
+    at=book.At(
+        "resnet34",
+        image_size=p.image_size,
+        batch=p.tie_batch,
+        data="photos",
+        dtype="float64",
+        weights="drawn",
+        extra={"conv_bias": p.conv_bias, "optimizer": r34_tie.optax},
+    ),
+)
 assert r34_tie.ok and not r34_tie.ill_conditioned
 assert r34_tie.tensors == census["resnet34, conv_bias" if p.conv_bias else "resnet34"]
 assert all(s.moved == r34_tie.movers for s in r34_tie.steps)
@@ -780,6 +804,15 @@ book.glue(
         "red" if c8_control.red else "NOT red",
     ),
     "{}/{} updated tensors within their limits at each of {} steps; control {} {}",
+    at=book.At(
+        "cifar8",
+        image_size=32,
+        batch=p.tie_batch,
+        data="photos",
+        dtype="float64",
+        weights="drawn",
+        extra={"optimizer": c8_tie.optax},
+    ),
 )
 assert c8_tie.ok and not c8_tie.ill_conditioned and c8_tie.tensors == census["cifar8"]
 assert all(s.moved == c8_tie.movers for s in c8_tie.steps)

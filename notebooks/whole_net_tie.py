@@ -28,9 +28,10 @@
 #   ResNet-34 also every BatchNorm ε positive). We tie at the smoothed cross-entropy's cotangent and
 #   at random cotangents, and by finite differences of the loss;
 # - `r34_net_tiedB` and `cifar8Bbn_train_step_tiedB`: the raw gradient nodes of the train steps,
-#   each at the cotangent the rendered chain hands it. These carry **no smoothness clause** (N is a
-#   binder; the ties are folds over every cotangent), so they hold at every point; the per-stage
-#   ties below show them;
+#   each at the cotangent the rendered chain hands it. `r34_net_tiedB` carries **no smoothness
+#   clause** (its binders are N, nCls, α, B, w, x, t; its conjuncts are folds over every cotangent),
+#   so it holds at every point; cifar8's has the same form (its module docs state no hypothesis for
+#   it: that it needs none is our reading). The per-stage ties below show them;
 # - `r34InputGradB_correct`: ResNet-34's input gradient, where `h_stem` and `h_pool` hold (and
 #   0 < εs), at every N and every loss cotangent; `resnet34ForwardBFull_eq_slots`: its eighteen
 #   stages ARE the forward;
@@ -50,7 +51,8 @@
 # The label smoothing α is one parameter for both nets, 0.1 by default: ResNet-34's render bakes
 # α = 0.1 (0 in its ls0 variants), while cifar8's own runs use α = 0 (chapter Head fold). At
 # α = 0.1 cifar8's tie is the smoothed cross-entropy's instance of `cifar8Bbn_net_lossGrad`, one
-# loss L of its "any L with gradient g"; `-p label_smoothing 0` ties cifar8 at its own α.
+# loss L of its "any L with gradient g"; `cifar8Bbn_net_lossGrad_CE`, the instance at the
+# artifacts' own cotangent, is tied at α = 0 whatever this parameter says.
 #
 # Every tie here runs at **drawn weights** (`init(key, cfg, weights="drawn")`: γ ~ U(0.5, 1.5),
 # β ~ N(0, 0.3²), biases ~ N(0, 0.1²)). At the initial weights every γ is 1 and every β and bias 0,
@@ -62,6 +64,8 @@
 # last few bits.
 
 # %% tags=["hide-input"]
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
@@ -144,6 +148,10 @@ gammas = np.concatenate([
 betas = np.concatenate(
     [np.asarray(ps[k]) for ps in (params8, params34) for k in ps if is_beta(k, shapes)]
 )
+# what every figure below is glued with (`book.At`): the point it was computed at
+at8 = dict(net="cifar8", image_size=32, classes=10, dtype="float64", weights=p.weights)
+at34 = dict(net="resnet34", classes=p.num_classes, dtype="float64", weights=p.weights,
+            extra={"widths": list(resnet34.WIDTHS)})
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(
@@ -182,7 +190,7 @@ assert (
 #   window has a live cell (`census.lift_dead_windows`). No window is dead: `MaxPool2Smooth` holds,
 #   and this is where we tie cifar8's input gradient as `cifar8BbnInputGradB_correct` states it.
 # - **randn, 224 px, batch 2** for ResNet-34: N(0, 1) pixels at the resolution its statements fix
-#   as a literal (224 px; N is their only binder). No twins, so `h_pool` holds with the parameter
+#   as a literal (224 px, with the widths 64…512). No twins, so `h_pool` holds with the parameter
 #   hypothesis: the point of the whole-net tie below.
 # - **flat images, batch 2, 32 px** for ResNet-34: upsampled digits and binary shapes, whose flat
 #   regions make twin ties (`h_pool` fails there), at the size where layer4's BatchNorm normalises
@@ -210,6 +218,40 @@ smooth224, smooth34 = (
     points["ResNet-34", f"photos, {p.image_size} px"],
 )
 flat_smooth34 = points["ResNet-34", "flat, 32 px"]
+verdicts = {k: book.census_verdicts(s) for k, s in points.items()}
+at_photos8 = book.At(
+    **at8,
+    batch=p.batch,
+    alpha=alpha,
+    data="photos",
+    census=verdicts["cifar8", "photos"],
+)
+at_lifted8 = book.At(**at8, batch=p.batch, alpha=alpha, data="randn, β lifted",
+                     census=verdicts["cifar8", "randn, β lifted"])
+at224 = book.At(
+    **at34,
+    image_size=resnet34.SUITE_IMAGE_SIZE,
+    batch=p.statement_batch,
+    alpha=alpha,
+    data="randn",
+    census=verdicts["ResNet-34", "randn, 224 px"],
+)
+at_photos34 = book.At(
+    **at34,
+    image_size=p.image_size,
+    batch=p.resnet_batch,
+    alpha=alpha,
+    data="photos",
+    census=verdicts["ResNet-34", f"photos, {p.image_size} px"],
+)
+at_flat34 = book.At(
+    **at34,
+    image_size=32,
+    batch=2,
+    alpha=alpha,
+    data="flat",
+    census=verdicts["ResNet-34", "flat, 32 px"],
+)
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(
@@ -288,8 +330,16 @@ assert (
 )
 assert counts["ResNet-34, K = 10"].floats == 21_289_802
 # pasted by the introduction
-print(book.glue("c8_floats", counts["cifar8 (d = 512)"].floats, "{:,}"))
-print(book.glue("r34_floats", counts["ResNet-34, K = 1000"].floats, "{:,}"))
+print(book.glue("c8_floats", counts["cifar8 (d = 512)"].floats, "{:,}",
+                at=book.At("cifar8", classes=10, extra={"head_width": 512})))
+print(
+    book.glue(
+        "r34_floats",
+        counts["ResNet-34, K = 1000"].floats,
+        "{:,}",
+        at=book.At("resnet34", classes=1000, extra={"widths": list(resnet34.WIDTHS)}),
+    )
+)
 
 # %% [markdown]
 # ## Eighteen stages
@@ -319,6 +369,7 @@ print(
         "r34_stages",
         f"{len(named)} stages; composition == forward bit for bit: "
         f"{bool(jnp.array_equal(h, logits34))}",
+        at=dataclasses.replace(at_photos34, alpha=None),
     )
 )
 assert len(named) == 18 and [n for n, _ in named] == [r.name for r in rows34]
@@ -394,6 +445,9 @@ print(
         ),
         "eighteen-stage fold against the NumPy ResNet-34 at {} px, batch {}: {};"
         " controls red {}/{}",
+        at=book.At(
+            **at34, image_size=fold_tie.image[2], batch=fold_tie.image[0], data="photos"
+        ),
     )
 )
 assert fold_tie.ok and fold_tie.image == (2, 3, 224, 224), (
@@ -431,11 +485,13 @@ print(
 # on it): its node is Σ of the BN input cotangent over the channel's M cells, round-off on both
 # sides, and is measured against the net's largest gradient instead of itself.
 #
-# The oracle is the gradient of the whole loss, so this tie reads `cifar8Bbn_net_lossGrad_CE`
-# (cifar8) and `r34_net_lossGrad` (ResNet-34) at the smoothed cross-entropy: each node is the
-# loss's gradient in its parameter, at a point where their hypothesis holds (table above).
+# The oracle is the gradient of the whole loss, so this tie reads `cifar8Bbn_net_lossGrad` (cifar8)
+# and `r34_net_lossGrad` (ResNet-34) at the smoothed cross-entropy, one loss L of their "any L with
+# gradient g": each node is the loss's gradient in its parameter, at a point where their hypothesis
+# holds (table above). cifar8 is tied a second time at α = 0, the cross-entropy its own runs use:
+# that is `cifar8Bbn_net_lossGrad_CE`, the instance at the artifacts' own cotangent.
 # ResNet-34 is tied here at the resolution its statements fix, **224 px**, on `statement_batch` = 2
-# randn images (N is the statements' only binder): every one of its 110 nodes and the input, in
+# randn images: every one of its 110 nodes and the input, in
 # float64, against the envelope of that point. It is the costliest tie of the book on a CPU (about a
 # minute), so the per-stage figures further down run at 32 px.
 
@@ -454,6 +510,10 @@ point34 = reference_at(
 )
 tie8 = tie(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
 tie34 = tie(resnet34, params34, x224, t224, cfg34, label_smoothing=alpha, point=point34)
+# cifar8's own α
+tie8_ce = tie(
+    cifar8, params8, x8, t8, cfg8, label_smoothing=0.0, key=jax.random.fold_in(key, 18)
+)
 
 # %% tags=["nbval-check-output", "hide-input"]
 for report in (tie8, tie34):
@@ -467,19 +527,31 @@ for report in (tie8, tie34):
         f" BatchNorm reduction M = {small[1]} ({small[0]}); worst row under half its"
         f" limit: {report.worst().rel < 0.5 * report.worst().limit}"
     )
-print(book.glue("c8_nodes_tied", (sum(r.ok for r in tie8.nodes), len(tie8.nodes)),
-                "{}/{} nodes tied within 10 × the point's envelope (floor 1e-10)"))
+print(
+    book.glue(
+        "c8_nodes_tied",
+        (sum(r.ok for r in tie8.nodes), len(tie8.nodes), alpha),
+        "{}/{} nodes tied within 10 × the point's envelope (floor 1e-10), smoothed CE"
+        " at α = {}",
+        at=at_photos8,
+    )
+)
 print(
     book.glue(
         "r34_nodes_tied",
         (sum(r.agrees for r in tie34.nodes), len(tie34.nodes), p.statement_batch),
         "{}/{} nodes tied within 10 × the point's envelope (floor 1e-10), at 224 px, N"
         " = {}",
+        at=at224,
     )
 )
+print(book.glue("c8_ce_tied", (sum(r.ok for r in tie8_ce.nodes), len(tie8_ce.nodes)),
+                "{}/{} nodes tied at α = 0, the cross-entropy of cifar8's own runs",
+                at=dataclasses.replace(at_photos8, alpha=0.0)))
 assert (
     tie8.ok and tie34.tied
 ), f"whole-net tie at 224 px, N = {p.statement_batch}: {tie34.summary()}"
+assert tie8_ce.ok, f"cifar8 at α = 0: {tie8_ce.summary()}"
 assert (
     len(tie8.nodes) == 38 and len(tie34.nodes) == 110 and x224.shape[2:] == (224, 224)
 )
@@ -553,11 +625,20 @@ print(
             "hold" if r34_within else "FAIL",
         ),
         "input cotangent {} {} at 224 px (randn); h_stem, h_pool {}",
+        at=at224,
     )
 )
-print(book.glue("c8_input_smooth", (tie_lifted.row("input").shape,
-                                    "tied" if tie_lifted.row("input").ok else "FAILED"),
-                "input cotangent {} {} where MaxPool2Smooth holds (randn, β lifted)"))
+print(
+    book.glue(
+        "c8_input_smooth",
+        (
+            tie_lifted.row("input").shape,
+            "tied" if tie_lifted.row("input").ok else "FAILED",
+        ),
+        "input cotangent {} {} where MaxPool2Smooth holds (randn, β lifted)",
+        at=at_lifted8,
+    )
+)
 
 # %% [markdown]
 # ```{admonition} Beyond the suite
@@ -577,6 +658,7 @@ print(
             smooth8.hypothesis(census.C8_INPUT).violated,
         ),
         "input cotangent {} {} on photos, outside MaxPool2Smooth ({} windows break it)",
+        at=at_photos8,
     )
 )
 
@@ -588,8 +670,10 @@ print(
 # each of its BatchNorm layers normalises M = 2 numbers per channel: x̂ = ±d/√(d² + ε) whatever the input, and the BN backward
 # scales its cotangent by ε/(d² + ε). Everything upstream of `layer4` is a near-total cancellation,
 # so correct float64 evaluations of the gradient (the batch reversed, one-ulp nudges) already part
-# by 1e-9 and more, ten times the 1e-10 floor: a fixed limit would fail a correct chain. The point is
-# legal (the parameter hypothesis holds); it is ill-conditioned. We take it on flat images, whose
+# by 1e-9 and more, ten times the 1e-10 floor: a fixed limit would fail a correct chain. No
+# statement of the suite is about this 32-px point; the census finds the parameter hypothesis
+# holding there, read at the same architecture beyond the literal resolution, and the point is
+# ill-conditioned. We take it on flat images, whose
 # twin ties also exercise the frozen input model (`h_pool` fails, so the input row is tied to the
 # model with its pools frozen at σ = argmax, beyond the suite).
 #
@@ -647,6 +731,7 @@ print(
         ),
         "M = {}: float64 {}/{} nodes tied with limits widened by the point's envelope; "
         "float32: {} nodes too ill-conditioned to judge",
+        at=(at_flat34, dataclasses.replace(at_flat34, dtype="float32")),
     )
 )
 assert (
@@ -688,8 +773,9 @@ plt.show()
 # ## Each node is the derivative of the whole loss
 #
 # The oracle above is autodiff, itself a chain of rules. Finite differences ask the loss directly
-# (`cifar8Bbn_net_lossGrad` and `r34_net_lossGrad` are `HasGradAt` statements, and this is what
-# shows them for every node, the six dense-head nodes of cifar8 included): along a random unit direction v in one
+# (`cifar8Bbn_net_lossGrad` and `r34_net_lossGrad` are `HasGradAt` statements): for every node of
+# cifar8, the six dense-head nodes included, and for `fd_nodes` of ResNet-34's 110 at 224 px (2 at
+# the ci defaults, all 110 at `fd_nodes = 0`), along a random unit direction v in one
 # node, (L(θ + h·v) − L(θ − h·v))/2h → ⟨∇L, v⟩ at O(h²). Each step h starts at 1e-4 and shrinks
 # (÷4) until both ends θ ± h·v lie in the smooth piece of θ: every ReLU input keeps its sign and
 # every pool window its choice. Each row is held to 10 × its own envelope (the truncation seen
@@ -748,13 +834,16 @@ print(
         (len(fd8), sum(r.verdict == "ok" for r in fd8)),
         "all {} nodes within their finite-difference limits, {} of them judged ok (the"
         " rest: no evidence)",
+        at=at_photos8,
     )
 )
 print(
     book.glue(
         "r34_fd_nodes",
-        (len(fd34), sum(r.verdict == "FAILED" for r in fd34)),
-        "{} nodes spread over the backward order by finite differences, {} failed",
+        (len(fd34), len(order34), sum(r.verdict == "FAILED" for r in fd34)),
+        "{} of the {} nodes, spread over the backward order, by finite differences at"
+        " 224 px; {} failed",
+        at=at224,
     )
 )
 
@@ -817,6 +906,10 @@ print(
         "cifar8: {}/{} rows within 10 float32 envelopes or the floor; ResNet-34 at M ="
         " 2: {}/{} nodes too ill-conditioned to judge; control drop_batch_divisor {}"
         " the view",
+        at=(
+            dataclasses.replace(at_photos8, dtype="float32"),
+            dataclasses.replace(at_flat34, dtype="float32"),
+        ),
     )
 )
 assert f32_8.ok and not f32_8.ill_conditioned
@@ -859,7 +952,52 @@ plt.show()
 # that stage ALONE at that cotangent, each row within 10 × the stage's own envelope. The loss
 # cotangent (the head's six kit ops) is tied to autodiff of the loss in the logits first.
 #
+# ### ResNet-34's eighteen stages at 224 px
+#
+# `r34_net_tiedB` fixes 224 px, so we tie the stages once there, at the whole-net tie's point
+# (randn, `statement_batch` = 2 examples): every stage, its nodes and the cotangent it hands on.
+# Those nodes are the 110 the committed artifacts emit. The theorem has 146 conjuncts: the other
+# 36 are the conv biases at `convBias := true`, which the artifacts do not emit and this net, like
+# them, does not have; no figure here shows them. This costs about a minute and a half on a 2-core
+# CPU.
+
+# %%
+st224 = stages.stage_ties(
+    resnet34,
+    params34,
+    x224,
+    t224,
+    cfg34,
+    label_smoothing=alpha,
+    key=jax.random.fold_in(key, 19),
+)
+
+# %% tags=["nbval-check-output", "hide-input"]
+ins224 = st224.inputs("identity") + st224.inputs("downsample")
+print(
+    book.glue(
+        "r34_stage_ties_224",
+        (
+            sum(t.ok for t in st224.ties),
+            len(st224.ties),
+            sum(len(t.nodes) for t in st224.ties),
+            sum(r.ok for r in ins224),
+            len(ins224),
+        ),
+        "at 224 px: {}/{} stages tied to their VJP alone, {} nodes; block input"
+        " cotangents {}/{}",
+        at=at224,
+    )
+)
+assert (
+    st224.ok and len(st224.ties) == 18 and sum(len(t.nodes) for t in st224.ties) == 110
+), st224.summary()
+
+# %% [markdown]
 # ### ResNet-34's eighteen stages
+#
+# The same at `image_size` (32 px at ci: the same architecture beyond the literal resolution), on
+# photos; the table, the plots and the planted bug below read this run.
 
 # %%
 st34 = stages.stage_ties(
@@ -903,6 +1041,7 @@ print(
         ),
         "{}/{} stages tied to their VJP alone; block input cotangents: identity {}/{},"
         " downsample {}/{}",
+        at=at_photos34,
     )
 )
 assert st34.ok and len(st34.ties) == 18 and st34.first_parting() is None
@@ -965,6 +1104,14 @@ print(
         (head_any.ok and head_zero.ok, [r.name for r in head_bug.failed]),
         "head tied at arbitrary GAP inputs and cotangents: {}; control (no 1/(H·W))"
         " fails at {}",
+        at=book.At(
+            "resnet34 head (GAP, fc)",
+            batch=3,
+            classes=p.num_classes,
+            data="randn and zero GAP inputs, 2×2",
+            dtype="float64",
+            weights=p.weights,
+        ),
     )
 )
 assert head_any.ok and head_zero.ok
@@ -1028,6 +1175,14 @@ print(
         "head at 7×7 maps: rendered vs autodiff differ in {} entries (same arithmetic,"
         " same order); reversed order rounds otherwise: {}; all within γ_n of exact;"
         " control (no 1/(H·W)) {}",
+        at=book.At(
+            "resnet34 head (GAP, fc)",
+            batch=2,
+            classes=p.num_classes,
+            data="randn GAP input, 7×7",
+            dtype="float64",
+            weights=p.weights,
+        ),
     )
 )
 assert (
@@ -1050,19 +1205,8 @@ assert (
 # every layer, the four pools included, is tied alone at the cotangent the chain hands it, and
 # the layers composed are checked to be each stage (its nodes and the cotangent it hands on).
 # On photos the five stages are tied the same way: each stage's 38 nodes in all, at the cotangent
-# the chain hands it, which is what `cifar8Bbn_train_step_tiedB` states (no smoothness clause).
-#
-# ```{admonition} Beyond the suite
-# :class: attention
-# The layer-by-layer ties on photos: a pool alone has no derivative at a dead window, outside
-# `MaxPool2Smooth`.
-# ```
-#
-# Then **beyond the suite**, at photos: a pool alone has no derivative at a dead window (autodiff's
-# max splits the tie, the render routes it to one cell), so the four pool layers part from their
-# VJPs there, while every stage, whose ReLU kills those cells, still ties. That is exactly why
-# `MaxPool2Smooth` is the hypothesis of the layer-by-layer statement, and why the parameter
-# statement can allow dead windows.
+# the chain hands it, which is what `cifar8Bbn_train_step_tiedB` states (no hypothesis in its
+# module docs; our reading: none needed).
 
 # %%
 layers8 = stages.stage_ties(
@@ -1100,24 +1244,15 @@ print(layers8.summary().split("; worst")[0])
 print(f"  the layers compose to each stage: {all(r.ok for r in layers8.composition)} "
       f"({len(layers8.composition)} rows: 38 nodes and 5 handed-on cotangents)")
 print(
-    "photos (beyond the suite): layers parting from their VJP alone:"
-    f" {sorted(t.net for t in layers8_photos.failed)}; stages tied:"
-    f" {sum(t.ok for t in st8.ties)}/{len(st8.ties)}"
-)
-print(
     book.glue(
         "c8_layer_ties",
-        (
-            sum(t.ok for t in layers8.ties),
-            len(layers8.ties),
-            len(layers8_photos.failed),
-        ),
-        "{}/{} CertLayers tied to their VJP alone where MaxPool2Smooth holds; on photos"
-        " {} pools part",
+        (sum(t.ok for t in layers8.ties), len(layers8.ties)),
+        "{}/{} CertLayers tied to their VJP alone where MaxPool2Smooth holds (randn, β"
+        " lifted)",
+        at=at_lifted8,
     )
 )
 assert layers8.ok and len(layers8.ties) == 17 and len(layers8.composition) == 38 + 5
-assert {t.net for t in layers8_photos.failed} == {"pool1", "pool2", "pool3", "pool4"}
 assert st8.ok and len(st8.ties) == 5 and sum(len(t.nodes) for t in st8.ties) == 38
 print(
     book.glue(
@@ -1129,8 +1264,39 @@ print(
         ),
         "on photos {}/{} stages tied to their VJP alone at the cotangent the chain"
         " hands them, {} nodes",
+        at=at_photos8,
     )
 )
+
+# %% [markdown]
+# ```{admonition} Beyond the suite
+# :class: attention
+# The layer-by-layer ties on photos: a pool alone has no derivative at a dead window, outside
+# `MaxPool2Smooth`.
+# ```
+#
+# Then **beyond the suite**, at photos: a pool alone has no derivative at a dead window (autodiff's
+# max splits the tie, the render routes it to one cell), so the four pool layers part from their
+# VJPs there, while every stage, whose ReLU kills those cells, still ties. That is exactly why
+# `MaxPool2Smooth` is the hypothesis of the layer-by-layer statement, and why the parameter
+# statement can allow dead windows.
+
+# %% tags=["nbval-check-output", "hide-input"]
+print(
+    "photos: layers parting from their VJP alone:"
+    f" {sorted(t.net for t in layers8_photos.failed)}; stages tied:"
+    f" {sum(t.ok for t in st8.ties)}/{len(st8.ties)}"
+)
+print(
+    book.glue(
+        "c8_layer_photos",
+        (len(layers8_photos.failed), sum(t.ok for t in st8.ties), len(st8.ties)),
+        "on photos, outside MaxPool2Smooth, {} pool layers part from their VJP alone;"
+        " the stages tie {}/{}",
+        at=at_photos8,
+    )
+)
+assert {t.net for t in layers8_photos.failed} == {"pool1", "pool2", "pool3", "pool4"}
 
 # %% [markdown]
 # ## A planted bug: red, and where it parts
@@ -1213,6 +1379,11 @@ print(
         ),
         "planted bugs red; first parting: bn_forget_gamma at cifar8's {},"
         " projection_bn_reads_dn2 at ResNet-34's {} ({})",
+        at=(
+            dataclasses.replace(at_photos8, role="control"),
+            dataclasses.replace(at_photos34, role="control"),
+            dataclasses.replace(at224, role="control"),
+        ),
     )
 )
 assert not red8.ok and not red34.ok and tie8.ok and tie34.ok
@@ -1243,9 +1414,10 @@ plt.show()
 # "At every batch size N" is a quantifier over N, and a tie at one N shows one instance. We tie
 # both nets on photos over a range of N, taking the census at each N first, and state the smallest
 # N from which every N of the sweep keeps each hypothesis and ties (`Sweep.smallest`); the node
-# ties of `r34_net_tiedB`, which take N as a binder and no hypothesis, are the nodes of each row. With
-# `every_n = True` (the cpu and gpu profiles) both nets run every N from 1 to 8; the defaults
-# keep the compile count down (each new N is a new shape to compile) and run N = 1, 2, 4.
+# ties of `r34_net_tiedB` (no hypothesis; its binders are N, nCls, α, B, w, x, t) are the nodes of
+# each row. With `every_n = True` (the cpu and gpu profiles) both nets run every N from 1 to 8;
+# the ci defaults keep the compile count down (each new N is a new shape to compile) and run
+# N = 1, 2, 4.
 #
 # What to expect: the parameter hypothesis only asks that no ReLU input be exactly 0 and no tie be a
 # non-twin one, which a photo batch meets at every N, even N = 1. ResNet-34's sweep runs at
@@ -1277,7 +1449,7 @@ sw34 = stages.sweep(
     key=jax.random.fold_in(key, 14),
 )
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for sw, hyps in (
     (sw8, (census.PARAMETERS, census.C8_INPUT)),
     (sw34, (census.PARAMETERS, census.R34_INPUT)),
@@ -1325,6 +1497,18 @@ print(
         "cifar8 tied at N = {}; ResNet-34 at {} px tied at N = {}, degenerate (M = 1,"
         " not judged) at N = {}; smallest N keeping the parameter hypothesis and tied:"
         " cifar8 {}, ResNet-34 {}; keeping h_stem and h_pool: ResNet-34 {}",
+        at=tuple(
+            book.At(
+                **(at8 if sw is sw8 else dict(at34, image_size=p.image_size)),
+                batch=r.n,
+                alpha=alpha,
+                data="photos",
+                census=book.census_verdicts(r.smooth),
+                role="control" if r.degenerate else "evidence",
+            )
+            for sw in (sw8, sw34)
+            for r in sw.rows
+        ),
     )
 )
 assert sw8.ok and sw34.ok and [r.n for r in sw8.rows] == [r.n for r in sw34.rows] == ns
@@ -1426,6 +1610,17 @@ print(
         ),
         "cifar8's input gradient tied inside MaxPool2Smooth (randn, β lifted) at N ="
         " {}; photos not judged at {}/{} N",
+        at=tuple(
+            book.At(
+                **at8,
+                batch=r.n,
+                alpha=alpha if r.point != "photos" else None,
+                data=r.point,
+                census={"cifar8_input": r.holds},
+                role="evidence" if r.point != "photos" else "control",
+            )
+            for r in lifted_rows + photo_rows
+        ),
     )
 )
 assert all(r.holds and r.verdict == "tied" for r in lifted_rows), (
@@ -1452,7 +1647,9 @@ assert (
 #
 # For the nodes this is `cifar8Bbn_net_lossGrad`'s and `r34_net_lossGrad`'s "any loss L of the
 # logits with gradient g" clause: g is whatever L's gradient is. For ResNet-34's input row it is
-# `r34InputGradB_correct` at every loss cotangent, on photos where `h_stem` and `h_pool` hold.
+# `r34InputGradB_correct` at every loss cotangent, on photos where `h_stem` and `h_pool` hold. The
+# ResNet-34 rows run at `image_size` (32 px at ci): the same architecture beyond the literal
+# resolution, and the claim map labels them so.
 
 # %%
 kinds_ = ("normal", "spike", "scaled")
@@ -1498,6 +1695,10 @@ print(
         (sum(in_suite), len(cot)),
         "{}/{} ties at random loss cotangents (normal, spike, ×1e6): every node of both"
         " nets and ResNet-34's input cotangent",
+        at=(
+            dataclasses.replace(at_photos8, alpha=None),
+            dataclasses.replace(at_photos34, alpha=None),
+        ),
     )
 )
 assert all(rep.ok for rep in cot.values()) and not cot_bug.ok
@@ -1521,6 +1722,7 @@ print(
         ),
         "cifar8's input cotangent tied at {}/{} random loss cotangents on photos,"
         " outside MaxPool2Smooth ({} windows break it)",
+        at=dataclasses.replace(at_photos8, alpha=None),
     )
 )
 assert all(r.ok for r in c8_cot_inputs)

@@ -93,8 +93,8 @@ t8 = targets_matrix(jnp.arange(p.batch) * 3 % 10, 10, jnp.float64)
 t34 = targets_matrix(jnp.arange(p.resnet_batch) * 3 % 10, 10, jnp.float64)
 
 # %% tags=["nbval-check-output", "hide-input"]
-# ResNet-34's statements fix 224 px (N is their only binder): a ResNet-34 figure at
-# another side is the same architecture beyond them, and says so
+# ResNet-34's statements fix 224 px as a literal: a ResNet-34 figure at another side is
+# the same architecture beyond them, and says so
 print(
     protocol.resolution_note(resnet34.NET, p.image_size)
     or "resnet34 at the statements' own 224 px"
@@ -168,7 +168,35 @@ caught34 = bugs.run(
 for rep in (caught8, caught34):
     print(rep.summary())
     display(pages.caught(rep))
-book.glue("bugs_caught", f"{caught8.summary()}; {caught34.summary()}")
+book.glue(
+    "bugs_caught",
+    f"{caught8.summary()}; {caught34.summary()}",
+    at=(
+        book.At(
+            "cifar8",
+            image_size=32,
+            batch=p.batch,
+            classes=10,
+            alpha=alpha,
+            data="photos",
+            dtype="float64",
+            weights="drawn",
+            role="control",
+        ),
+        book.At(
+            "resnet34",
+            image_size=p.image_size,
+            batch=p.resnet_batch,
+            classes=10,
+            alpha=alpha,
+            data="flat",
+            dtype="float64",
+            weights="drawn",
+            role="control",
+            extra={"widths": list(resnet34.WIDTHS)},
+        ),
+    ),
+)
 assert caught8.ok and caught34.ok
 assert min(c.ratio for rep in (caught8, caught34) for c in rep.caught) > 1e3
 

@@ -36,8 +36,11 @@ def test_the_claim_map_gives_the_node_ties_no_smoothness_clause():
     for name in NODE_TIES:
         assert "no smoothness clause" in rows[name].hypotheses
         assert not SMOOTHNESS.search(rows[name].hypotheses), rows[name].hypotheses
-    assert "0 < R, 0 < N" in rows["r34_net_syncTiedB"].hypotheses
+    assert "`hR : 0 < R`, `hN : 0 < N`" in rows["r34_net_syncTiedB"].hypotheses
     assert "N a binder" in rows["r34_net_tiedB"].hypotheses
+    # the binders as the statements have them (ResNet34StepTieB.lean, ResNet34SyncStepTieB)
+    assert rows["r34_net_tiedB"].binders == ("N", "nCls", "α", "B", "w", "x", "t")
+    assert rows["r34_net_syncTiedB"].binders[:2] == ("R", "N")
 
 
 def test_no_chapter_page_or_census_gives_the_node_ties_a_smoothness_clause():

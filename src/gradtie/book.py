@@ -19,7 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Optional
@@ -357,16 +357,120 @@ def fit_column(width: int = COLUMN) -> bool:
 # ---- glue: a chapter's headline figures, pasted into the intro's claim map ----------------------
 
 GLUE_KEY = r"[a-z][a-z0-9_]*"
+POINT_MIME = "text/x-gradtie-point"    # the glued record's second mime type: the figure's points, as JSON
+ROLES = ("evidence", "control")
 
 
-def glue(key: str, value: Any, fmt: str = "{}") -> str:
+@dataclass(frozen=True)
+class At:
+    """The point a glued figure was computed at: what the claim map holds a statement's literal
+    sizes and hypotheses against (`gradtie.claims.point_problems`).
+
+    net: the net ("cifar8", "resnet34"; another name for anything else: "bottleneck example",
+    "conv kinds", "logits"); image_size: the input side in px; batch: N (a tuple for a sweep);
+    classes: K; alpha: the label smoothing α of the loss cotangent (None: no loss, or a random
+    cotangent); data: "photos", "randn", "flat", "randn, β lifted", …; dtype; weights: "drawn" or
+    "init"; replicas: R on a mesh (a tuple for a sweep); census: the smooth-point census at the
+    point, hypothesis key -> holds ("parameters", "resnet34_input", "cifar8_input", "relu": no ReLU
+    input exactly 0; `census_verdicts`), None where none was taken; role: "evidence", or "control"
+    for a point a control (a planted bug, a refusal) runs at; extra: anything else that fixes the
+    point (conv_bias, widths, …)."""
+    net: str
+    image_size: Optional[int] = None
+    batch: Any = None
+    classes: Optional[int] = None
+    alpha: Optional[float] = None
+    data: Optional[str] = None
+    dtype: Optional[str] = None
+    weights: Optional[str] = None
+    replicas: Any = None
+    census: Optional[dict[str, bool]] = None
+    role: str = "evidence"
+    extra: Optional[dict[str, Any]] = None
+
+    def __post_init__(self):
+        if not isinstance(self.net, str) or not self.net:
+            raise ValueError(f"At: net must be a non-empty name, got {self.net!r}")
+        if self.role not in ROLES:
+            raise ValueError(f"At: role must be one of {', '.join(ROLES)}, got {self.role!r}")
+        if self.image_size is not None and (isinstance(self.image_size, bool) or not isinstance(self.image_size, int)):
+            raise ValueError(f"At: image_size must be an integer (px) or None, got {self.image_size!r}")
+        if self.census is not None and not all(isinstance(k, str) and isinstance(v, bool)
+                                               for k, v in self.census.items()):
+            raise ValueError(f"At: census must map hypothesis keys to True/False, got {self.census!r}")
+
+    def as_dict(self) -> dict[str, Any]:
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name] = list(v) if isinstance(v, tuple) else v
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "At":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names)
+        if unknown:
+            raise ValueError(f"At: unknown field(s) {unknown}; expected {sorted(names)}")
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+    def describe(self) -> str:
+        """One line: "resnet34, 224 px, N = 2, K = 10, α = 0.1, randn, float64, drawn"."""
+        parts = [self.net]
+        for label, v in (("{} px", self.image_size), ("N = {}", self.batch), ("R = {}", self.replicas),
+                         ("K = {}", self.classes), ("α = {}", self.alpha)):
+            if v is not None:
+                parts.append(label.format(", ".join(map(str, v)) if isinstance(v, tuple) else v))
+        parts += [v for v in (self.data, self.dtype, self.weights) if v]
+        return ", ".join(parts) + ("" if self.role == "evidence" else f" ({self.role})")
+
+
+def census_verdicts(report) -> dict[str, bool]:
+    """A smooth-point census (`gradtie.checks.census.SmoothReport`) as `At.census`: each hypothesis
+    that applies to the net by key, "relu" (no ReLU input exactly 0) and "windows" (every pool window
+    dead, strict or tied only between twins)."""
+    out = {h.key: bool(h.holds) for h in report.hypotheses}
+    out["relu"] = int(report.zeros) == 0
+    out["windows"] = int(report.non_twin_ties) == 0
+    return out
+
+
+class _Glued:
+    """What `glue` stores: the figure's text as text/plain (what {glue:text} pastes) and, as
+    POINT_MIME, the text with the points it was computed at (JSON)."""
+
+    def __init__(self, text: str, points: tuple[At, ...]):
+        self.text, self.points = text, points
+
+    def __repr__(self) -> str:
+        return repr(self.text)
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {"text/plain": repr(self.text)}
+        if self.points:
+            bundle[POINT_MIME] = json.dumps({"text": self.text, "at": [p.as_dict() for p in self.points]},
+                                            ensure_ascii=False, sort_keys=True)
+        return bundle
+
+
+def _points(key: str, at) -> tuple[At, ...]:
+    if at is None:
+        return ()
+    points = (at,) if isinstance(at, At) else tuple(at)
+    if not points or not all(isinstance(p, At) for p in points):
+        raise ValueError(f"glue {key!r}: at must be an At or a non-empty sequence of At, got {at!r}")
+    return points
+
+
+def glue(key: str, value: Any, fmt: str = "{}", *, at=None) -> str:
     """Format a figure the chapter has computed and asserted, store it for the book under `key` and
     return the text, for the chapter to print.
 
-    `fmt` is a `str.format` template; a tuple `value` fills its fields in order. The text is stored
-    with `myst_nb.glue(key, text, display=False)`, so the cell shows nothing more and the intro's
-    claim map (`gradtie.claims`) pastes it from the executed chapter with
-    {glue:text}`<chapter>.ipynb::<key>:s` (the trailing `:s` is needed: without a format spec
+    `fmt` is a `str.format` template; a tuple `value` fills its fields in order. `at`: the point
+    (an `At`, or several) the figure was computed at, stored with it (POINT_MIME) for the claim
+    map's checks. The text is stored with `myst_nb.glue(key, …, display=False)`, so the cell shows
+    nothing more and the intro's claim map (`gradtie.claims`) pastes it from the executed chapter
+    with {glue:text}`<chapter>.ipynb::<key>:s` (the trailing `:s` is needed: without a format spec
     myst-nb 1.4 reads `<chapter>.ipynb:` as the key). Outside a notebook kernel nothing is stored.
     """
     if not isinstance(key, str) or not re.fullmatch(GLUE_KEY, key):
@@ -374,6 +478,7 @@ def glue(key: str, value: Any, fmt: str = "{}") -> str:
                          f"starting with a letter")
     if not isinstance(fmt, str):
         raise ValueError(f"glue {key!r}: fmt={fmt!r}, expected a str.format template such as '{{:.2f}}'")
+    points = _points(key, at)
     try:
         text = fmt.format(*value) if isinstance(value, tuple) else fmt.format(value)
     except (IndexError, KeyError, ValueError) as exc:
@@ -385,7 +490,7 @@ def glue(key: str, value: Any, fmt: str = "{}") -> str:
     if get_ipython() is not None:
         import myst_nb
 
-        myst_nb.glue(key, text, display=False)
+        myst_nb.glue(key, _Glued(text, points) if points else text, display=False)
     return text
 
 
@@ -404,6 +509,32 @@ def glue_figure(key: str, fig) -> None:
         import myst_nb
 
         myst_nb.glue(key, fig, display=False)
+
+
+def glued(path: Path) -> dict[str, tuple[str, tuple[At, ...]]]:
+    """Every figure an executed notebook glued: key -> (text, the points it was computed at; () when
+    it recorded none)."""
+    import ast
+
+    nb = json.loads(Path(path).read_text())
+    out = {}
+    prefix = "application/papermill.record/"
+    for cell in nb.get("cells", []):
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            if name is None:
+                continue
+            data = output.get("data", {})
+            plain = data.get(prefix + "text/plain", "")
+            plain = "".join(plain) if isinstance(plain, list) else plain
+            text = ast.literal_eval(plain) if plain else ""
+            raw = data.get(prefix + POINT_MIME)
+            points: tuple[At, ...] = ()
+            if raw is not None:
+                record = json.loads("".join(raw) if isinstance(raw, list) else raw)
+                points = tuple(At.from_dict(d) for d in record["at"])
+            out[name] = (str(text), points)
+    return out
 
 
 def decade(value: float) -> str:

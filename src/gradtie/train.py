@@ -316,8 +316,8 @@ def _in_order_of(tree, template):
 
 # ---- evaluation: precise BatchNorm statistics ----------------------------------------------------
 #
-# The running statistics move by 1% a step (momentum 0.01, part of the tied step, kept as upstream
-# has it): after s steps they still hold 0.99^s of where they started and lag far behind weights
+# The running statistics move by 1% a step (momentum 0.01, kept as upstream has it; they lie
+# downstream of the tied raw gradient nodes): after s steps they still hold 0.99^s of where they started and lag far behind weights
 # that change fast early on (0.99^88 ≈ 41% after four epochs of digits at batch 64). Reading test
 # accuracy through them measures that lag, not the model. Before each evaluation we therefore
 # recompute every BN layer's population statistics with the current weights over a fixed set of
@@ -877,10 +877,12 @@ def fit(net, cfg, dataset, config: FitConfig = FitConfig(), *,
     (`test_accuracy`, and `test_top5`) and with the running statistics the tied step keeps
     (`test_accuracy_running`).
 
-    Lean: each step is the rendered train step whose gradient nodes `cifar8Bbn_train_step_tiedB`
-    (cifar8-BN) and `r34_net_tiedB` (ResNet-34) tie to the loss's gradient; on R·P > 1 devices the
-    synchronised-BN step whose all-reduced nodes are `r34_net_syncTiedB`'s. Training accuracy
-    itself goes beyond what the suite states. Shown in: Training with the rendered step.
+    Lean: each step is the rendered train step whose raw gradient nodes `cifar8Bbn_train_step_tiedB`
+    (cifar8-BN) and `r34_net_tiedB` (ResNet-34) tie to each op's derivative at the cotangent the
+    chain hands it; that they are the loss's gradient is `cifar8Bbn_net_lossGrad`'s and
+    `r34_net_lossGrad`'s, under their smooth-point hypotheses. On R·P > 1 devices the step is the
+    synchronised-BN one whose all-reduced nodes are `r34_net_syncTiedB`'s. Training accuracy itself
+    goes beyond what the suite states. Shown in: Training with the rendered step.
 
     dataset: a `data.Dataset` or `data.Split` (in memory), or a `folder.Folder` (an image folder,
     read through `gradtie.pipeline` at `image_size` px in `config.workers` worker processes).
@@ -1698,9 +1700,11 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split],
     taken at a non-twin pool tie or a zero pre-activation (no gradient exists there) are counted in
     `kinks` and left out of the verdict.
 
-    Lean: the steps are the tied train steps (`cifar8Bbn_train_step_tiedB`, `r34_net_tiedB`): the
-    suite says their nodes ARE the gradient in ℝ; this shows the float32 steps agreeing to round-off
-    along a real run. Shown in: Training with the rendered step.
+    Lean: the steps are the tied train steps (`cifar8Bbn_train_step_tiedB`, `r34_net_tiedB`: each
+    raw node is its op's derivative at the chain's cotangent, over ℝ); that those nodes ARE the loss's
+    gradient is `cifar8Bbn_net_lossGrad`'s and `r34_net_lossGrad`'s, at smooth points only (the
+    steps at a kink are counted apart). This shows the float32 steps agreeing to round-off along a
+    real run. Shown in: Training with the rendered step.
     """
     op = "train.side_by_side"
     net = as_net(net)

@@ -567,7 +567,7 @@ def with_backwards(net: Net, wrap: Callable[[Stage], Optional[Callable]], name: 
 
 def resolution_note(net, size: int) -> str:
     """The label a figure at `size` px carries: "" at the resolution a suite net's statements fix as a
-    literal (its `default_size`: ResNet-34's 224 px, where N is the only binder)."""
+    literal (its `default_size`: ResNet-34's 224 px; the claim map lists each statement's binders)."""
     net = as_net(net)
     if net.suite is None or int(size) == net.default_size:
         return ""

@@ -28,7 +28,7 @@ WIDTHS = (64, 128, 256, 512)    # channels per layer
 STEM_WIDTH = 64
 POOLS = {"stem.pool": maxpool.POOL3S2}
 POOL_PREACTIVATIONS = {"stem.pool": "bn1"}  # the z feeding ReLU → the stem pool
-# The suite's statements fix the resolution as a literal (N is the only binder)
+# The suite's statements fix the resolution (and the widths above) as literals; the batch N is a binder
 SUITE_IMAGE_SIZE = 224
 
 

@@ -58,7 +58,8 @@ class ReplicaReport:
     per_replica: int
     rows: list[ReplicaRow]
     # name -> {"diff", "formula", "mag", "g": G, "sum": Σ_r S_r, "replica_rounded": Σ_r rnd(S_r),
-    # "rounded_sum": rnd(Σ_r S_r)}, each float64
+    # "rounded_sum": rnd(Σ_r S_r)}, each float64; "x", "dy": the replicas' operands, concatenated
+    # along the batch (float32: the global operands of `SyncBf16`'s batch-R·N node)
     arrays: dict = field(default_factory=dict)
 
     @property
@@ -138,7 +139,9 @@ def _row(s: Site, rnd, g=None) -> tuple[ReplicaRow, dict]:
                      bool(np.array_equal(ident["kind"], ident["s"])), ratio(np.abs(formula)),
                      float(node_over.max(initial=0.0)))
     return row, {"diff": diff, "formula": formula, "mag": m, "g": g, "sum": num["s"].sum(0),  # float64, exact
-                 "replica_rounded": rounded.sum(0), "rounded_sum": rounded_sum}
+                 "replica_rounded": rounded.sum(0), "rounded_sum": rounded_sum,
+                 "x": np.asarray(s.a).reshape((-1,) + tuple(s.a.shape[2:])),
+                 "dy": np.asarray(s.b).reshape((-1,) + tuple(s.b.shape[2:]))}
 
 
 def _report(net: str, replicas: int, split: list[Site], rnd, grads=None) -> ReplicaReport:
