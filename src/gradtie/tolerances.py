@@ -60,6 +60,31 @@ FD_REL = 1e-6
 # largest node norm (a direction nearly orthogonal to its node is not judged on noise).
 ZERO_NODE_FLOOR = 1e-5
 
+# A function the checker cannot see inside (`check_vjp`) shows its smooth piece through its outputs
+# (`fd.SampledPiece`): at every output entry, central differences converge at second order and
+# one-sided slopes agree at third order between h and h/2. A smooth entry keeps each ratio to
+# O(h²) of the terms compared; this fraction of them is allowed (a kink near the point halves the
+# differences instead of quartering them, or keeps its slope jump at every step: 7/9 of the terms
+# off) ...
+PIECE_SCALING_REL = 0.25
+# ... plus this many times the entry's round-off carried through the differences (the entry's
+# spread over the point's correct evaluations, bounded term by term): the few nudges may see less
+# than the worst rounding.
+PIECE_NOISE_FACTOR = 4.0
+# An entry's round-off is its largest move over this many copies of the point with every entry one
+# ulp up or down (the rounding of a moved point's entries), and over as many pairs a± of copies,
+# every entry moved by a relative ±PIECE_NOISE_NUDGE·ξ, as (Y(a⁺) + Y(a⁻))/2 − Y(a): each
+# rounding inside f re-rolls (8,192 ulps in float64, as GERM_ROUNDOFF_NUDGE; 8 in float32, where
+# more would carry a point within 1e-6 of a kink across it), the first-order change cancels and
+# the second order (the nudge squared) stays under the unit roundoff.
+PIECE_NOISE_DRAWS = 4
+PIECE_NOISE_NUDGE = {"float64": 2.0 ** -40, "float32": 2.0 ** -21}
+# `check_vjp`'s central differences start at this step along a direction as long as the largest
+# argument, and halve down to the smallest: in float64 the round-off ε_L/h at 1e-9 is still ~1e-7
+# of L; in float32 (unit roundoff 6e-8) steps below 1e-5 measure round-off alone.
+VJP_FD_STEP = {"float64": 1e-3, "float32": 3e-2}
+VJP_FD_MIN_STEP = {"float64": 1e-9, "float32": 1e-5}
+
 # ---- census (checks/census.py): twins, rerouting, one-sided slopes --------------------------------
 # Two cells are twins when they agree under the actual weights (relative to the maximum) and under
 # every fresh draw of the upstream weights (relative to the channel's largest |z|) within this.

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial, reduce
-from typing import Callable, NamedTuple, Optional, Sequence
+from typing import Callable, NamedTuple, Optional, Protocol, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,31 +32,148 @@ from ..progress import bar
 from .tie import piece_of, targets_matrix
 
 
-# ---- central differences and one-sided slopes of a function of one step ---------------------------
+# ---- the step: central differences inside the point's smooth piece -------------------------------
 
-def best_step(end: Callable, h: float, *, roundoff: float, min_step: float = tol.FD_MIN_STEP):
-    """(h, D(h), envelope, inside) for `end(t)` -> (L(t), whether t lies in the point's smooth piece):
-    the step halved from `h` until both ends of h and h/2 lie inside, then further while the envelope
-    4/3·|D(h) − D(h/2)| + roundoff/h keeps shrinking (where L curves hard, as a BatchNorm over few
-    cells, the best step is far below the first one inside). A halving costs two evaluations."""
-    ends: dict[float, tuple] = {}
+class Step(NamedTuple):
+    h: float           # the step taken
+    d: float           # D(h) = (L(h) − L(−h)) / 2h
+    envelope: float    # 4/3·|D(h) − D(h/2)| + roundoff/h + the probe's doubt
+    inside: bool       # [−h, h] lies in the point's smooth piece; False: no evidence (a kink)
 
+
+class Probe(Protocol):
+    """L along a line through the point, and whether a step keeps to the point's smooth piece."""
+
+    def loss(self, t: float) -> float: ...
+
+    def inside(self, h: float) -> bool: ...
+
+    def doubt(self, h: float) -> float:
+        """What a kink the piece test cannot see may add to D(h) (0 where the piece is known)."""
+        ...
+
+
+class KnownPiece:
+    """A probe whose ends say whether they lie in the point's smooth piece: `end(t)` -> (L(t), same),
+    `same` read off the net itself (every ReLU input's sign and every pool window's choice as at the
+    point). A step is inside when both ends of h and of h/2 are."""
+
+    def __init__(self, end: Callable[[float], tuple[float, bool]]):
+        self._end, self._ends = end, {}
+
+    def _at(self, t: float) -> tuple[float, bool]:
+        if t not in self._ends:
+            self._ends[t] = self._end(t)
+        return self._ends[t]
+
+    def loss(self, t: float) -> float:
+        return self._at(t)[0]
+
+    def inside(self, h: float) -> bool:
+        return all(self._at(s)[1] for s in (h, -h, h / 2, -h / 2))
+
+    def doubt(self, h: float) -> float:
+        return 0.0
+
+
+class SampledPiece:
+    """A probe for a function the checker cannot see inside: the piece is found from its outputs.
+
+    Y(t) = `outputs(t)` (the function at the point moved by t along the line, as float64 host
+    values) and L(t) = ⟨ct, Y(t)⟩. The segment [−h, h] is taken to lie in one smooth piece when, at
+    every output entry, the samples at 0, ±h/4, ±h/2, ±h scale as a smooth function's must:
+
+    - central differences converge at second order: D(h) − D(h/2) = 4·(D(h/2) − D(h/4)), where a
+      kink inside (−h, h) off the point makes the differences halve or jump instead;
+    - one-sided slopes agree at third order: K(s) = right(s) − left(s) (`one_sided` at step s/2)
+      shrinks 8× from s = h to h/2, where a kink near the point keeps its jump at every step;
+
+    each within PIECE_SCALING_REL of the terms compared, plus PIECE_NOISE_FACTOR × the entry's
+    round-off `noise` (its spread when the point's entries move by an ulp) carried through the
+    differences, at h and again at h/2 (8 samples a side). A kink's ratios come out right at a few
+    places of one level, never at both levels: no kink of a ReLU, a max or a max pool near a tie,
+    abs, clip, or any composition of them stays hidden unless it hides in the round-off, and then
+    `doubt` holds what it can do to D(h)."""
+
+    def __init__(self, outputs: Callable[[float], np.ndarray], ct: np.ndarray, noise: np.ndarray):
+        self._outputs, self.ct, self.noise = outputs, np.asarray(ct, np.float64), np.asarray(noise, np.float64)
+        self._ys: dict[float, np.ndarray] = {}
+        self._losses: dict[float, float] = {}
+
+    def y(self, t: float) -> np.ndarray:
+        if t not in self._ys:
+            self._ys[t] = np.asarray(self._outputs(t), np.float64)
+            self._losses[t] = float(np.vdot(self.ct, self._ys[t]))
+        return self._ys[t]
+
+    def loss(self, t: float) -> float:
+        if t not in self._losses:
+            self.y(t)
+        return self._losses[t]
+
+    def central(self, s: float) -> np.ndarray:
+        return (self.y(s) - self.y(-s)) / (2 * s)
+
+    def slope_jump(self, s: float) -> np.ndarray:
+        """K(s) = right − left one-sided second-order slopes at step s/2: (4·S(s/2) − S(s)) / s, S the
+        second difference S(r) = Y(r) − 2·Y(0) + Y(−r)."""
+        def second(r):
+            return self.y(r) - 2 * self.y(0.0) + self.y(-r)
+        return (4 * second(s / 2) - second(s)) / s
+
+    def _scales(self, h: float) -> np.ndarray:
+        """Whether the samples at 0, ±h/4, ±h/2, ±h scale as a smooth function's, entry by entry."""
+        rho, noise = tol.PIECE_SCALING_REL, tol.PIECE_NOISE_FACTOR * self.noise / h
+        d1 = self.central(h) - self.central(h / 2)
+        d2 = self.central(h / 2) - self.central(h / 4)
+        # noise carried through: D(s) moves by ≤ noise_Y/s, so 27·noise_Y/h for d1 − 4·d2 ...
+        converge = np.abs(d1 - 4 * d2) <= rho * (np.abs(d1) + 4 * np.abs(d2)) + 27 * noise
+        k1, k2 = self.slope_jump(h), self.slope_jump(h / 2)
+        # ... and 16·noise_Y/s for K(s): 272·noise_Y/h for K(h) − 8·K(h/2)
+        agree = np.abs(k1 - 8 * k2) <= rho * (np.abs(k1) + 8 * np.abs(k2)) + 272 * noise
+        return converge & agree
+
+    def inside(self, h: float) -> bool:
+        """[−h, h] in one smooth piece: the samples scale as they must at h and at h/2 (a kink at
+        τ·h where one level's ratios happen to come out right is at 2τ·h/2 for the next). Steps
+        only shrink from here: outputs beyond h are let go (their L is kept)."""
+        self._ys = {t: y for t, y in self._ys.items() if abs(t) <= h}
+        return bool(np.all(self._scales(h)) and np.all(self._scales(h / 2)))
+
+    def doubt(self, h: float) -> float:
+        """Half the one-sided slopes' disagreement of L, |⟨ct, K(h)⟩|/2: a kink at τ·h that hides in
+        the round-off moves D(h) by J(1 − τ)/2, and 4/3·|D(h) − D(h/2)| + |K|/2 is at least 2/3 of
+        that at every τ (K = J(1 − 3τ) and D(h) − D(h/2) = Jτ/2 below τ = 1/2, D(h) − D(h/2) the
+        whole move above): a step that keeps such a kink is judged within FD_FACTOR × 2/3 of what
+        the kink does. A smooth L gives O(h³) and round-off."""
+        return abs(float(np.vdot(self.ct, self.slope_jump(h)))) / 2
+
+
+def best_step(probe: Probe, h: float, *, roundoff: float, min_step: float = tol.FD_MIN_STEP) -> Step:
+    """The step at which D(h) is judged: halved from `h` until the step keeps to the point's smooth
+    piece (`probe.inside`), then further while the envelope 4/3·|D(h) − D(h/2)| + roundoff/h (plus
+    the piece's `doubt`, where it is found from samples) keeps shrinking (where L curves hard, as a BatchNorm over few cells, the best step is far below the
+    first one inside). No step from `h` down to `min_step` inside: `inside` False, no evidence (a
+    kink), never a verdict. The one rule of every finite difference the checks take: a net's nodes
+    (`KnownPiece`) and `check_vjp` (`SampledPiece`). A halving costs two evaluations."""
     def judged(h):
-        (lp, a), (lm, b), (lp2, c), (lm2, d) = (ends[s] if s in ends else ends.setdefault(s, end(s))
-                                                for s in (h, -h, h / 2, -h / 2))
-        d_h = (lp - lm) / (2 * h)
-        return d_h, 4 / 3 * abs(d_h - (lp2 - lm2) / h) + roundoff / h, a and b and c and d
+        d_h = (probe.loss(h) - probe.loss(-h)) / (2 * h)
+        d_half = (probe.loss(h / 2) - probe.loss(-h / 2)) / h
+        return d_h, 4 / 3 * abs(d_h - d_half) + roundoff / h + probe.doubt(h)
 
-    d_h, env, inside = judged(h)
+    inside = probe.inside(h)
     while not inside and h / 2 >= min_step:
         h /= 2
-        d_h, env, inside = judged(h)
+        inside = probe.inside(h)
+    d_h, env = judged(h)
     while inside and h / 2 >= min_step:
-        d2, env2, inside2 = judged(h / 2)
-        if not inside2 or env2 >= env:
+        if not probe.inside(h / 2):
+            break
+        d2, env2 = judged(h / 2)
+        if env2 >= env:
             break
         h, d_h, env = h / 2, d2, env2
-    return h, d_h, env, inside
+    return Step(h, d_h, env, inside)
 
 
 def one_sided(f: Callable, h: float) -> tuple[float, float]:
@@ -96,6 +213,22 @@ class FDRow:
     @property
     def verdict(self) -> str:
         return "FAILED" if not self.ok else "no evidence" if self.kinked or self.ill_conditioned else "ok"
+
+    @property
+    def no_evidence(self) -> str:
+        """Why the row is no evidence: "kink" (no step kept to the point's smooth piece), "round-off"
+        (the limit reaches ILL_CONDITIONED_REL of the value), or "" (it is evidence, or FAILED)."""
+        return "" if self.verdict != "no evidence" else "kink" if self.kinked else "round-off"
+
+    def verdict_text(self) -> str:
+        """The verdict in words: "agree", "DISAGREE" or "no evidence (kink)" / "(round-off)", with the
+        figures it stands on."""
+        figures = f"rel {self.rel:.1e} vs limit {self.limit:.1e}, h {self.h:.1e}"
+        if self.no_evidence == "kink":
+            return f"no evidence (kink): no step down to h {self.h:.1e} stays in the point's smooth piece"
+        if self.no_evidence == "round-off":
+            return f"no evidence (round-off): the limit is {self.limit:.0%} of the value ({figures})"
+        return f"{'agree' if self.ok else 'DISAGREE'} ({figures})"
 
 
 def row(name: str, d_h: float, dot: float, ref: float, h: float, env: float, *, floor: float,
@@ -158,7 +291,7 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: d
             loss, same = jax.device_get(_suffix_probe(net, start, p, y, cfg, t, alpha, here))
             return float(loss), bool(same)
 
-        h, d_h, env, inside = best_step(end, min(tol.FD_STEP, 2 * h), roundoff=loss_roundoff)
+        h, d_h, env, inside = best_step(KnownPiece(end), min(tol.FD_STEP, 2 * h), roundoff=loss_roundoff)
         dot, ref = (float(np.vdot(np.asarray(g[name], np.float64), v)) for g in (rendered_of, reference_of))
         rows.append(row(name, d_h, dot, ref, h, env, floor=tol.ZERO_NODE_FLOOR * gnorm, factor=factor,
                         kinked=not inside))
