@@ -479,6 +479,16 @@ book.glue(
     (p.replicas, per_replica, worst["mesh"] <= mesh_limit),
     "{} replicas × {} within the float64 floor of one device at the same global"
     " batch: {}",
+    at=book.At(
+        "cifar8",
+        image_size=32,
+        batch=p.replicas * per_replica,
+        classes=10,
+        data="digits",
+        dtype="float64",
+        replicas=p.replicas,
+        extra={"head_width": 32, "steps": scale_last["mesh"]["step"]},
+    ),
 )
 assert worst["mesh"] <= mesh_limit and same_figures
 assert worst["per-replica BN"] > 1e-3
