@@ -561,7 +561,7 @@ for name, report in ties.items():
         f" {max(r.limit for r in rows):.0e} of the node; {len(ill)} rows too"
         " ill-conditioned to judge a 1 % bug"
     )
-display(*pages.bf16(ties["cifar8"]))
+display(pages.stages(ties["cifar8"]))
 
 # %% [markdown]
 # A limit that nothing can fail is no limit. The controls are the catalogue of *Would the check

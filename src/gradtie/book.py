@@ -12,6 +12,7 @@ ci key, so a fresh clone's `make book` renders them without running them again.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
@@ -350,7 +351,9 @@ def fit_column(width: int = COLUMN) -> bool:
     if isinstance(sys.stdout, _FitColumn):
         sys.stdout._width = width
     else:
-        sys.stdout = _FitColumn(sys.stdout, width)
+        # the kernel's stdout goes through the wrapper for the rest of the session: the stdlib's
+        # redirect, entered once and never left (the kernel ends with the chapter)
+        contextlib.redirect_stdout(_FitColumn(sys.stdout, width)).__enter__()
     return True
 
 
