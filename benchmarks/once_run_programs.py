@@ -59,7 +59,7 @@ def catalogue(net_name: str, mode: str) -> None:
     x = jnp.asarray(images(n, 32, seed=0), jnp.float64)
     t = targets_matrix(jnp.arange(n) * 3 % 10, 10, jnp.float64)
     point = timed("reference and envelope", lambda: reference_at(net, params, x, t, cfg, label_smoothing=0.1))
-    rep = timed(f"catalogue ({mode})", lambda: bugs.run(net, params, x, t, cfg, label_smoothing=0.1, point=point,
+    rep = timed(f"catalogue ({mode})", lambda: bugs.run(point,
                                                         how="quick" if mode == "compiled" else "eager"))
     print(rep.summary())
 

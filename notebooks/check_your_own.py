@@ -37,6 +37,7 @@ import sys
 import jax
 import jax.numpy as jnp
 import matplotlib.pyplot as plt
+import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
@@ -44,7 +45,7 @@ import gradtie
 from gradtie import book, nets, pages, plots
 from gradtie.checks import bugs, census, stages
 from gradtie.data import images
-from gradtie.checks.tie import targets_matrix
+from gradtie.checks.tie import Point, targets_matrix
 from gradtie.nets import protocol
 
 # %% tags=["parameters"]
@@ -131,6 +132,48 @@ except gradtie.NotSmooth:
     kink = "NotSmooth"
 print(f"unflipped depthwise backward: {wrong}; ReLU at an input exactly 0: {kink}")
 assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
+
+# %% [markdown]
+# Near a kink rather than on it, the point has a derivative and a correct VJP must pass. A
+# central difference whose ends straddle the kink measures the average of the two one-sided
+# slopes, which is no derivative at all, so `check_vjp` counts a step only when its samples stay
+# in the point's smooth piece. It reads the piece from the function's own outputs: entry by
+# entry, central differences must converge at second order and one-sided slopes agree at third
+# order between h and h/2, beyond the entry's round-off. Here relu(x @ W) on a batch of 32 × 64
+# with its ReLU input nearest 0 moved to 1e-6 of it: the step shrinks below the kink's distance
+# and the correct VJP agrees, while the same VJP off by 1e-3 is still caught. In float32 the
+# same call checks the VJP in float32, within float32's envelope, and says so.
+
+# %% tags=["nbval-check-output"]
+rng = np.random.default_rng(0)
+xm, wm = rng.standard_normal((32, 64)), rng.standard_normal((64, 64)) / 8
+n_, j_ = np.unravel_index(np.argmin(np.abs(xm @ wm)), (32, 64))
+# that ReLU input moved to 1e-6 of its kink, along W's column
+xm[n_] += (1e-6 - (xm @ wm)[n_, j_]) * wm[:, j_] / (wm[:, j_] @ wm[:, j_])
+relu_mm = lambda a, b: jnp.maximum(a @ b, 0.0)  # noqa: E731
+relu_mm_vjp = lambda a, b, dy: (  # noqa: E731
+    (dy * (a @ b > 0)) @ b.T,
+    a.T @ (dy * (a @ b > 0)),
+)
+near = gradtie.check_vjp(relu_mm, xm, wm, vjp=relu_mm_vjp)
+near32 = gradtie.check_vjp(
+    relu_mm, xm.astype(np.float32), wm.astype(np.float32), vjp=relu_mm_vjp
+)
+try:
+    gradtie.check_vjp(
+        relu_mm,
+        xm,
+        wm,
+        vjp=lambda a, b, dy: tuple(1.001 * c for c in relu_mm_vjp(a, b, dy)),
+    )
+    off = "passed"
+except gradtie.VJPMismatch:
+    off = "VJPMismatch"
+print(f"ReLU input {(xm @ wm)[n_, j_]:.1e} from its kink:", near.summary())
+print("the same in float32:", near32.summary())
+print(f"the VJP off by 1e-3 there: {off}")
+assert near.ok and near.fd.verdict == "ok" and near.fd.h < 1e-5 and off == "VJPMismatch"
+assert near32.ok and near32.dtype == "float32"
 
 # %% [markdown]
 # ## The net, as the protocol reads it
@@ -226,7 +269,7 @@ assert report.exit_code == 0 and report.tie.tied
 # VJP of that stage alone. The depthwise stage is where our own op sits.
 
 # %% tags=["nbval-check-output", "hide-input"]
-st = stages.stage_ties(net, params, x, t, cfg, key=key)
+st = stages.stage_ties(Point.of(net, params, x, t, cfg, key=key))
 print(st.summary().split("; worst")[0])
 assert st.ok and len(st.ties) == 5
 
@@ -247,7 +290,7 @@ assert st.ok and len(st.ties) == 5
 
 # %% tags=["nbval-check-output", "hide-input"]
 display(pages.bugs(net))
-caught = bugs.run(net, params, x, t, cfg, label_smoothing=0.1)
+caught = bugs.run(Point.of(net, params, x, t, cfg, label_smoothing=0.1))
 print(caught.summary())
 display(pages.caught(caught))
 book.glue(
@@ -462,7 +505,9 @@ assert (
 #
 # - One function: `gradtie.check_vjp` ties the depthwise conv's hand-written VJP to autodiff and
 #   to finite differences, calls the unflipped kernel a `VJPMismatch`, and refuses a ReLU at 0 as
-#   `NotSmooth` ([§ One function at a time](#one-function-at-a-time-check_vjp)).
+#   `NotSmooth`; near a kink it judges only inside the smooth piece, so a correct relu(x @ W)
+#   1e-6 from its kink agrees and the same VJP off by 1e-3 is still caught
+#   ([§ One function at a time](#one-function-at-a-time-check_vjp)).
 # - The whole net, written as stages with their backwards beside them: the census finds a smooth
 #   point, `gradtie.check` ties {glue:text}`own_tied` to autodiff within the point's envelope and
 #   to finite differences, and each stage ties to its own VJP

@@ -255,18 +255,7 @@ if p.net == "resnet34":
         progress=False,
     )
     x224, t224, point224 = at224.points[2]
-    per_replica224 = tie(
-        model,
-        params,
-        x224,
-        t224,
-        cfg,
-        replicas=2,
-        label_smoothing=alpha,
-        point=point224,
-        sync_bn=False,
-        devices=devices,
-    )
+    per_replica224 = tie(point224, replicas=2, sync_bn=False, devices=devices)
     print(at224.ties[0].summary())
 
 # %% tags=["nbval-check-output"]
@@ -326,18 +315,7 @@ x2, t2, point2 = sweep.points[b2]
 tied2 = next(
     t for t in sweep.ties if (t.meta["replicas"], t.meta["per_replica"]) == (2, p.batch)
 )
-per_replica = tie(
-    model,
-    params,
-    x2,
-    t2,
-    cfg,
-    replicas=2,
-    label_smoothing=alpha,
-    point=point2,
-    sync_bn=False,
-    devices=devices,
-)
+per_replica = tie(point2, replicas=2, sync_bn=False, devices=devices)
 print(per_replica.summary())
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -387,42 +365,10 @@ assert worst.rel > tolerances.ILL_CONDITIONED_REL
 
 # %%
 counts = (b2 - 1, 1)
-uneven = tie(
-    model,
-    params,
-    x2,
-    t2,
-    cfg,
-    counts=counts,
-    label_smoothing=alpha,
-    point=point2,
-    devices=devices,
-)
+uneven = tie(point2, counts=counts, devices=devices)
 plain = bugs.plant("sync_plain_mean_of_means", model)
-plain_uneven = tie(
-    model,
-    params,
-    x2,
-    t2,
-    cfg,
-    chain=plain,
-    counts=counts,
-    label_smoothing=alpha,
-    point=point2,
-    devices=devices,
-)
-plain_even = tie(
-    model,
-    params,
-    x2,
-    t2,
-    cfg,
-    chain=plain,
-    counts=(p.batch, p.batch),
-    label_smoothing=alpha,
-    point=point2,
-    devices=devices,
-)
+plain_uneven = tie(point2, plain, counts=counts, devices=devices)
+plain_even = tie(point2, plain, counts=(p.batch, p.batch), devices=devices)
 for rep in (uneven, plain_uneven, plain_even):
     print(rep.net, "|", rep.summary())
 
@@ -750,9 +696,7 @@ c8_sweep = dp.sweep(
     progress=False,
 )
 c8x, c8t, c8_point = c8_sweep.points[b2]
-c8_uneven = tie(
-    c8, c8_params, c8x, c8t, c8_cfg, counts=counts, point=c8_point, devices=devices
-)
+c8_uneven = tie(c8_point, counts=counts, devices=devices)
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(

@@ -78,7 +78,14 @@ from gradtie import tolerances
 from gradtie.checks import bugs, census, stages
 from gradtie.data import images
 from gradtie.checks.fd import derivatives
-from gradtie.checks.tie import float32_view, is_beta, reference_at, targets_matrix, tie
+from gradtie.checks.tie import (
+    Point,
+    float32_view,
+    is_beta,
+    reference_at,
+    targets_matrix,
+    tie,
+)
 from gradtie.kit import KIT
 from gradtie.nets import cifar8, protocol, resnet34
 
@@ -508,11 +515,19 @@ point34 = reference_at(
     label_smoothing=alpha,
     key=jax.random.fold_in(key, 2),
 )
-tie8 = tie(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
-tie34 = tie(resnet34, params34, x224, t224, cfg34, label_smoothing=alpha, point=point34)
+tie8 = tie(point8)
+tie34 = tie(point34)
 # cifar8's own α
 tie8_ce = tie(
-    cifar8, params8, x8, t8, cfg8, label_smoothing=0.0, key=jax.random.fold_in(key, 18)
+    Point.of(
+        cifar8,
+        params8,
+        x8,
+        t8,
+        cfg8,
+        label_smoothing=0.0,
+        key=jax.random.fold_in(key, 18),
+    )
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -596,9 +611,7 @@ point_lifted = reference_at(
     label_smoothing=alpha,
     key=jax.random.fold_in(key, 3),
 )
-tie_lifted = tie(
-    cifar8, lifted8, randn8, t8, cfg8, label_smoothing=alpha, point=point_lifted
-)
+tie_lifted = tie(point_lifted)
 
 # %% tags=["nbval-check-output", "hide-input"]
 inputs = {"ResNet-34, randn, 224 px": (tie34, smooth224, census.R34_INPUT),
@@ -684,22 +697,26 @@ print(
 
 # %%
 flat_tie = tie(
-    resnet34,
-    params34,
-    flat34,
-    t_flat,
-    cfg34,
-    label_smoothing=alpha,
-    key=jax.random.fold_in(key, 4),
+    Point.of(
+        resnet34,
+        params34,
+        flat34,
+        t_flat,
+        cfg34,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 4),
+    )
 )
 flat_f32 = float32_view(
-    resnet34,
-    params34,
-    flat34,
-    t_flat,
-    cfg34,
-    label_smoothing=alpha,
-    key=jax.random.fold_in(key, 5),
+    Point.of(
+        resnet34,
+        params34,
+        flat34,
+        t_flat,
+        cfg34,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 5),
+    )
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -795,31 +812,8 @@ grads8 = rendered.compiled(cifar8.NET, KIT, params8, x8, t8, cfg8, alpha=alpha).
 grads34 = rendered.compiled(
     resnet34.NET, KIT, params34, x224, t224, cfg34, alpha=alpha
 ).grads
-fd8 = derivatives(
-    cifar8,
-    params8,
-    x8,
-    t8,
-    cfg8,
-    grads8,
-    reference_grads=point8.reference[1],
-    key=jax.random.fold_in(key, 6),
-    label_smoothing=alpha,
-    loss_roundoff=point8.envelope.loss,
-)
-fd34 = derivatives(
-    resnet34,
-    params34,
-    x224,
-    t224,
-    cfg34,
-    grads34,
-    reference_grads=point34.reference[1],
-    key=jax.random.fold_in(key, 7),
-    names=picked,
-    label_smoothing=alpha,
-    loss_roundoff=point34.envelope.loss,
-)
+fd8 = derivatives(point8, grads8, key=jax.random.fold_in(key, 6))
+fd34 = derivatives(point34, grads34, key=jax.random.fold_in(key, 7), names=picked)
 for name, rows in (("cifar8", fd8), ("ResNet-34 at 224 px", fd34)):
     print(
         f"{name}: {len(rows)} nodes; failed {sum(r.verdict == 'FAILED' for r in rows)};"
@@ -873,17 +867,27 @@ for r in fd34:
 
 # %%
 f32_8 = float32_view(
-    cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=jax.random.fold_in(key, 8)
+    Point.of(
+        cifar8,
+        params8,
+        x8,
+        t8,
+        cfg8,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 8),
+    )
 )
 f32_ctl = float32_view(
-    cifar8,
-    params8,
-    x8,
-    t8,
-    cfg8,
-    chain=bugs.plant("head_no_batch_divisor", cifar8),
-    label_smoothing=alpha,
-    key=jax.random.fold_in(key, 8),
+    Point.of(
+        cifar8,
+        params8,
+        x8,
+        t8,
+        cfg8,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 8),
+    ),
+    bugs.plant("head_no_batch_divisor", cifar8),
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -963,13 +967,15 @@ plt.show()
 
 # %%
 st224 = stages.stage_ties(
-    resnet34,
-    params34,
-    x224,
-    t224,
-    cfg34,
-    label_smoothing=alpha,
-    key=jax.random.fold_in(key, 19),
+    Point.of(
+        resnet34,
+        params34,
+        x224,
+        t224,
+        cfg34,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 19),
+    )
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -1001,13 +1007,15 @@ assert (
 
 # %%
 st34 = stages.stage_ties(
-    resnet34,
-    params34,
-    x34,
-    t34,
-    cfg34,
-    label_smoothing=alpha,
-    key=jax.random.fold_in(key, 9),
+    Point.of(
+        resnet34,
+        params34,
+        x34,
+        t34,
+        cfg34,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 9),
+    )
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -1210,33 +1218,39 @@ assert (
 
 # %%
 layers8 = stages.stage_ties(
-    cifar8,
-    lifted8,
-    randn8,
-    t8,
-    cfg8,
-    label_smoothing=alpha,
+    Point.of(
+        cifar8,
+        lifted8,
+        randn8,
+        t8,
+        cfg8,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 12),
+    ),
     level="layers",
-    key=jax.random.fold_in(key, 12),
 )
 layers8_photos = stages.stage_ties(
-    cifar8,
-    params8,
-    x8,
-    t8,
-    cfg8,
-    label_smoothing=alpha,
+    Point.of(
+        cifar8,
+        params8,
+        x8,
+        t8,
+        cfg8,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 12),
+    ),
     level="layers",
-    key=jax.random.fold_in(key, 12),
 )
 st8 = stages.stage_ties(
-    cifar8,
-    params8,
-    x8,
-    t8,
-    cfg8,
-    label_smoothing=alpha,
-    key=jax.random.fold_in(key, 12),
+    Point.of(
+        cifar8,
+        params8,
+        x8,
+        t8,
+        cfg8,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 12),
+    )
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -1333,29 +1347,31 @@ rec34 = stages.record(
 red8 = stages.whole_tie(rec8, cfg8, point=point8)
 # at 224 px the planted chain runs compiled (LLVM on): quick compilation runs too slowly
 # at this size
-red34 = tie(
-    resnet34,
-    params34,
-    x224,
-    t224,
-    cfg34,
-    label_smoothing=alpha,
-    chain=bug34,
-    point=point34,
-    how="compiled",
-)
+red34 = tie(point34, bug34, how="compiled")
 part8 = stages.stage_ties(
-    cifar8,
-    params8,
-    x8,
-    t8,
-    cfg8,
-    label_smoothing=alpha,
-    key=jax.random.fold_in(key, 12),
+    Point.of(
+        cifar8,
+        params8,
+        x8,
+        t8,
+        cfg8,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 12),
+    ),
     rec=rec8,
 )
-part34 = stages.stage_ties(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha,
-                           key=jax.random.fold_in(key, 9), rec=rec34)
+part34 = stages.stage_ties(
+    Point.of(
+        resnet34,
+        params34,
+        x34,
+        t34,
+        cfg34,
+        label_smoothing=alpha,
+        key=jax.random.fold_in(key, 9),
+    ),
+    rec=rec34,
+)
 
 # %% tags=["nbval-check-output", "hide-input"]
 for real, red, part in ((tie8, red8, part8), (tie34, red34, part34)):
@@ -1663,18 +1679,14 @@ for net_name, mod, params, x, cfg in (
             jax.random.fold_in(key, 20 + i), (x.shape[0], cfg.num_classes), kind=kind
         )
         cot[net_name, kind] = stages.cotangent_tie(
-            mod, params, x, d, cfg, key=jax.random.fold_in(key, 30 + i)
+            Point.of(mod, params, x, None, cfg, key=jax.random.fold_in(key, 30 + i)), d
         )
 cot_bug = stages.cotangent_tie(
-    resnet34,
-    params34,
-    x34,
+    Point.of(resnet34, params34, x34, None, cfg34, key=jax.random.fold_in(key, 30)),
     stages.random_cotangent(
         jax.random.fold_in(key, 20), (p.resnet_batch, p.num_classes)
     ),
-    cfg34,
     chain=bug34,
-    key=jax.random.fold_in(key, 30),
 )
 
 # %% tags=["nbval-check-output", "hide-input"]

@@ -126,8 +126,8 @@ assert len(bugs.CATALOGUE) >= 20
 # %% tags=["nbval-check-output", "hide-input"]
 point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha)
 point34 = reference_at(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha)
-real8 = tie(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
-real34 = tie(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34)
+real8 = tie(point8)
+real34 = tie(point34)
 for r in (real8, real34):
     print(
         f"{r.net}: {'tied' if r.ok else 'FAILED'}"
@@ -161,10 +161,8 @@ if m34 == 2:    # the ci point: round-off at M = 2 widens most limits past the f
 # figure) is many orders of magnitude for every entry: these bugs are not subtle next to round-off.
 
 # %% tags=["nbval-check-output", "hide-input"]
-caught8 = bugs.run(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, point=point8)
-caught34 = bugs.run(
-    resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34
-)
+caught8 = bugs.run(point8)
+caught34 = bugs.run(point34)
 for rep in (caught8, caught34):
     print(rep.summary())
     display(pages.caught(rep))
@@ -240,16 +238,7 @@ display(pages.caught(caught34, ratios=True, caption="ResNet-34, with err/limit")
 # for.
 
 # %% tags=["nbval-check-output"]
-sync8 = bugs.run(
-    cifar8,
-    params8,
-    x8,
-    t8,
-    cfg8,
-    label_smoothing=alpha,
-    point=point8,
-    replicas=p.replicas,
-)
+sync8 = bugs.run(point8, replicas=p.replicas)
 print(sync8.summary())
 display(pages.caught(sync8))
 assert sync8.ok
@@ -268,8 +257,7 @@ init8 = {
     for k, v in cifar8.init(key, cfg8, weights="init").items()
 }
 point_init = reference_at(cifar8, init8, x8, t8, cfg8, label_smoothing=alpha)
-hidden = bugs.run(cifar8, init8, x8, t8, cfg8, label_smoothing=alpha, point=point_init,
-                  names=("bn_forget_gamma", "bn_dgamma_from_y"))
+hidden = bugs.run(point_init, names=("bn_forget_gamma", "bn_dgamma_from_y"))
 for c in hidden.caught:
     drawn = next(d for d in caught8.caught if d.bug == c.bug)
     print(
@@ -305,10 +293,8 @@ print(
 )
 assert sens8[0] < 1e-9 < sens34[1]
 row = real34.row("layer3.0.conv1.weight")
-at2 = tie(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34,
-          chain=bugs.scaled_node(resnet34, row.name, 2 * row.sensitivity))
-at_half = tie(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, point=point34,
-              chain=bugs.scaled_node(resnet34, row.name, 0.5 * row.sensitivity))
+at2 = tie(point34, bugs.scaled_node(resnet34, row.name, 2 * row.sensitivity))
+at_half = tie(point34, bugs.scaled_node(resnet34, row.name, 0.5 * row.sensitivity))
 print(
     f"{row.name} scaled by 1 + 2δ*: {at2.row(row.name).verdict}; by 1 + δ*/2:"
     f" {at_half.row(row.name).verdict}"

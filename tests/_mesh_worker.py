@@ -69,7 +69,7 @@ def tie(name):
     """The mesh step at R = 2, 4, 8 (N = 4, 2, 1) against one float64 oracle at batch 8."""
     net, cfg, params, x, t, alpha = setup(name)
     point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
-    return {str(r): row(tie_net(net, params, x, t, cfg, replicas=r, label_smoothing=alpha, point=point))
+    return {str(r): row(tie_net(point, replicas=r))
             for r in REPLICAS}
 
 
@@ -80,9 +80,9 @@ def uneven():
     ResNet-34 at 3+1 and shows the plain mean red there and green at 2+2."""
     net, cfg, params, x, t, alpha = setup("cifar8", 4)
     point = reference_at(net, params, x, t, cfg, label_smoothing=alpha)
-    out = {"1+2+0+1": row(tie_net(net, params, x, t, cfg, counts=(1, 2, 0, 1), point=point))}
+    out = {"1+2+0+1": row(tie_net(point, counts=(1, 2, 0, 1)))}
     bug = bugs.plant("sync_plain_mean_of_means", net)
-    out["bug 3+1"] = row(tie_net(net, params, x, t, cfg, chain=bug, counts=(3, 1), point=point))
+    out["bug 3+1"] = row(tie_net(point, bug, counts=(3, 1)))
     # the padded batch by hand: zeros, then junk, in the padding
     mesh = parallel.data_mesh(2)
     xs, ts, valid = parallel.padded(x, t, (3, 1))

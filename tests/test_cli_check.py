@@ -24,6 +24,7 @@ from gradtie import cli, nets
 from gradtie.checks import bugs, check
 from gradtie.checks.check import EXIT_FAILED, EXIT_NOT_SMOOTH, EXIT_TIED
 from gradtie.checks.fd import FDRow
+from gradtie.host import process_seconds
 from gradtie.checks.tie import NodeRow, TieReport, degenerate
 from gradtie.nets import protocol
 
@@ -250,6 +251,32 @@ def test_a_finite_difference_that_failed_exits_1():
     assert not rep.tie.failed and not rep.ill_conditioned and rep.exit_code == EXIT_FAILED
     assert _m2_report(ill_rel=1e-6, ill_limit=1e-5).exit_code == EXIT_TIED      # the same tie without it
     assert "1 FAILED (first in backward order: bn1.weight)" in rep.summary()
+
+
+def test_the_first_failing_difference_is_the_first_the_backward_computes():
+    """The rows run in signature order with the input last; the backward computes the head first
+    and the input cotangent last, so a failing input row is named only when nothing above it fails."""
+    rows = [_fd("conv1.weight", "FAILED"), _fd("fc.weight", "ok"), _fd("input", "FAILED")]
+    rep = _m2_report(ill_rel=1e-6, ill_limit=1e-5, fd_rows=rows)
+    assert "2 FAILED (first in backward order: conv1.weight)" in rep.summary()
+    rows[1] = _fd("fc.weight", "FAILED")
+    assert "(first in backward order: fc.weight)" in _m2_report(ill_rel=1e-6, ill_limit=1e-5, fd_rows=rows).summary()
+    only_input = [_fd("conv1.weight", "ok"), _fd("input", "FAILED")]
+    assert "(first in backward order: input)" in _m2_report(ill_rel=1e-6, ill_limit=1e-5,
+                                                            fd_rows=only_input).summary()
+
+
+def test_timings_account_for_the_whole_process():
+    """`--timings` once summed the phases alone (2.5 s for a process of 10.4 s): the time before the
+    check (Python, the imports, the point) is a row of its own and the total is the process's."""
+    rep = _m2_report(ill_rel=1e-6, ill_limit=1e-5)
+    rep.timings.update({"census": 1.0, "tie": 1.5, "compilation": 2.0})
+    table = rep.timing_table(10.4)
+    assert "start, imports, the point" in table and " 7.9" in table
+    assert table.splitlines()[-1].split()[-1] == "10.4" and "whole process" in table.splitlines()[-1]
+    assert rep.timing_table().splitlines()[-1].split()[-1] == "2.5"          # no process figure: the phases
+    seconds = process_seconds()
+    assert seconds is not None and 0 < seconds < 24 * 3600
 
 
 @pytest.mark.parametrize("ill_limit, code", [(1e-5, EXIT_TIED), (0.4, EXIT_NOT_SMOOTH)], ids=["tied", "ill"])

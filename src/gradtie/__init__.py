@@ -9,12 +9,17 @@ Check a net of your own (`gradtie.nets.protocol`) or one hand-written VJP:
 
     report = gradtie.check(net, params, x, targets)     # census, tie, finite differences; .exit_code
     gradtie.check_vjp(f, *args)                         # raises on a wrong VJP or a kink
+
+`gradtie.Point.of(net, params, x, targets, cfg)` is the validated point every check of
+`gradtie.checks` takes (`tie(point)`, `stages.stage_ties(point)`, `bugs.run(point)`);
+`gradtie.CheckOptions` says what `gradtie.check` runs besides the tie.
 """
 
 __version__ = "0.2.0"
 
 # read when first asked for: `import gradtie.ops` (or `gradtie --help`) does not load the checks
 _LAZY = {"check": ("checks.check", "check"), "check_vjp": ("checks.vjp", "check_vjp"),
+         "Point": ("checks.tie", "Point"), "CheckOptions": ("checks.check", "CheckOptions"),
          "NotSmooth": ("checks.vjp", "NotSmooth"), "VJPMismatch": ("checks.vjp", "VJPMismatch")}
 
 
@@ -26,4 +31,4 @@ def __getattr__(name: str):
     return getattr(importlib.import_module(f".{module}", __name__), attr)
 
 
-__all__ = ["NotSmooth", "VJPMismatch", "__version__", "check", "check_vjp"]
+__all__ = ["CheckOptions", "NotSmooth", "Point", "VJPMismatch", "__version__", "check", "check_vjp"]

@@ -50,7 +50,8 @@ def _check(args: argparse.Namespace) -> int:
             if args.sensitivity and hasattr(report.tie, "sensitivity_table"):
                 print(report.tie.sensitivity_table())
         if args.timings:
-            print(report.timing_table())
+            from .host import process_seconds
+            print(report.timing_table(process_seconds()))
         print(report.summary())
     return report.exit_code
 

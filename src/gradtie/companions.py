@@ -45,7 +45,7 @@ from .checks import census, stages
 from .checks.bf16 import Site, contraction_length, same_bits
 from .checks.bf16.kinds import U_F32
 from .checks.bf16.kinds import apply as conv_apply  # noqa: E402
-from .checks.tie import Chain, TieReport, need_x64, reference_at, targets_matrix, tie
+from .checks.tie import Chain, Point, TieReport, need_x64, reference_at, targets_matrix, tie
 from .kit import KIT
 from .nets import resnet34
 from .nets.protocol import Net, ParamSpec, Pass, Stage
@@ -324,7 +324,7 @@ def node_ties_at_tie(net, params, x, targets, cfg, *, label_smoothing: float = 0
     """Every stage of the rendered chain tied alone at the cotangent the chain hands it
     (`stages.stage_ties`: a pool window tied at a positive maximum is read frozen at σ = argmax, the
     selScatter the chain runs), together with the census of the point."""
-    st = stages.stage_ties(net, params, x, targets, cfg, label_smoothing=label_smoothing, chain=chain, key=key)
+    st = stages.stage_ties(Point.of(net, params, x, targets, cfg, label_smoothing=label_smoothing, key=key), chain=chain)
     return TieNodes(st, census.smoothness(net, params, x, cfg))
 
 
@@ -555,9 +555,8 @@ def other_blocks(net: Net, params, x, targets, cfg, *, label_smoothing: float = 
     tied to this one's oracle; point: a `reference_at` point to share."""
     chain = None if rendered_net is None else Chain(rendered_net)
     if point is None:
-        point = reference_at(net, params, x, targets_matrix(targets, cfg.num_classes, x.dtype), cfg,
-                             label_smoothing=label_smoothing, key=key)
-    rep = tie(net, params, x, targets, cfg, label_smoothing=label_smoothing, chain=chain, point=point, how="quick")
+        point = reference_at(net, params, x, targets, cfg, label_smoothing=label_smoothing, key=key)
+    rep = tie(point, chain, how="quick")
     return BlocksTie((rendered_net or net).name, [s.kind for s in (rendered_net or net).stage_list(cfg)[1:-1]], rep,
                      point)
 
@@ -587,7 +586,7 @@ def input_row(net, params, x, targets, cfg, *, point: str, label_smoothing: floa
     h = smooth.hypothesis(census.C8_INPUT)
     if not h.holds:
         return InputRow(int(x.shape[0]), point, False, h.first.describe() if h.first else "", None)
-    rep = tie(net, params, x, targets, cfg, label_smoothing=label_smoothing, chain=chain, key=key)
+    rep = tie(Point.of(net, params, x, targets, cfg, label_smoothing=label_smoothing, key=key), chain)
     return InputRow(int(x.shape[0]), point, True, "", rep)
 
 

@@ -9,6 +9,7 @@ way, in the dtype JAX gives the host array (float64 needs `jax_enable_x64`, as w
 
 from __future__ import annotations
 
+import os
 from typing import Any, Optional
 
 import jax
@@ -25,6 +26,19 @@ def to_device(a: Any, dtype: Any = None) -> jax.Array:
 def tree_to_device(tree: Any, dtype: Any = None) -> Any:
     """`to_device` on every leaf of a tree (a dict of parameters, a selection per pool)."""
     return jax.tree.map(lambda a: to_device(a, dtype), tree)
+
+
+def process_seconds() -> Optional[float]:
+    """Wall seconds since this process started (Linux: /proc/self/stat's start time against
+    /proc/uptime), or None where they cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def available_memory() -> Optional[int]:

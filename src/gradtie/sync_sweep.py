@@ -79,6 +79,5 @@ def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, labe
             smooth_at[b] = census_.smoothness(net, params, x, cfg).hypothesis(census_.PARAMETERS).holds
             points[b] = (x, t, reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing))
         x, t, point = points[b]
-        ties.append(tie(net, params, x, t, cfg, replicas=r, label_smoothing=label_smoothing, point=point,
-                        devices=list(jax.devices()) if devices is None else devices))
+        ties.append(tie(point, replicas=r, devices=list(jax.devices()) if devices is None else devices))
     return SweepReport(net.name, ties, smooth_at, degenerate=flat, points=points)

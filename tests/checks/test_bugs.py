@@ -21,7 +21,7 @@ from jax import lax
 
 from gradtie import data, prng
 from gradtie.checks import bugs, census
-from gradtie.checks.tie import Chain, TieReport, reference_at, targets_matrix, tie
+from gradtie.checks.tie import Chain, Point, TieReport, reference_at, targets_matrix, tie
 from gradtie.kit import KIT, Kit
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import conv, head
@@ -67,7 +67,7 @@ CASES = [(b.name, name) for name, (net, _) in NETS.items() for b in bugs.entries
 @pytest.mark.parametrize("name", ["cifar8", pytest.param("resnet34", marks=pytest.mark.slow)])
 def test_real_chains_tie_at_the_catalogue_points(points, name):
     net, cfg, params, x, t, pt = point(points, name)
-    report = tie(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt)
+    report = tie(pt)
     assert report.tied, report.summary()
     if name == "resnet34":
         # the ResNet-34 point is the ill-conditioned one: its limits widen past the floor
@@ -78,7 +78,7 @@ def test_real_chains_tie_at_the_catalogue_points(points, name):
 def test_every_catalogue_entry_goes_red(points, bug, name):
     net, cfg, params, x, t, pt = point(points, name)
     # op by op, as `bugs.run` plants them: the entries of a point share their ops, not their programs
-    report = tie(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt, chain=bugs.plant(bug, net), how="eager")
+    report = tie(pt, bugs.plant(bug, net), how="eager")
     first = report.first_failure()
     assert first is not None, f"{bug} on {name}: not caught ({report.summary()})"
     assert not first.ill_conditioned
@@ -114,7 +114,7 @@ def test_gamma_bugs_hide_at_init_weights_and_show_at_drawn_ones(points, bug):
     """At init every γ = 1 and β = 0: these two backwards are bit for bit the right one there, which
     is why the check runs at drawn weights by default (test_every_catalogue_entry_goes_red)."""
     net, cfg, params, x, t, pt = point(points, "cifar8-init")
-    assert tie(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt, chain=bugs.plant(bug, net)).tied
+    assert tie(pt, bugs.plant(bug, net)).tied
 
 
 def test_unknown_or_inapplicable_bug_is_a_clear_error():
@@ -128,15 +128,14 @@ def test_run_plants_op_by_op_with_the_compiled_verdict(points):
     """`bugs.run` (the chapter's catalogue) runs each planted backward op by op: the same verdict as
     the compiled chain, a hiding entry still ties at init weights, and the real chain ties."""
     net, cfg, params, x, t, pt = point(points, "cifar8")
-    rep = bugs.run(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt, names=("bn_no_mean_term",))
+    rep = bugs.run(pt, names=("bn_no_mean_term",))
     assert rep.real.tied and [c.bug for c in rep.caught] == ["bn_no_mean_term"]
     c = rep.caught[0]
-    compiled = tie(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt,
-                   chain=bugs.plant(c.bug, net), how="compiled").first_failure()
+    compiled = tie(pt, bugs.plant(c.bug, net), how="compiled").first_failure()
     assert c.red and c.first.name == compiled.name
     assert c.ratio == pytest.approx(compiled.ratio, rel=1e-6)
     net, cfg, params, x, t, pt = point(points, "cifar8-init")
-    hidden = bugs.run(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt, names=("bn_forget_gamma",))
+    hidden = bugs.run(pt, names=("bn_forget_gamma",))
     assert hidden.real.tied and not hidden.caught[0].red and hidden.caught[0].report.tied
     assert "NOT caught" in hidden.caught[0].summary()
 
@@ -147,7 +146,7 @@ def test_a_bias_node_of_shape_1_by_out_is_caught_by_its_shape(points):
     """dense_bias_grad_keepdims returns Σ dy as [1, out] for an [out] bias: the right numbers, which
     broadcast against the oracle. The row fails by its shape, and only that row."""
     net, cfg, params, x, t, pt = point(points, "cifar8")
-    rep = tie(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt, chain=bugs.plant("dense_bias_grad_keepdims", net))
+    rep = tie(pt, bugs.plant("dense_bias_grad_keepdims", net))
     assert {r.name for r in rep.failed} == {"fc1.bias", "fc2.bias", "fc3.bias"}
     row = rep.first_failure()
     assert row.name == "fc3.bias" and row.shape == (1, 10)
@@ -166,13 +165,13 @@ CONTROLS34 = [n for n in bugs.CONTROLS if n not in CONTROLS8]
 @pytest.fixture(scope="module")
 def controls8(points):
     net, cfg, params, x, t, pt = point(points, "cifar8")
-    return bugs.run(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt, names=CONTROLS8)
+    return bugs.run(pt, names=CONTROLS8)
 
 
 @pytest.fixture(scope="module")
 def controls34(points):
     net, cfg, params, x, t, pt = point(points, "resnet34-controls")
-    return bugs.run(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt, names=CONTROLS34)
+    return bugs.run(pt, names=CONTROLS34)
 
 
 def failing(caught) -> set[str]:
@@ -274,11 +273,11 @@ def test_a_planted_chain_is_a_kit_or_a_net_definition_and_the_real_one_is_untouc
     assert [f for f in Kit._fields if getattr(divisor.kit, f) is not getattr(KIT, f)] == ["loss_cotangent"]
     mask = bugs.plant("relu_mask_from_conv_output", net)                  # another net definition
     assert mask.kit is KIT and mask.net is not net and mask.net.param_specs is net.param_specs
-    before = tie(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt)
-    report = tie(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt, chain=swap)
+    before = tie(pt)
+    report = tie(pt, swap)
     assert isinstance(report, TieReport) and report.net == "cifar8 + bn_swap_dgamma_dbeta"
     assert not report.ok and report.first_failure().name == "bn8.bias"
-    after = tie(net, params, x, t, cfg, label_smoothing=ALPHA, point=pt)  # side by side: nothing poisoned
+    after = tie(pt)  # side by side: nothing poisoned
     assert after.tied and [r.err for r in after.rows] == [r.err for r in before.rows]
     assert KIT == Kit() and KIT.conv_backward.__module__ == "gradtie.kit"
 
@@ -290,11 +289,11 @@ def test_entries_that_plant_nothing_are_refused(points):
         bugs.plant("pool2x2_backward_on_3x3", NET8)
     net, cfg, params, x, t, pt = point(points, "cifar8")
     with pytest.raises(ValueError, match="label_smoothing"):
-        bugs.run(net, params, x, t, cfg, label_smoothing=0.0, names=("head_smoothing_wrong_k",))
+        bugs.run(Point.of(net, params, x, t, cfg), names=("head_smoothing_wrong_k",))
     with pytest.raises(ValueError, match="batch 1"):
-        bugs.run(net, params, x[:1], t[:1], cfg, names=("head_no_batch_divisor",))
+        bugs.run(Point.of(net, params, x[:1], t[:1], cfg, label_smoothing=0.1), names=("head_no_batch_divisor",))
     with pytest.raises(ValueError, match="plant nothing"):
-        bugs.run(net, params, x, t, cfg, names=("residual_skip_dropped",))
+        bugs.run(Point.of(net, params, x, t, cfg, label_smoothing=0.1), names=("residual_skip_dropped",))
 
 
 @pytest.mark.parametrize("size,k", [(2, 3), (16, 7), (8, 1)])

@@ -15,7 +15,7 @@ import pytest
 
 from gradtie import data, nets, prng
 from gradtie.checks import bugs, census, check, stages
-from gradtie.checks.tie import compare, targets_matrix, zero_in_reals
+from gradtie.checks.tie import Point, compare, targets_matrix, zero_in_reals
 from gradtie.nets import cifar8, resnet34
 
 ALPHA = 0.1
@@ -55,7 +55,7 @@ def rec8(params8):
 
 @pytest.fixture(scope="module")
 def stages8(params8, rec8):
-    return stages.stage_ties(NET8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA, rec=rec8)
+    return stages.stage_ties(Point.of(NET8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA), rec=rec8)
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +68,7 @@ def smooth_point8(params8):
 
 @pytest.fixture(scope="module")
 def stages34(params34):
-    return stages.stage_ties(NET34, params34, photos(), labels(), CFG34, label_smoothing=ALPHA)
+    return stages.stage_ties(Point.of(NET34, params34, photos(), labels(), CFG34, label_smoothing=ALPHA))
 
 
 # ---- the chain records what it hands each stage ---------------------------------------------------
@@ -99,7 +99,7 @@ def test_record_takes_targets_or_a_cotangent_not_both(params8):
     with pytest.raises(ValueError, match="shape"):
         stages.record(NET8, params8, photos(), CFG8, dlogits=jnp.zeros((N, 9)))
     with pytest.raises(ValueError, match="no finer stages"):
-        stages.stage_ties(NET34, {}, photos(), labels(), CFG34, level="layers")
+        stages.stage_ties(Point(NET34, CFG34, {}, photos(), None), level="layers")
 
 
 # ---- cifar8: stages and the seventeen layers -------------------------------------------------------
@@ -115,7 +115,7 @@ def test_cifar8_every_stage_ties_to_its_vjp_alone(stages8):
 def test_cifar8_seventeen_layers_tie_where_maxpool2smooth_holds(params8, smooth_point8):
     p, x, smooth = smooth_point8
     assert smooth.hypothesis(census.C8_INPUT).holds
-    rep = stages.stage_ties(NET8, p, x, labels(), CFG8, label_smoothing=ALPHA, level="layers")
+    rep = stages.stage_ties(Point.of(NET8, p, x, labels(), CFG8, label_smoothing=ALPHA), level="layers")
     assert rep.ok and all(t.tied for t in rep.ties), rep.summary()
     assert len(rep.ties) == 17
     kinds = [t.meta["kind"] for t in rep.ties]
@@ -129,8 +129,7 @@ def test_a_pool_alone_parts_at_a_dead_window_beyond_maxpool2smooth(params8, rec8
     kills those cells, still ties. The control the layer tie needs: it can fail."""
     smooth = census.smoothness(NET8, params8, photos(), CFG8)
     assert not smooth.hypothesis(census.C8_INPUT).holds and smooth.ok
-    rep = stages.stage_ties(NET8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA, level="layers",
-                            rec=rec8)
+    rep = stages.stage_ties(Point.of(NET8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA), level="layers", rec=rec8)
     assert {t.net for t in rep.failed} == {"pool1", "pool2", "pool3", "pool4"}
     assert rep.first_parting().stage == "pool4"
 
@@ -139,16 +138,14 @@ def test_a_pool_alone_parts_at_a_dead_window_beyond_maxpool2smooth(params8, rec8
                                         ("head_no_batch_divisor", stages.LOSS_COTANGENT),
                                         ("dense_weight_grad_transposed", "head")])
 def test_a_planted_bug_parts_at_its_stage(params8, bug, stage):
-    parting = stages.stage_ties(NET8, params8, photos(), labels(), CFG8, chain=bugs.plant(bug, NET8),
-                                label_smoothing=ALPHA).first_parting()
+    parting = stages.stage_ties(Point.of(NET8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA), chain=bugs.plant(bug, NET8)).first_parting()
     assert parting is not None and parting.stage == stage, parting
 
 
 def test_a_stage_handed_a_wrong_cotangent_still_ties(params8):
     """The localisation: after a wrong head cotangent every stage is a correct VJP of what it is
     handed, so only the loss-cotangent row parts."""
-    rep = stages.stage_ties(NET8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA,
-                            chain=bugs.plant("head_no_batch_divisor", NET8))
+    rep = stages.stage_ties(Point.of(NET8, params8, photos(), labels(), CFG8, label_smoothing=ALPHA), chain=bugs.plant("head_no_batch_divisor", NET8))
     assert all(t.tied for t in rep.ties) and not rep.cotangent.ok
     assert rep.first_parting().stage == stages.LOSS_COTANGENT
 
@@ -167,8 +164,7 @@ def test_resnet34_eighteen_stages_tie_even_at_m2(stages34):
 
 @pytest.mark.slow
 def test_resnet34_projection_bug_parts_at_a_downsample_block(params34):
-    parting = stages.stage_ties(NET34, params34, photos(), labels(), CFG34,
-                                chain=bugs.plant("projection_bn_reads_dn2", NET34), label_smoothing=ALPHA).first_parting()
+    parting = stages.stage_ties(Point.of(NET34, params34, photos(), labels(), CFG34, label_smoothing=ALPHA), chain=bugs.plant("projection_bn_reads_dn2", NET34)).first_parting()
     assert parting is not None and parting.stage == "layer4.0" and parting.kind == "downsample"
 
 
@@ -190,7 +186,7 @@ def test_head_ties_at_any_point(params34):
 @pytest.mark.parametrize("kind", ["normal", "spike", "scaled"])
 def test_the_chain_ties_at_any_loss_cotangent(params8, kind):
     d = stages.random_cotangent(jax.random.key(5), (N, 10), kind=kind)
-    rep = stages.cotangent_tie(NET8, params8, photos(), d, CFG8)
+    rep = stages.cotangent_tie(Point.of(NET8, params8, photos(), None, CFG8), d)
     assert rep.tied, rep.summary()
     assert len(rep.nodes) == 38 and rep.rows[-1].name == "input"
 
@@ -198,9 +194,9 @@ def test_the_chain_ties_at_any_loss_cotangent(params8, kind):
 def test_a_wrong_cotangent_fails_the_cotangent_tie(params8):
     d = stages.random_cotangent(jax.random.key(5), (N, 10))
     rec = stages.record(NET8, params8, photos(), CFG8, dlogits=d)
-    assert stages.cotangent_tie(NET8, params8, photos(), d, CFG8, rec=rec).tied
+    assert stages.cotangent_tie(Point.of(NET8, params8, photos(), None, CFG8), d, rec=rec).tied
     # the oracle reads the record's dlogits: a chain that ran from another one fails
-    rep = stages.cotangent_tie(NET8, params8, photos(), d, CFG8, rec=rec._replace(dlogits=2 * d))
+    rep = stages.cotangent_tie(Point.of(NET8, params8, photos(), None, CFG8), d, rec=rec._replace(dlogits=2 * d))
     assert not rep.ok and len(rep.failed) >= 30
 
 
@@ -210,7 +206,7 @@ def test_check_names_the_first_parting_stage():
     rep = check.run_check("cifar8", batch=N, data="photos", plant_bug="bn_forget_gamma", finite_differences=False)
     assert rep.exit_code == check.EXIT_FAILED
     assert rep.parting is not None and rep.parting.stage == "stage4"
-    assert "first part at stage4" in rep.summary()
+    assert "first differ at stage4" in rep.summary()
     assert rep.as_dict()["first_parting"]["stage"] == "stage4"
 
 
@@ -253,8 +249,7 @@ def test_a_net_of_your_own_parts_at_its_own_op():
     net = nets.load(BOTTLENECK)
     params = f64(net.init(jax.random.key(0), weights="drawn"))
     x = prng.normal(jax.random.key(1), (N, 3, 16, 16), jnp.float64)
-    rep = stages.stage_ties(net, params, x, labels(), net.config(), label_smoothing=ALPHA,
-                            chain=bugs.plant("depthwise_kernel_not_flipped", net))
+    rep = stages.stage_ties(Point.of(net, params, x, labels(), net.config(), label_smoothing=ALPHA), chain=bugs.plant("depthwise_kernel_not_flipped", net))
     assert [t.net for t in rep.ties] == ["stem", "dw", "layer1.0", "layer2.0", "head"]
     assert rep.cotangent.tied and [t.net for t in rep.ties if not t.tied] == ["dw"], rep.summary()
     assert [r.name for r in rep["dw"].failed] == ["input"]

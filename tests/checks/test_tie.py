@@ -20,8 +20,9 @@ import pytest
 from gradtie import data, reference, rendered, tolerances
 from gradtie.checks import bugs, census, check
 from gradtie.checks.fd import derivatives
-from gradtie.checks.tie import (Chain, NodeRow, TieReport, compare, float32_view, ratio_text, reference_at,
-                                targets_matrix, tie, zero_in_reals)
+from gradtie.checks.envelope import Envelope
+from gradtie.checks.tie import (Chain, Measured, NodeRow, Point, TieReport, compare, float32_view, ratio_text,
+                                reference_at, targets_matrix, tie, zero_in_reals)
 from gradtie.kit import KIT
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import batchnorm
@@ -57,13 +58,13 @@ def params34():
 
 @pytest.fixture(scope="module")
 def ties8(params8):
-    return {kind: tie(NET8, params8, images(kind, 4, 32), labels(4), CFG8, label_smoothing=ALPHA)
+    return {kind: tie(Point.of(NET8, params8, images(kind, 4, 32), labels(4), CFG8, label_smoothing=ALPHA))
             for kind in ("photos", "flat")}
 
 
 @pytest.fixture(scope="module")
 def ties34(params34):
-    return {kind: tie(NET34, params34, images(kind, 4, 32), labels(4), CFG34, label_smoothing=ALPHA)
+    return {kind: tie(Point.of(NET34, params34, images(kind, 4, 32), labels(4), CFG34, label_smoothing=ALPHA))
             for kind in ("photos", "flat")}
 
 
@@ -230,8 +231,7 @@ FD_NAMES = ["fc3.bias", "fc1.weight", "bn8.bias", "conv5.weight", "bn1.weight", 
 def test_nodes_are_derivatives_of_the_whole_loss_f64(params8, point8):
     x, t, point = point8
     grads = rendered.run(NET8, KIT, params8, x, t, CFG8, alpha=ALPHA).grads
-    rows = derivatives(NET8, params8, x, t, CFG8, grads, reference_grads=point.reference[1], key=jax.random.key(2),
-                       names=FD_NAMES, label_smoothing=ALPHA, loss_roundoff=point.envelope.loss)
+    rows = derivatives(point, grads, key=jax.random.key(2), names=FD_NAMES)
     assert [r.name for r in rows] == FD_NAMES
     assert all(r.verdict == "ok" for r in rows), [(r.name, r.verdict, r.rel, r.limit) for r in rows]
 
@@ -244,8 +244,9 @@ def test_census_tie_and_finite_differences_share_one_compiled_forward(params8, c
     forward = lambda x, cfg=CFG8: jax.block_until_ready(rendered.forward(NET8, params8, x, cfg))  # noqa: E731
     x3 = images("photos", 3, 32)
     some = {"fc3.bias": jnp.ones(10, jnp.float64)}     # the verdict is not what this test reads
-    derivatives(NET8, params8, x3, labels(3), CFG8, some, reference_grads=some, key=jax.random.key(2),
-                names=["fc3.bias"], label_smoothing=ALPHA)
+    unmeasured = Measured((0.0, some, None), Envelope({}, 0.0, ()), "real", 0)   # no oracle run
+    derivatives(Point.of(NET8, params8, x3, labels(3), CFG8, label_smoothing=ALPHA), some, key=jax.random.key(2),
+                names=["fc3.bias"], measured=unmeasured)
     assert compilations(lambda: forward(x3))[1] == 0
     x5 = images("photos", 5, 32)
     census.smoothness(NET8, params8, x5, CFG8)
@@ -257,8 +258,7 @@ def test_finite_differences_see_a_planted_bug(params8, point8):
     x, t, point = point8
     chain = bugs.plant("head_no_batch_divisor", NET8)
     grads = rendered.run(chain.net, chain.kit, params8, x, t, CFG8, alpha=ALPHA, how="quick").grads
-    rows = derivatives(NET8, params8, x, t, CFG8, grads, reference_grads=point.reference[1], key=jax.random.key(2),
-                       names=["fc3.bias"], label_smoothing=ALPHA, loss_roundoff=point.envelope.loss)
+    rows = derivatives(point, grads, key=jax.random.key(2), names=["fc3.bias"])
     assert rows[0].verdict == "FAILED" and rows[0].rendered == pytest.approx(4 * rows[0].fd, rel=1e-6)
 
 
@@ -282,9 +282,8 @@ def test_finite_difference_floors_read_the_oracle_not_the_chain(params8, point8)
     assert float(jnp.max(jnp.abs(inflated["fc3.weight"]))) > 1e5 * float(jnp.max(jnp.abs(real["fc3.weight"])))
 
     def rows(grads, ref):
-        return {r.name: r for r in derivatives(NET8, params8, x, t, CFG8, grads, reference_grads=ref,
-                                               key=jax.random.key(3), names=names, label_smoothing=ALPHA,
-                                               loss_roundoff=point.envelope.loss)}
+        measured = point.measured._replace(reference=(point.reference[0], ref, point.reference[2]))
+        return {r.name: r for r in derivatives(point, grads, key=jax.random.key(3), names=names, measured=measured)}
     good, bad = rows(real, point.reference[1]), rows(inflated, point.reference[1])
     assert bad["fc3.weight"].verdict == "FAILED" and good["fc3.weight"].verdict == "ok"
     for name in names[1:]:   # the same scale (envelope = its spread / scale), limit and verdict
@@ -328,7 +327,8 @@ def test_a_step_never_inside_the_smooth_piece_is_no_evidence_not_a_failure(param
     assert rep.exit_code == check.EXIT_TIED, rep.summary()
     assert "no evidence (a kink within the smallest step)" in rep.summary()
     # control: away from the kink (z = 1e-3) the same nodes are judged, and agree
-    far = check.check(NET8, _bn1_cell_at(params8, x, 1e-3), x, t, CFG8, label_smoothing=ALPHA, smoothness=False)
+    far = check.check(NET8, _bn1_cell_at(params8, x, 1e-3), x, t, CFG8, label_smoothing=ALPHA,
+                      options=check.CheckOptions(smoothness=False))
     far_fd = {r.name: r for r in far.fd_rows}
     assert all(far_fd[n].verdict == "ok" and not far_fd[n].kinked for n in ("conv1.weight", "bn1.weight", "bn1.bias"))
 
@@ -337,7 +337,7 @@ def test_a_step_never_inside_the_smooth_piece_is_no_evidence_not_a_failure(param
 
 @pytest.fixture(scope="module")
 def view8(params8):
-    return float32_view(NET8, params8, images("photos", 4, 32), labels(4), CFG8, label_smoothing=ALPHA)
+    return float32_view(Point.of(NET8, params8, images("photos", 4, 32), labels(4), CFG8, label_smoothing=ALPHA))
 
 
 def test_float32_view_passes_for_the_real_chain(view8):
@@ -351,7 +351,7 @@ def test_float32_view_passes_for_the_real_chain(view8):
 
 def test_float32_view_fails_for_a_planted_bug(params8):
     chain = bugs.plant("head_no_batch_divisor", NET8)
-    view = float32_view(NET8, params8, images("photos", 4, 32), labels(4), CFG8, chain=chain, label_smoothing=ALPHA)
+    view = float32_view(Point.of(NET8, params8, images("photos", 4, 32), labels(4), CFG8, label_smoothing=ALPHA), chain)
     assert not view.ok and view.net == "cifar8 + head_no_batch_divisor"
     assert {r.name for r in view.failed} >= {"fc3.bias", "fc3.weight", "bn8.bias", "conv1.weight", "input"}
     assert all(r.zero_in_reals or r.name == "loss" for r in view.rows if r.ok)   # only round-off rows survive
@@ -370,7 +370,7 @@ def test_float32_view_needs_float64():
     jax.config.update("jax_enable_x64", False)
     try:
         with pytest.raises(ValueError, match="jax_enable_x64"):
-            float32_view(NET8, {}, jnp.zeros((1, 3, 32, 32)), jnp.zeros(1, jnp.int32), CFG8)
+            float32_view(Point.of(NET8, {}, jnp.zeros((1, 3, 32, 32)), jnp.zeros(1, jnp.int32), CFG8))
     finally:
         jax.config.update("jax_enable_x64", True)
 

@@ -36,7 +36,7 @@ from ..nets.protocol import SMOOTHED_CE, Net, as_net
 from ..ops import batchnorm, conv, head, maxpool
 from ..parallel import uneven_split
 from . import census
-from .tie import Chain, NodeRow, TieReport, reference_at, targets_matrix, tie
+from .tie import Chain, NodeRow, Point, TieReport, tie
 
 
 @dataclass(frozen=True)
@@ -527,22 +527,19 @@ class CatalogueReport:
             for c in self.caught])
 
 
-def run(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Optional[Sequence[str]] = None,
-        replicas: int = 1, point=None, how: str = "eager") -> CatalogueReport:
-    """Every entry that applies to `net` (or those of `names`) planted in turn, each tied at the same
-    point against one shared reference and envelope. replicas > 1: the data-parallel entries,
-    through the mesh step (`tie.tie` on R replicas); else each planted chain runs `how`: "eager", op by
-    op (the default: the entries share their ops, not their programs), or "quick" (one program
-    each). label_smoothing > 0 so that every head entry plants something (`chosen`)."""
-    net = as_net(net)
-    planted = chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], replicas=replicas, cfg=cfg)
-    t = targets_matrix(targets, cfg.num_classes, x.dtype)
-    point = point or reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing)
+def run(point: Point, *, names: Optional[Sequence[str]] = None, replicas: int = 1, how: str = "eager") -> CatalogueReport:
+    """Every entry that applies to the point's net (or those of `names`) planted in turn, each tied at
+    the point (`tie.Point`) against its one reference and envelope. replicas > 1: the data-parallel
+    entries, through the mesh step (`tie.tie` on R replicas); else each planted chain runs `how`:
+    "eager", op by op (the default: the entries share their ops, not their programs), or "quick" (one
+    program each). Give the point a label smoothing > 0 (0.1, say) so that every head entry plants
+    something (`chosen`)."""
+    net, cfg = point.net, point.cfg
+    planted = chosen(net, names, label_smoothing=point.alpha, batch=point.batch, replicas=replicas, cfg=cfg)
 
     def verdict(chain: Chain, uneven: bool = False):   # uneven: at the split the last batch of an epoch has
-        return tie(net, params, x, t, cfg, label_smoothing=label_smoothing, point=point, chain=chain,
-                   how="compiled" if not chain.planted else how, replicas=replicas,
-                   counts=uneven_split(x.shape[0], replicas) if uneven else None)
+        return tie(point, chain, how="compiled" if not chain.planted else how, replicas=replicas,
+                   counts=uneven_split(point.batch, replicas) if uneven else None)
 
     real = verdict(Chain(net))
     caught = [Caught(b.name, b.family, net.name, verdict(plant(b.name, net, cfg), b.needs_uneven)) for b in planted]
@@ -560,5 +557,5 @@ def non_twin_tie(net, params, x_flat, targets, cfg, *, label_smoothing: float = 
     net = as_net(net)
     point = census.planted_tie(net, params)
     smooth = census.smoothness(net, point, x_flat, cfg)
-    rep = tie(net, point, x_flat, targets, cfg, label_smoothing=label_smoothing, freeze_ties=False)
+    rep = tie(Point.of(net, point, x_flat, targets, cfg, label_smoothing=label_smoothing, freeze_ties=False))
     return Caught("non_twin_tie", "a point", net.name, rep, smooth)

@@ -100,17 +100,18 @@ class Envelope:
     evaluations: tuple[str, ...]  # what each sample was
 
 
-def measure(net, params: dict, x, targets, cfg, reference, *, dtype: str, key, alpha: float = 0.0,
-            selections: Optional[dict] = None, nudges: int = tol.ENVELOPE_NUDGES,
+def measure(point, reference, *, selections: Optional[dict] = None, nudges: int = tol.ENVELOPE_NUDGES,
             oracle: Callable = reference_.compiled, nudged: Sequence[str] = ("params", "x")) -> Envelope:
-    """The envelope of every node of `net` at (params, x): the autodiff oracle (`reference.oracle`,
-    or `oracle` with its signature, e.g. a VJP at a cotangent given as `targets`) at each sample,
-    against `reference`, its float64 (loss, grads, dx) at the point."""
+    """The envelope of every node of the point's net at the point (`tie.Point`, read at its exact
+    float64 widening, in its checked dtype, with its key and α): the autodiff oracle
+    (`reference.oracle`, or `oracle` with its signature, e.g. a VJP at a cotangent held as the
+    point's `targets`) at each sample, against `reference`, its float64 (loss, grads, dx) there."""
+    params, x, targets = point.wide
     outputs, labels = [], []
-    for s in samples({"params": params, "x": x, "targets": targets, "selections": selections}, dtype=dtype, key=key,
-                     nudged=nudged, batched=("x", "targets", "selections"), nudges=nudges):
+    for s in samples({"params": params, "x": x, "targets": targets, "selections": selections}, dtype=point.dtype,
+                     key=point.key, nudged=nudged, batched=("x", "targets", "selections"), nudges=nudges):
         v = tree_to_device(s.values)
-        loss, g, dx = oracle(net, v["params"], v["x"], v["targets"], cfg, alpha, v["selections"])
+        loss, g, dx = oracle(point.net, v["params"], v["x"], v["targets"], point.cfg, point.alpha, v["selections"])
         outputs.append((loss, dict(g), unorder(dx, s.order)))
         labels.append(s.label)
     loss_w, g_w, dx_w = spread((reference[0], dict(reference[1]), reference[2]), outputs)

@@ -231,12 +231,13 @@ class FDRow:
         return f"{'agree' if self.ok else 'DISAGREE'} ({figures})"
 
 
-def row(name: str, d_h: float, dot: float, ref: float, h: float, env: float, *, floor: float,
-        factor: float = tol.FD_FACTOR, kinked: bool = False) -> FDRow:
-    """D(h) against a node's ⟨·, v⟩ `dot`, in units of max(|D(h)|, |ref|, floor) (ref: the oracle's
-    ⟨·, v⟩), held to max(factor × envelope, FD_REL)."""
-    scale = max(abs(d_h), abs(ref), floor)
-    return FDRow(name, d_h, dot, abs(d_h - dot) / scale, max(factor * env / scale, tol.FD_REL), h, env / scale, kinked)
+def row(name: str, step: Step, dot: float, ref: float, *, floor: float, factor: float = tol.FD_FACTOR) -> FDRow:
+    """The step's D(h) against a node's ⟨·, v⟩ `dot`, in units of max(|D(h)|, |ref|, floor) (ref: the
+    oracle's ⟨·, v⟩), held to max(factor × the step's envelope, FD_REL); a step outside the point's
+    smooth piece is no evidence (a kink)."""
+    scale = max(abs(step.d), abs(ref), floor)
+    return FDRow(name, step.d, dot, abs(step.d - dot) / scale, max(factor * step.envelope / scale, tol.FD_REL),
+                 step.h, step.envelope / scale, not step.inside)
 
 
 @partial(jax.jit, static_argnums=(0, 1, 4))
@@ -250,18 +251,23 @@ def _suffix_probe(net: Net, start: int, params, h, cfg, targets, alpha, here):
     return net.loss.value(logits, targets, alpha), same
 
 
-def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: dict, key, names=None,
-                label_smoothing: float = 0.0, loss_roundoff: float = 0.0, dx=None, reference_dx=None,
-                factor: float = tol.FD_FACTOR, progress: bool = False) -> list[FDRow]:
-    """One `row` per node in `names` (default: all, then "input" when `dx` is given): D(h) along a
-    random unit direction (drawn on the host) against ⟨rendered node, v⟩ (grads, dx), scaled by the
-    oracle's (reference_grads, reference_dx), at the `best_step` from FD_STEP (or twice the last
-    node's: a point's nodes keep to similar radii), each end one probe from the node's stage on.
-    loss_roundoff: ε_L, the loss's round-off spread (`Envelope.loss`). targets: [N,K]. progress: a bar."""
-    net = as_net(net)
-    names = list(params) + (["input"] if dx is not None else []) if names is None else list(names)
-    params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
-    x, t, alpha = jnp.asarray(x, jnp.float64), jnp.asarray(targets, jnp.float64), jnp.float64(label_smoothing)
+def derivatives(point, grads: dict, *, dx=None, key=None, names=None, measured=None, factor: float = tol.FD_FACTOR,
+                progress: bool = False) -> list[FDRow]:
+    """One `row` per node in `names` (default: all, then "input" when `dx` is given and the
+    point's input gradient is the real net's): D(h) along a random unit direction (drawn on the
+    host from `key`) against ⟨rendered node, v⟩ (grads, dx), scaled by the oracle's, at the
+    `best_step` from FD_STEP (or twice the last node's: a point's nodes keep to similar radii), each
+    end one probe from the node's stage on. point: `tie.Point`, read at its float64 widening.
+    measured: the oracle and envelope (`tie.Measured`: the scale's reference, the loss's round-off
+    ε_L = `Envelope.loss`, the input model), default the point's own. progress: a bar."""
+    net, cfg = point.net, point.cfg
+    measured = point.measured if measured is None else measured
+    _, reference_grads, dx_ref = measured.reference
+    loss_roundoff = measured.envelope.loss
+    real_input = dx is not None and measured.input_model == "real"   # no input row at a tie frozen at σ
+    names = list(point.params) + (["input"] if real_input else []) if names is None else list(names)
+    params, x, t = point.wide
+    alpha = jnp.float64(point.alpha)
     stage_list = net.stage_list(cfg)
     # a probe starts at the first stage or one that is not an identity block (ResNet-34: stem, the
     # downsample blocks, head): one compiled probe each; every stage would save a third of the
@@ -272,11 +278,11 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: d
     missing = [n for n in names if n not in entry_of]
     if missing:
         raise ValueError(f"fd.derivatives: {missing} are not parameters of any stage of {net.name}")
-    if "input" in names and (dx is None or reference_dx is None):
-        raise ValueError("fd.derivatives: the input row needs dx and reference_dx")
+    if "input" in names and not real_input:
+        raise ValueError("fd.derivatives: the input row needs dx, at a point whose input gradient is the real net's")
     _, saved, inputs = rendered.forward(net, params, x, cfg)   # the tie's and the census's program
     here = piece_of(net, saved)
-    rendered_of, reference_of = dict(grads, input=dx), dict(reference_grads, input=reference_dx)
+    rendered_of, reference_of = dict(grads, input=dx), dict(reference_grads, input=dx_ref)
     gnorm = max(float(np.linalg.norm(np.asarray(g))) for g in reference_grads.values())
     rows, h, rng = [], tol.FD_STEP, prng.host_rng(key)
     for name in bar(names, desc="finite differences", enabled=progress):
@@ -291,10 +297,10 @@ def derivatives(net, params, x, targets, cfg, grads: dict, *, reference_grads: d
             loss, same = jax.device_get(_suffix_probe(net, start, p, y, cfg, t, alpha, here))
             return float(loss), bool(same)
 
-        h, d_h, env, inside = best_step(KnownPiece(end), min(tol.FD_STEP, 2 * h), roundoff=loss_roundoff)
+        step = best_step(KnownPiece(end), min(tol.FD_STEP, 2 * h), roundoff=loss_roundoff)
+        h = step.h
         dot, ref = (float(np.vdot(np.asarray(g[name], np.float64), v)) for g in (rendered_of, reference_of))
-        rows.append(row(name, d_h, dot, ref, h, env, floor=tol.ZERO_NODE_FLOOR * gnorm, factor=factor,
-                        kinked=not inside))
+        rows.append(row(name, step, dot, ref, floor=tol.ZERO_NODE_FLOOR * gnorm, factor=factor))
     return rows
 
 

@@ -33,7 +33,7 @@ from ..host import to_device, tree_to_device
 from ..kit import KIT
 from ..nets.protocol import Net, Pass, as_net
 from . import census, envelope as env_
-from .tie import (Chain, NodeRow, TieReport, bn_cells, checked_dtype, compare, degenerate, degenerate_text,
+from .tie import (Chain, NodeRow, Point, TieReport, bn_cells, checked_dtype, compare, degenerate, degenerate_text,
                   frozen_selections, node_cells, reference_at, report, targets_matrix, tie, zero_in_reals)
 
 LEVELS = ("stages", "layers")
@@ -107,16 +107,29 @@ def _stage_vjps(net: Net, cfg, names: tuple, kit_at, params, inputs, dys, select
             for s in net.stage_list(cfg) if s.name in names}
 
 
-def _tie_stages(net: Net, cfg, names, params, inputs, dys, got: dict, *, dtype: str, key, selections,
-                cells: dict, factor: float, zero_nodes: set, kit_at: Optional[Callable] = None,
-                kit_args: tuple = (None, None)) -> list[TieReport]:
-    """One TieReport per stage in `names`: the rendered (grads, dx) in `got` against the stage's
-    float64 VJP at the same (exactly widened) input and cotangent, each row within factor × the
-    stage's envelope. kit_at(*kit_args): the kit the stages' forwards run through (None: KIT);
-    kit_args: (arrays batched on axis 0, the rest), reversed with the batch, never nudged."""
-    names = tuple(names)
-    values = {"params": params, "inputs": {k: inputs[k] for k in names}, "dys": {k: dys[k] for k in names},
-              "selections": selections, "kit_batched": kit_args[0], "kit_fixed": kit_args[1]}
+class StageSide(NamedTuple):
+    """What stage ties read at a point: the parameters, each stage's input and the cotangent at its
+    output, the rendered (grads, dx) of each stage (`got`), σ where pools tie (or None) and M per node."""
+    params: dict
+    inputs: dict
+    dys: dict
+    got: dict
+    selections: Optional[dict] = None
+    cells: Optional[dict] = None
+
+
+def _tie_stages(net: Net, cfg, side: StageSide, *, dtype: str, key, factor: float,
+                kit: tuple = (None, (None, None))) -> list[TieReport]:
+    """One TieReport per stage in `side.got`: the rendered (grads, dx) against the stage's float64
+    VJP at the same (exactly widened) input and cotangent, each row within factor × the stage's
+    envelope. kit = (kit_at, kit_args): the kit the stages' forwards run through, kit_at(*kit_args)
+    (None: KIT); kit_args: (arrays batched on axis 0, the rest), reversed with the batch, never nudged."""
+    kit_at, kit_args = kit
+    names = tuple(side.got)
+    cells, zero_nodes = side.cells or {}, zero_in_reals(side.params)
+    values = {"params": side.params, "inputs": {k: side.inputs[k] for k in names},
+              "dys": {k: side.dys[k] for k in names}, "selections": side.selections,
+              "kit_batched": kit_args[0], "kit_fixed": kit_args[1]}
     vjps = lambda v: _stage_vjps(net, cfg, names, kit_at, v["params"], v["inputs"], v["dys"],  # noqa: E731
                                  v["selections"], (v["kit_batched"], v["kit_fixed"]))
     ref = vjps({k: tree_to_device(v, None if k == "selections" else np.float64) for k, v in values.items()})
@@ -130,12 +143,12 @@ def _tie_stages(net: Net, cfg, names, params, inputs, dys, got: dict, *, dtype: 
     reports = []
     for stage in (st for st in net.stage_list(cfg) if st.name in names):
         name = stage.name
-        (g_r, dx_r), (g_o, dx_o), (g_w, dx_w) = got[name], ref[name], worst[name]
+        (g_r, dx_r), (g_o, dx_o), (g_w, dx_w) = side.got[name], ref[name], worst[name]
         rows = compare({k: g_r[k] for k in stage.params}, {k: g_o[k] for k in stage.params},
                        envelope={**g_w, "input": dx_w}, factor=factor, floor=floor,
                        zero_nodes=zero_nodes & set(stage.params), dx=(dx_r, dx_o),
                        cells={k: cells[k] for k in stage.params if k in cells})
-        cot = float(np.max(np.abs(np.asarray(dys[name], np.float64))))
+        cot = float(np.max(np.abs(np.asarray(side.dys[name], np.float64))))
         reports.append(TieReport(name, np.dtype(dtype).name, rows, 0.0, 0.0,
                                  meta={"kind": stage.kind, "lean": net.stage_lean.get(stage.kind, ""),
                                        "cotangent_max": cot, "envelope_evaluations": labels, "factor": factor}))
@@ -148,9 +161,8 @@ def _ties(net: Net, cfg, rec: Record, *, dtype: str, key, factor: float, selecti
     loss cotangent when it starts from the loss -> (stage reports, loss-cotangent report or None)."""
     stage_list = net.stage_list(cfg)
     got = {s.name: ({k: rec.grads[k] for k in s.params}, rec.handed_on(s.name)) for s in stage_list}
-    reports = _tie_stages(net, cfg, [s.name for s in stage_list], rec.params, rec.inputs, rec.cotangents, got,
-                          dtype=dtype, key=key, selections=selections, cells=cells, factor=factor,
-                          zero_nodes=zero_in_reals(rec.params), kit_at=kit_at, kit_args=kit_args)
+    reports = _tie_stages(net, cfg, StageSide(rec.params, rec.inputs, rec.cotangents, got, selections, cells),
+                          dtype=dtype, key=key, factor=factor, kit=(kit_at, kit_args))
     return reports, None if rec.loss is None else _cotangent_report(net, rec, dtype=dtype, factor=factor,
                                                                     key=jax.random.fold_in(key, 1))
 
@@ -186,7 +198,7 @@ class Parting:
     row: NodeRow        # its first failing row in backward order
 
     def summary(self) -> str:
-        return (f"rendered and VJP first part at {self.stage} ({self.kind}): {self.row.name} off by "
+        return (f"rendered and VJP first differ at {self.stage} ({self.kind}): {self.row.name} off by "
                 f"{self.row.ratio:.2g}× its limit")
 
     def as_dict(self) -> dict[str, str]:
@@ -275,11 +287,12 @@ class StageReport:
                 "stages": [t.as_dict() for t in self.ties]}
 
 
-def _point(net: Net, params, x, cfg):
-    """σ at the float64 point (where a window ties at a positive maximum), and M per node."""
-    p64, x64 = tree_to_device((params, x), np.float64)
-    sel, ties = frozen_selections(net, p64, x64, cfg)
-    return sel, ties, node_cells(params, bn_cells(net, p64, x64, cfg))
+def _point(net: Net, point) -> tuple[Optional[dict], int, dict]:
+    """σ at the float64 point (where a window ties at a positive maximum) and M per node, for `net`
+    (the point's net or its finer stages) at the point's exact widening."""
+    p64, x64, _ = point.wide
+    sel, ties = frozen_selections(net, p64, x64, point.cfg)
+    return sel, ties, node_cells(point.params, bn_cells(net, p64, x64, point.cfg))
 
 
 def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
@@ -296,17 +309,16 @@ def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
     return rows
 
 
-def stage_ties(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, dlogits=None,
-               level: str = "stages", chain: Optional[Chain] = None, key: Optional[jax.Array] = None,
+def stage_ties(point: Point, *, chain: Optional[Chain] = None, level: str = "stages", dlogits=None,
                factor: float = tol.ENVELOPE_FACTOR, rec: Optional[Record] = None) -> StageReport:
-    """Tie every stage of a rendered chain of `net` (`record`'s) to the float64 VJP of that stage
-    alone at the cotangent the chain hands it, from the loss's cotangent (`targets`; the loss
-    cotangent is then tied too) or from `dlogits`. level "layers": the net's finer stages
-    (`Net.layers`), their composition checked against the stages. Where a pool window ties at a
-    positive maximum, the stages read it frozen at σ = argmax, as the whole-net tie does."""
-    net = as_net(net)
-    dtype = checked_dtype("stage_ties", x)
-    key = jax.random.key(0) if key is None else key
+    """Tie every stage of a rendered chain of the point's net (`record`'s) to the float64 VJP of that
+    stage alone at the cotangent the chain hands it, from the loss's cotangent (the point's targets;
+    the loss cotangent is then tied too) or from `dlogits` (a point without targets). level
+    "layers": the net's finer stages (`Net.layers`), their composition checked against the stages.
+    Where a pool window ties at a positive maximum, the stages read it frozen at σ = argmax, as the
+    whole-net tie does. The envelopes' draws come from the point's key (None: key(0))."""
+    net, cfg = point.net, point.cfg
+    dtype, key = point.dtype, jax.random.key(0) if point.key is None else point.key
     if level not in LEVELS:
         raise ValueError(f"level {level!r}: expected one of {', '.join(LEVELS)}")
     if level == "layers" and net.layers is None:
@@ -315,15 +327,16 @@ def stage_ties(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, dl
     fine_net = net.layers if level == "layers" else net
     if chain is not None and level == "layers" and chain.net is not net:
         raise ValueError("stage_ties: a planted net definition has no finer stages; plant a kit bug instead")
-    rec = rec or record(net, params, x, cfg, targets=targets, label_smoothing=label_smoothing, dlogits=dlogits,
-                        chain=chain)
+    targets = None if dlogits is not None else point.targets
+    rec = rec or record(net, point.params, point.x, cfg, targets=targets, label_smoothing=point.alpha,
+                        dlogits=dlogits, chain=chain)
     composition = []
     if level == "layers":
-        fine = record(fine_net, params, x, cfg, targets=targets, label_smoothing=label_smoothing, dlogits=dlogits,
-                      chain=Chain(fine_net, rec.chain.kit, rec.chain.planted))
+        fine = record(fine_net, point.params, point.x, cfg, targets=targets, label_smoothing=point.alpha,
+                      dlogits=dlogits, chain=Chain(fine_net, rec.chain.kit, rec.chain.planted))
         composition = _composition(rec, fine, cfg)
         rec = fine
-    sel, ties, cells = _point(fine_net, params, x, cfg)
+    sel, ties, cells = _point(fine_net, point)
     reports, cot = _ties(fine_net, cfg, rec, dtype=dtype, key=key, factor=factor, selections=sel, cells=cells)
     return StageReport(rec.chain.label, dtype, level, reports, cot, composition,
                        meta={"input_model": "frozen" if sel is not None else "real", "tied_windows": ties})
@@ -345,21 +358,20 @@ def _net_vjp(net: Net, params, x, dy, cfg, alpha, selections):
                                 cotangent=dy))
 
 
-def cotangent_tie(net, params, x, dlogits, cfg, *, chain: Optional[Chain] = None, key: Optional[jax.Array] = None,
-                  factor: float = tol.ENVELOPE_FACTOR, rec: Optional[Record] = None) -> TieReport:
+def cotangent_tie(point: Point, dlogits, *, chain: Optional[Chain] = None, factor: float = tol.ENVELOPE_FACTOR,
+                  rec: Optional[Record] = None) -> TieReport:
     """The whole rendered chain from an arbitrary cotangent at the logits, against `jax.vjp` of the
     forward at it: every parameter node and the input cotangent, each within factor × the point's
     envelope (the VJP with the batch reversed and at unit-roundoff nudges of the image, the
-    cotangent and the parameters). `r34InputGradB_correct` and `cifar8BbnInputGradB_correct` hold
-    at every loss cotangent dy, not only at the cross-entropy one."""
-    net = as_net(net)
-    dtype = checked_dtype("cotangent_tie", x)
-    rec = rec or record(net, params, x, cfg, dlogits=dlogits, chain=chain)
-    sel, ties, cells = _point(net, params, x, cfg)
-    p64, x64, d64 = tree_to_device((params, x, rec.dlogits), np.float64)
-    ref = _net_vjp(net, p64, x64, d64, cfg, 0.0, sel)
-    envelope = env_.measure(net, p64, x64, d64, cfg, ref, dtype=dtype, key=key, selections=sel, oracle=_net_vjp,
-                            nudged=("params", "x", "targets"))
+    cotangent and the parameters; draws from the point's key). `r34InputGradB_correct` and
+    `cifar8BbnInputGradB_correct` hold at every loss cotangent dy, not only at the cross-entropy one."""
+    net, params, dtype = point.net, point.params, point.dtype
+    rec = rec or record(net, params, point.x, point.cfg, dlogits=dlogits, chain=chain)
+    sel, ties, cells = _point(net, point)
+    at_dy = Point(net, point.cfg, params, point.x, rec.dlogits, 0.0, point.key)   # the cotangent where targets sit
+    p64, x64, d64 = at_dy.wide
+    ref = _net_vjp(net, p64, x64, d64, point.cfg, 0.0, sel)
+    envelope = env_.measure(at_dy, ref, selections=sel, oracle=_net_vjp, nudged=("params", "x", "targets"))
     rows = compare(rec.grads, {k: ref[1][k] for k in params}, envelope=envelope.nodes, factor=factor,
                    floor=tol.FLOORS[dtype], zero_nodes=zero_in_reals(params), dx=(rec.dx, ref[2]), cells=cells)
     return TieReport(f"{rec.chain.label} at a given cotangent", dtype, rows, 0.0, 0.0,
@@ -389,8 +401,8 @@ def tie_at(net, params, stage: str, h, dy, cfg, *, key: Optional[jax.Array] = No
     if stage not in names:
         raise ValueError(f"tie_at: stage {stage!r}: expected one of {', '.join(names)}")
     got = rendered_side if rendered_side is not None else _stage_at(net, stage, params, h, dy, cfg)
-    (rep,) = _tie_stages(net, cfg, (stage,), params, {stage: h}, {stage: dy}, {stage: got}, dtype=dtype, key=key,
-                         selections=None, cells={}, factor=factor, zero_nodes=zero_in_reals(params))
+    (rep,) = _tie_stages(net, cfg, StageSide(params, {stage: h}, {stage: dy}, {stage: got}), dtype=dtype, key=key,
+                         factor=factor)
     return rep
 
 
@@ -483,6 +495,6 @@ def sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int
         x = images(n)
         smooth = census.smoothness(net, p64, to_device(x, np.float64), cfg)
         flat = degenerate(bn_cells(net, p64, x, cfg))
-        rows.append(SweepRow(n, smooth, tie(net, params, x, labels(n), cfg, label_smoothing=label_smoothing,
-                                            key=jax.random.fold_in(key, n)) if smooth.ok and not flat else None, flat))
+        at = Point.of(net, params, x, labels(n), cfg, label_smoothing=label_smoothing, key=jax.random.fold_in(key, n))
+        rows.append(SweepRow(n, smooth, tie(at) if smooth.ok and not flat else None, flat))
     return Sweep(net.name, rows)

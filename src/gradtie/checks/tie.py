@@ -10,9 +10,9 @@ every row is held to the point's own round-off envelope (`checks.envelope`). Sho
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
-from functools import partial
-from typing import Any, Optional
+from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property, partial
+from typing import Any, NamedTuple, Optional
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +24,7 @@ from ..host import to_device, tree_to_device
 from ..nets.layers import zero_in_reals
 from ..nets.protocol import Net, as_net
 from ..ops import maxpool
-from ..ops.head import targets_matrix
+from ..ops.head import as_targets, targets_matrix  # noqa: F401 (targets_matrix: the checks read it here)
 from ..rendered import Chain
 from . import envelope as env_
 
@@ -335,15 +335,127 @@ def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict
     return rows
 
 
-@dataclass(frozen=True)
-class Point:
-    """What every tie at one point shares: the float64 reference and the point's envelope."""
-    dtype: str                   # the dtype the envelope was measured for
+class Measured(NamedTuple):
+    """What a point's ties share, measured once: the float64 oracle and the round-off envelope."""
     reference: tuple             # the float64 oracle's (loss, grads, dx)
     envelope: env_.Envelope
     input_model: str             # "real", or "frozen" (pools frozen at σ = argmax: ties at a positive max)
     tied_windows: int
-    bn_cells: dict[str, int]     # M per BatchNorm layer
+
+
+@dataclass(frozen=True, eq=False)
+class Point:
+    """One checked point, built and validated once where input enters (`Point.of`: `gradtie check`,
+    `gradtie.check`, a chapter) and handed to every check: the `Net` and its config, the parameters
+    and the images in the checking dtype (float64 or float32), the target rows [N,K] in that dtype,
+    α (label smoothing), the key of its envelope's draws, and whether pool ties are read frozen at
+    σ. What the checks derive from it is derived once and kept: the exact float64 widening
+    (`wide`), the float64 oracle and the point's round-off envelope (`measured`), the BatchNorm
+    reduction sizes (`bn_cells`) and the smoothness census (`census`). Built directly (not through
+    `of`), `targets` may hold any cotangent-shaped array (a cotangent tie's dlogits)."""
+    net: Net
+    cfg: Any
+    params: dict
+    x: jax.Array
+    targets: Optional[jax.Array]
+    alpha: float = 0.0
+    key: Optional[jax.Array] = None
+    freeze_ties: bool = True
+
+    @classmethod
+    def of(cls, net, params: dict, x, targets=None, cfg=None, *, label_smoothing: float = 0.0,
+           key: Optional[jax.Array] = None, freeze_ties: bool = True) -> "Point":
+        """The point, validated: `net` a `Net`; x [N,C,H,W] float64 or float32 (which needs
+        jax_enable_x64: the oracle is float64); every parameter a float array in x's dtype;
+        targets int labels [N] or rows [N,K] summing to 1 (None: no loss at this point);
+        0 ≤ label_smoothing < 1. A clear ValueError names what is wrong."""
+        net = as_net(net)
+        cfg = net.cfg(cfg)
+        dtype = checked_dtype(net.name, x)
+        if not isinstance(params, dict) or not params:
+            raise ValueError(f"{net.name}: params must be a dict of arrays by name, got {type(params).__name__}")
+        wrong = [f"{k} ({np.dtype(jnp.result_type(v)).name})" for k, v in params.items()
+                 if np.dtype(jnp.result_type(v)).name != dtype]
+        if wrong:
+            raise ValueError(f"{net.name}: the parameters must be in the checked dtype {dtype} (that of x): "
+                             f"{', '.join(wrong[:4])}{' …' if len(wrong) > 4 else ''}")
+        alpha = float(label_smoothing)
+        if not 0.0 <= alpha < 1.0:
+            raise ValueError(f"{net.name}: label_smoothing {label_smoothing}: expected 0 ≤ α < 1")
+        if targets is not None:
+            targets = as_targets(net.name, targets, int(x.shape[0]), cfg.num_classes, dtype)
+        return cls(net, cfg, {k: to_device(v) for k, v in params.items()}, to_device(x), targets, alpha, key,
+                   freeze_ties)
+
+    @property
+    def dtype(self) -> str:
+        """The checked dtype: the rendered chain's, the envelope's."""
+        return np.dtype(self.x.dtype).name
+
+    @property
+    def batch(self) -> int:
+        return int(self.x.shape[0])
+
+    @cached_property
+    def wide(self) -> tuple[dict, jax.Array, Optional[jax.Array]]:
+        """(params, x, targets) widened exactly to float64: the oracle's and the census's point."""
+        return tree_to_device((self.params, self.x, self.targets), np.float64)
+
+    @cached_property
+    def bn_cells(self) -> dict[str, int]:
+        """M per BatchNorm layer (`bn_cells`), from shapes alone."""
+        return bn_cells(self.net, self.params, self.x, self.cfg)
+
+    @cached_property
+    def measured(self) -> Measured:
+        """The float64 oracle at the widened point and its envelope for the checked dtype; pools
+        with a tie at a positive maximum frozen at σ unless freeze_ties is False (the real net's
+        input gradient even there: the non-twin tie control)."""
+        p64, x64, _ = self.wide
+        sel, ties = frozen_selections(self.net, p64, x64, self.cfg) if self.freeze_ties else (None, 0)
+        ref = reference_.compiled(self.net, p64, x64, self.wide[2], self.cfg, self.alpha, sel)
+        envelope = env_.measure(self, ref, selections=sel)
+        return Measured(ref, envelope, "frozen" if sel is not None else "real", ties)
+
+    @property
+    def reference(self) -> tuple:
+        return self.measured.reference
+
+    @property
+    def envelope(self) -> env_.Envelope:
+        return self.measured.envelope
+
+    @property
+    def input_model(self) -> str:
+        return self.measured.input_model
+
+    @property
+    def tied_windows(self) -> int:
+        return self.measured.tied_windows
+
+    @cached_property
+    def census(self):
+        """The smooth-point census (`census.smoothness`), read at the float64 point with the real
+        loss's precision (a bf16 chain rounds conv outputs to 8 bits, which makes exact ties
+        between cells that are not twins)."""
+        from . import census
+        p64, x64, _ = self.wide
+        return census.smoothness(self.net, p64, x64, replace(self.cfg, bf16=False, policy="tie"))
+
+    def with_key(self, key: Optional[jax.Array]) -> "Point":
+        """The same point with another key for its envelope's draws (its widening and census kept)."""
+        moved = replace(self, key=key)
+        for kept in ("wide", "bn_cells", "census"):
+            if kept in self.__dict__:
+                moved.__dict__[kept] = self.__dict__[kept]
+        return moved
+
+    def in_dtype(self, dtype: str) -> "Point":
+        """The point rounded to `dtype` (float64 or float32): its own oracle and envelope."""
+        if dtype not in tol.FLOORS:
+            raise ValueError(f"dtype {dtype!r}: expected float64 or float32")
+        return replace(self, params={k: to_device(v, dtype) for k, v in self.params.items()},
+                       x=to_device(self.x, dtype), targets=None if self.targets is None else to_device(self.targets, dtype))
 
 
 def need_x64(op: str) -> None:
@@ -362,18 +474,11 @@ def checked_dtype(op: str, x) -> str:
 
 def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
                  key: Optional[jax.Array] = None, freeze_ties: bool = True) -> Point:
-    """The float64 oracle at the exactly widened (params, x) and the point's envelope for the dtype
-    of x, with what the report states about them (the input model, the BatchNorm reduction sizes).
-    freeze_ties=False keeps the real net's input gradient even where pool windows tie."""
-    net = as_net(net)
-    dtype = checked_dtype("reference_at", x)
-    p64, x64 = tree_to_device((params, x), np.float64)
-    t64 = targets_matrix(targets, cfg.num_classes, jnp.float64)
-    alpha = float(label_smoothing)
-    sel, ties = frozen_selections(net, p64, x64, cfg) if freeze_ties else (None, 0)
-    ref = reference_.compiled(net, p64, x64, t64, cfg, alpha, sel)
-    envelope = env_.measure(net, p64, x64, t64, cfg, ref, dtype=dtype, key=key, alpha=alpha, selections=sel)
-    return Point(dtype, ref, envelope, "frozen" if sel is not None else "real", ties, bn_cells(net, p64, x64, cfg))
+    """The point (`Point.of`) with its float64 oracle and envelope measured: what several ties
+    share. freeze_ties=False keeps the real net's input gradient even where pool windows tie."""
+    point = Point.of(net, params, x, targets, cfg, label_smoothing=label_smoothing, key=key, freeze_ties=freeze_ties)
+    point.measured
+    return point
 
 
 def report(label: str, params, rendered_side: tuple, point: Point, *, factor: float = tol.ENVELOPE_FACTOR,
@@ -396,56 +501,49 @@ def report(label: str, params, rendered_side: tuple, point: Point, *, factor: fl
     return TieReport(label, point.dtype, rows, float(loss_r), float(loss_o), meta)
 
 
-def tie(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, chain: Optional[Chain] = None,
-        point: Optional[Point] = None, key: Optional[jax.Array] = None, factor: float = tol.ENVELOPE_FACTOR,
-        freeze_ties: bool = True, how: Optional[str] = None, replicas: int = 1,
-        counts: Optional[tuple[int, ...]] = None, sync_bn: bool = True, devices=None) -> TieReport:
+def tie(point: Point, chain: Optional[Chain] = None, *, factor: float = tol.ENVELOPE_FACTOR,
+        how: Optional[str] = None, replicas: int = 1, counts: Optional[tuple[int, ...]] = None,
+        sync_bn: bool = True, devices=None) -> TieReport:
     """Tie every parameter node, the input cotangent and the loss of a rendered chain to autodiff
-    of `net` at (params, x), each row within max(factor × the point's envelope, the dtype's floor).
+    of the point's net at the point (`Point`: built once, `Point.of` or `reference_at`), each row
+    within max(factor × the point's envelope, the dtype's floor).
 
-    chain: the rendered side (default: `net` through the real kit; `checks.bugs.plant` plants a
-    bug), run in the dtype of params and x (float64 or float32); the reference is `reference_at`'s
-    (`point`, when several ties share it; freeze_ties=False: the real net's input gradient even at
-    a tie, the non-twin tie control). how: `rendered.run`'s (default: compiled for the real chain,
-    quick for a planted one). replicas R > 1, counts (n_1, …, n_R), or devices: the data-parallel step
-    on a mesh of R `devices` (default `jax.devices()`; R = 1 too), replica r holding N = batch/R of x's rows, or n_r
-    (padded on the mesh), tied to the same single-device oracle at x (`r34_net_syncTiedB`: the
-    all-reduced nodes are the single-device nodes at N := R·N); sync_bn=False: per-replica
-    BatchNorm (the control that must fail).
+    chain: the rendered side (default: the net through the real kit; `checks.bugs.plant` plants a
+    bug), run in the point's dtype (float64 or float32); the reference and envelope are the
+    point's, measured once however many ties share it. how: `rendered.run`'s (default: compiled for
+    the real chain, quick for a planted one). replicas R > 1, counts (n_1, …, n_R), or devices: the
+    data-parallel step on a mesh of R `devices` (default `jax.devices()`; R = 1 too), replica r
+    holding N = batch/R of x's rows, or n_r (padded on the mesh), tied to the same single-device
+    oracle at x (`r34_net_syncTiedB`: the all-reduced nodes are the single-device nodes at N :=
+    R·N); sync_bn=False: per-replica BatchNorm (the control that must fail).
     """
-    net = as_net(net)
-    chain = chain or Chain(net)
-    dtype = checked_dtype("tie", x)
-    t = targets_matrix(targets, cfg.num_classes, x.dtype)
+    if not isinstance(point, Point):
+        raise TypeError(f"tie: give the Point (tie.Point.of(net, params, x, targets, cfg)), got {type(point).__name__}")
+    chain = chain or Chain(point.net)
     if counts is not None:
-        counts = parallel.check_counts("tie", counts, len(tuple(counts)), int(x.shape[0]))
+        counts = parallel.check_counts("tie", counts, len(tuple(counts)), point.batch)
         if replicas not in (1, len(counts)):
             raise ValueError(f"tie: replicas {replicas} but {len(counts)} counts {counts}")
         replicas = len(counts)
-    if point is None:
-        point = reference_at(net, params, x, t, cfg, label_smoothing=label_smoothing, key=key, freeze_ties=freeze_ties)
-    elif point.dtype != dtype:
-        raise ValueError(f"tie: the shared point was measured for {point.dtype}, the chain runs in {dtype}")
+    params, x, t, cfg = point.params, point.x, point.targets, point.cfg
     if replicas == 1 and counts is None and devices is None:
-        out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=label_smoothing,
-                           how=how or ("compiled" if chain == Chain(net) else "quick"))
+        out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=point.alpha,
+                           how=how or ("compiled" if chain == Chain(point.net) else "quick"))
         return report(chain.label, params, (out.loss, out.grads, out.dx), point, factor=factor)
     out = parallel.forward_backward(chain.net, params, x, t, cfg, mesh=parallel.data_mesh(replicas, devices=devices),
-                                    kit=chain.kit, label_smoothing=label_smoothing, sync_bn=sync_bn, counts=counts,
+                                    kit=chain.kit, label_smoothing=point.alpha, sync_bn=sync_bn, counts=counts,
                                     quick=True)
     label = f"{chain.label} on {replicas} replicas" + (f" holding {'+'.join(map(str, counts))}" if counts else "")
-    n = int(x.shape[0]) // replicas
+    n = point.batch // replicas
     return report(label + ("" if sync_bn else " (per-replica BN)"), params, (out.loss, out.grads, out.dx), point,
                   factor=factor, meta={"replicas": replicas, "per_replica": n, "sync_bn": sync_bn,
                                        "counts": list(counts) if counts is not None else [n] * replicas})
 
 
-def float32_view(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
-                 key: Optional[jax.Array] = None) -> TieReport:
+def float32_view(point: Point, chain: Optional[Chain] = None) -> TieReport:
     """The float32 view of the tie: the chain in float32 against the float64 oracle, node by node,
     within the point's float32 envelope (correct float32 evaluations say how close float32 can be:
     a node near a kink or behind a small BatchNorm reduction is asked for less, a well-conditioned
     one for more). Both sides read the float32-rounded point (the reference widens it exactly), so
     the error is the float32 chain's own."""
-    p32 = {k: to_device(v, np.float32) for k, v in params.items()}
-    return tie(net, p32, to_device(x, np.float32), targets, cfg, chain=chain, label_smoothing=label_smoothing, key=key)
+    return tie(point.in_dtype("float32"), chain)

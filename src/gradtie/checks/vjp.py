@@ -238,8 +238,7 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
     # the scale: |D(h)|, |⟨oracle, v⟩|, a fraction of the oracle's norm along v, or the envelope itself
     # (a derivative 0 along v: a hand VJP off 0 by more than FD_FACTOR envelopes fails)
     floor = tol.ZERO_NODE_FLOOR * scale * float(np.sqrt(sum(np.vdot(np.asarray(g), np.asarray(g)) for g in ref)))
-    fd_row = fd_.row("fd", step.d, dot, dot_ref, step.h, step.envelope, floor=max(floor, step.envelope, 1e-300),
-                     kinked=not step.inside)
+    fd_row = fd_.row("fd", step, dot, dot_ref, floor=max(floor, step.envelope, 1e-300))
     rep = VJPReport(point.dtype, rows, fd_row, slope_jump)
     if not rep.ok:
         parts = [r.describe() for r in rows if not r.ok]
