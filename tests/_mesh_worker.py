@@ -33,7 +33,7 @@ jax.config.update("jax_enable_x64", True)
 from gradtie import data, parallel, train  # noqa: E402
 from gradtie.checks import bugs  # noqa: E402
 from gradtie.checks.check import run_check  # noqa: E402
-from gradtie.checks.tie import reference_at, tie as tie_net  # noqa: E402
+from gradtie.checks.tie import Point, reference_at, tie as tie_net  # noqa: E402
 from gradtie.nets import cifar8, resnet34  # noqa: E402
 
 REPLICAS = (2, 4, 8)
@@ -103,9 +103,9 @@ def control():
     """Per-replica BatchNorm (R = 2, cifar8) against the single-device oracle: must fail. The
     per-example BN variant couples no examples, so it ties without any synchronisation."""
     net, cfg, params, x, t, alpha = setup("cifar8", 4)
-    out = {"per_replica": row(tie_net(net, params, x, t, cfg, replicas=2, sync_bn=False))}
+    out = {"per_replica": row(tie_net(Point.of(net, params, x, t, cfg), replicas=2, sync_bn=False))}
     cfg_ex = dataclasses.replace(cfg, bn="example")
-    out["per_example"] = row(tie_net(net, params, x, t, cfg_ex, replicas=2, sync_bn=False))
+    out["per_example"] = row(tie_net(Point.of(net, params, x, t, cfg_ex), replicas=2, sync_bn=False))
     return out
 
 
@@ -240,7 +240,7 @@ def errors():
                                                            valid=jnp.asarray([1, 1, 0.5, 0, 1, 1.0]))),
         ("counts_and_valid", lambda: parallel.forward_backward(net, params, x, labels, cfg, mesh=mesh2,
                                                                counts=(3, 3), valid=jnp.ones(6))),
-        ("tie_counts_replicas", lambda: tie_net(net, params, x, t, cfg, replicas=3, counts=(3, 3))),
+        ("tie_counts_replicas", lambda: tie_net(Point(net, cfg, params, x, t), replicas=3, counts=(3, 3))),
     ]:
         try:
             call()

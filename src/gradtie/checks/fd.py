@@ -7,7 +7,9 @@ D(h) = (L(θ + h·v) − L(θ − h·v)) / 2h → ⟨∇L, v⟩ at O(h²) where 
 truncation seen between h and h/2 (Richardson: 4/3·|D(h) − D(h/2)|) plus the round-off ε_L/h. Real
 batches hold windows within 1e-6 of a tie, and a difference across a kink measures nothing: a node's
 step whose ends never come back into the point's smooth piece (every ReLU input's sign, every pool
-window's choice) by FD_MIN_STEP is "no evidence (kink)". The limit is FD_FACTOR of the envelope,
+window's choice) by FD_MIN_STEP is "no evidence (kink)". One step rule (`best_step`) serves the net's
+nodes, whose piece the net reports (`KnownPiece`), and `check_vjp`, whose function shows its piece
+only through its outputs (`SampledPiece`). The limit is FD_FACTOR of the envelope,
 floored at FD_REL, its scale read off the oracle's gradient, never the rendered one (an inflated
 node must not widen every other row's floor); a limit reaching ILL_CONDITIONED_REL is "no
 evidence", never a pass. Shown in: Whole-net tie.

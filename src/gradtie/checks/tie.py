@@ -373,7 +373,8 @@ class Point:
         cfg = net.cfg(cfg)
         dtype = checked_dtype(net.name, x)
         if not isinstance(params, dict) or not params:
-            raise ValueError(f"{net.name}: params must be a dict of arrays by name, got {type(params).__name__}")
+            raise ValueError(f"{net.name}: params must be a dict of arrays by name, got "
+                             f"{'an empty dict' if isinstance(params, dict) else type(params).__name__}")
         wrong = [f"{k} ({np.dtype(jnp.result_type(v)).name})" for k, v in params.items()
                  if np.dtype(jnp.result_type(v)).name != dtype]
         if wrong:
