@@ -310,12 +310,16 @@ print(
     " summing in their own order: all within the order bound:"
     f" {all(r.within for r in order_rows)}"
 )
-assert (
-    all(r.equal and r.kind_equal for r in conv_rows) or not bf16.same_computation()
-), (
-    "typed_erasure: XLA-convolution sites must equal the f32 peer bit for bit on this"
-    f" backend, got {conv_rows}"
-)
+if bf16.same_computation():  # the CPU: a kind and its f32 peer run the same sums
+    assert all(r.equal and r.kind_equal for r in conv_rows), (
+        "typed_erasure: XLA-convolution sites must equal the f32 peer bit for bit on"
+        f" this backend, got {conv_rows}"
+    )
+else:
+    print(
+        "bit for bit not asserted on this backend: its bf16 kernels sum in their own"
+        " order (bf16.same_computation()); the order bound below is"
+    )
 assert all(
     r.within for r in order_rows
 ), "typed_erasure: a site past 2·γ_n(2⁻²⁴)·Σ|a||b| of its f32 peer"
@@ -382,7 +386,10 @@ for name, (net, cfg, params, x, t) in points.items():
     assert all(r.equal for r in same)
 kinds_rounded = {c.name: bf16.case_row(c, conv.round_bf16).equal for c in cases}
 print(f"six kinds with round_bf16: {sum(kinds_rounded.values())}/6 equal")
-assert all(kinds_rounded.values()) or not bf16.same_computation()
+if bf16.same_computation():
+    assert all(kinds_rounded.values()), f"six kinds with round_bf16: {kinds_rounded}"
+else:
+    print("not asserted on this backend: its bf16 kernels sum in their own order")
 
 # %% [markdown]
 # Two controls: a forward that rounds only its result, rnd(conv(x, W)), and a weight gradient that

@@ -197,7 +197,11 @@ for c in peer_doc["checks"]:
         f"{c['peer']:<9} {c['net']:<9} "
         + (f"not run: {c['skipped']}" if c.get("skipped") else c["describe"])
     )
-assert all(c.get("skipped") or c["ok"] for c in peer_doc["checks"])
+ran = [c for c in peer_doc["checks"] if not c.get("skipped")]
+assert (
+    ran
+), "peers_cpu.json: every peer skipped (none installed): install requirements-peers.txt"
+assert all(c["ok"] for c in ran), [c["describe"] for c in ran if not c["ok"]]
 print(
     f"matrix product {peer_bench.MATMUL_N}³ float32: {peer_doc['matmul_gflops']:.0f}"
     " GFLOP/s"

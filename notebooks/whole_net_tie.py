@@ -801,7 +801,7 @@ plt.show()
 # 224-px point: `fd_nodes` nodes spread over the backward order (all 110 at `fd_nodes = 0`), a
 # sample because each costs a few forwards at 224 px.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 order34 = list(reversed(list(params34)))
 picked = (
     order34

@@ -237,7 +237,7 @@ display(pages.caught(caught34, ratios=True, caption="ResNet-34, with err/limit")
 # cifar8, whose mesh step is the suite's ResNet-34 statement carried to a net it does not state it
 # for.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 sync8 = bugs.run(point8, replicas=p.replicas)
 print(sync8.summary())
 display(pages.caught(sync8))

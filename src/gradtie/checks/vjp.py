@@ -67,12 +67,12 @@ class VJPReport:
 
     def summary(self) -> str:
         w, f, ill = max(self.rows, key=lambda r: r.ratio), self.fd, self.no_evidence
-        tie = f"{sum(r.agrees for r in self.rows)}/{len(self.rows)} arguments agree (worst {w.describe()})"
+        tie = f"{sum(r.agrees for r in self.rows)}/{len(self.rows)} arguments (worst {w.describe()})"
         if ill:
             tie += (f", {len(ill)} no evidence (round-off: the limit is {max(r.limit for r in ill):.0%} of the value "
                     f"at {', '.join(r.name for r in ill)})")
         return (f"{self.dtype} VJP checked in {self.dtype} (against the float64 oracle, within {self.dtype}'s "
-                f"envelope): autodiff tie: {tie}; finite differences in {self.dtype}: {f.verdict_text()}")
+                f"envelope): tied to autodiff at {tie}; finite differences in {self.dtype}: {f.verdict_text()}")
 
 
 @dataclass(frozen=True)
