@@ -73,7 +73,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, pages, plots, prng
+from gradtie import book, prng
+from gradtie.book import pages, plots
 from gradtie.checks import bf16, bugs, policies
 from gradtie.data import images
 from gradtie.checks.tie import Chain, targets_matrix
@@ -252,7 +253,7 @@ assert all(report.ok for report in erasure.values())
 # bound, by the operand rounding, about 2⁻⁷ of Σ|a||b|.
 
 # %%
-from gradtie import companions
+from gradtie.book import companions
 
 typed = companions.typed_erasure(companions.with_formulation(cases, "conv")
                                  + companions.with_formulation(cases, "patches"))

@@ -42,7 +42,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import gradtie
-from gradtie import book, nets, pages, plots
+from gradtie import book, nets
+from gradtie.book import pages, plots
 from gradtie.checks import bugs, census, stages
 from gradtie.data import images
 from gradtie.checks.tie import Point, targets_matrix
@@ -330,7 +331,7 @@ plt.show()
 # and the third net's block is loaded here.
 
 # %%
-from gradtie import companions
+from gradtie.book import companions
 from gradtie.nets import resnet34
 
 # the example's bottlenecks at the slots' widths: b3 keeps 64, b4, b8 and b14 halve the

@@ -63,7 +63,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, parallel, plots, sync_bf16
+from gradtie import book, parallel, sync_bf16
+from gradtie.book import plots
 from gradtie import tolerances
 from gradtie.checks import bugs, census
 from gradtie import sync_sweep as dp

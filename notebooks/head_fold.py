@@ -66,7 +66,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, data, pages, plots, prng
+from gradtie import book, data, prng
+from gradtie.book import pages, plots
 from gradtie.checks import head as head_checks
 from gradtie import tolerances
 from gradtie.ops import head

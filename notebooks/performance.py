@@ -38,7 +38,8 @@ import jax
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
 
-from gradtie import bench, book, conv_floor, lowered, peer_bench, plots, policy
+from gradtie import bench, book, conv_floor, lowered, peer_bench, policy
+from gradtie.book import plots
 from gradtie.nets import protocol, resnet34
 from gradtie import tolerances
 

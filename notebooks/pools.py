@@ -71,7 +71,8 @@ jax.config.update("jax_enable_x64", True)
 
 from jax import lax
 
-from gradtie import book, cli, pages, plots, prng
+from gradtie import book, cli, prng
+from gradtie.book import pages, plots
 from gradtie import tolerances
 from gradtie.checks import census, check, fd
 from gradtie.data import images
@@ -300,7 +301,7 @@ print("beyond the suite: the same at ResNet-34's 3×3/s2 stem pool")
 # `pool_window_offset` run against the true σ.
 
 # %%
-from gradtie import companions
+from gradtie.book import companions
 from gradtie.checks import bugs
 
 offset_kit = bugs.plant("pool_window_offset", cifar8).kit

@@ -57,7 +57,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, plots, prng
+from gradtie import book, prng
+from gradtie.book import plots
 from gradtie import tolerances
 from gradtie.checks import bugs, census, germs
 from gradtie.data import images

@@ -55,7 +55,8 @@ from pathlib import Path
 import jax
 import matplotlib.pyplot as plt
 
-from gradtie import book, data, folder, pipeline, plots, train
+from gradtie import book, data, folder, pipeline, train
+from gradtie.book import plots
 from gradtie.checks import bugs, step
 from gradtie import tolerances as tol
 from gradtie.nets import cifar8, protocol, resnet34

@@ -73,7 +73,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, pages, plots, prng, rendered
+from gradtie import book, prng, rendered
+from gradtie.book import pages, plots
 from gradtie import tolerances
 from gradtie.checks import bugs, census, stages
 from gradtie.data import images
@@ -404,7 +405,7 @@ assert sum(r.params for r in rows34) == protocol.census(params34).floats
 # `layer1.0` and `layer1.1` swapped.
 
 # %%
-from gradtie import companions
+from gradtie.book import companions
 from gradtie import reference_numpy
 
 x_fold = images("photos", 2, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)          # 224 px

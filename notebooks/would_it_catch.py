@@ -50,7 +50,8 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, data, pages, plots
+from gradtie import book, data
+from gradtie.book import pages, plots
 from gradtie import tolerances
 from gradtie.checks import bugs
 from gradtie.checks.tie import reference_at, targets_matrix, tie

@@ -4,7 +4,7 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 from gradtie import book
-from gradtie.assertions import explain_asserts
+from gradtie.book.assertions import explain_asserts
 
 
 @pytest.fixture

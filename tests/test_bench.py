@@ -13,6 +13,7 @@ import pytest
 
 from gradtie import bench, book, cli
 from gradtie import tolerances
+from gradtie.book import workloads
 
 TINY = bench.BenchConfig("cifar8", batch=2, image_size=32, repeats=1)
 
@@ -126,20 +127,32 @@ def test_abstract_memory_grows_with_the_batch():
 
 @pytest.mark.parametrize("profile", book.PROFILES)
 def test_every_chapter_and_the_benchmark_have_workloads(profile):
-    workloads = bench.profile_workloads(profile)
-    owners = {w.owner for w in workloads}
+    # the chapters' computations come from the one chapter list (`book.CHAPTERS`, each entry's
+    # `workloads`), the benchmark's from the kit
+    planned = workloads.profile_workloads(profile)
+    owners = {w.owner for w in planned}
     heavy = {c.name for c in book.CHAPTERS}
     assert heavy <= owners and "benchmark" in owners
-    for w in workloads:
+    assert all(c.workloads is not None for c in book.CHAPTERS)
+    for w in planned:
+        assert isinstance(w, bench.Workload)
         assert w.side in ("rendered", "autodiff", "head") and w.batch >= 1
     if profile == "gpu":
-        sizes = {w.image_size for w in workloads if w.owner == "benchmark"}
-        assert sizes == {224} and {w.batch for w in workloads if w.owner == "benchmark"} == {64, 256}
+        sizes = {w.image_size for w in planned if w.owner == "benchmark"}
+        assert sizes == {224} and {w.batch for w in planned if w.owner == "benchmark"} == {64, 256}
+    only = workloads.profile_workloads(profile, ["head_fold"])
+    assert only and {w.owner for w in only} == {"head_fold"}
 
 
-def test_unknown_chapter_is_a_clear_error():
-    with pytest.raises(ValueError, match="chapter 'nope': no workload description"):
-        bench.chapter_workloads("nope", {})
+def test_unknown_chapter_is_a_clear_error(monkeypatch):
+    with pytest.raises(ValueError, match="chapter 'nope': not in gradtie.book.CHAPTERS"):
+        workloads.chapter_workloads("nope", {})
+    with pytest.raises(ValueError, match="--chapters: nope is not a chapter"):
+        workloads.profile_workloads("ci", ["head_fold", "nope"])
+    # a chapter in the list that names no workloads is named, never skipped
+    monkeypatch.setattr(book, "CHAPTERS", [book.Chapter("bare", "Bare")])
+    with pytest.raises(ValueError, match="chapter 'bare': no workload description"):
+        workloads.chapter_workloads("bare", {})
 
 
 def test_cli_abstract_head_fold_at_ci(capsys):

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from gradtie import book, claims
+from gradtie import book
+from gradtie.book import claims
 
 
 def _tree(tmp_path, names, toc_names, ipynbs):
@@ -427,7 +428,7 @@ def test_printed_lines_wrap_to_the_column_in_a_kernel(monkeypatch):
 
 
 def test_a_page_table_is_html_with_the_verdict_first_and_text_elsewhere():
-    from gradtie import pages
+    from gradtie.book import pages
 
     t = pages.Table(("verdict", "node", "err"), (("tied", "a", "1.0e-12"), ("FAILED", "b<c", "3.0e+02")),
                     right=frozenset({2}))

@@ -9,7 +9,8 @@ import json
 
 import pytest
 
-from gradtie import book, claims
+from gradtie import book
+from gradtie.book import claims
 
 PREFIX = "application/papermill.record/"
 

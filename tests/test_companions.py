@@ -1,4 +1,4 @@
-"""The book's Lean companions (`gradtie.companions`): each passes at its point and its control fails."""
+"""The book's Lean companions (`gradtie.book.companions`): each passes at its point and its control fails."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gradtie import book, companions as C, nets, prng
+from gradtie import book, nets, prng
+from gradtie.book import companions as C
 from gradtie import reference_numpy as rn
 from gradtie.checks import bf16, bugs, census
 from gradtie.checks.tie import targets_matrix

@@ -1,4 +1,4 @@
-"""The figures' conventions (`gradtie.plots._style`): no wider than the book's column, no text under
+"""The figures' conventions (`gradtie.book.plots._style`): no wider than the book's column, no text under
 the smallest font, no legend over the data, no bar clipped; shown on the headline figure with
 made-up reports, and each rule seen failing on a figure built to break it."""
 
@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from gradtie.plots import _style, would_it_catch  # noqa: E402
+from gradtie.book.plots import _style, would_it_catch  # noqa: E402
 
 
 def _report(net, ratios):

@@ -7,7 +7,7 @@ the cell still runs under nbval).
 
 A code cell is folded when it is the imports cell, the cell that validates the parameters
 (`book.validated`), or when its statements are harness (asserts; print, display, `book.glue` and
-`gradtie.pages` calls; assignments of formatted text; loops and ifs of those) for at least three
+`gradtie.book.pages` calls; assignments of formatted text; loops and ifs of those) for at least three
 quarters of its lines, or half of them in a cell nbval compares (`nbval-check-output`: its output
 is the figure it prints). Figure cells (`plt.show()`) stay open. tests/test_book.py checks that
 every cell that is harness through and through is folded.

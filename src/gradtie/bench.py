@@ -9,8 +9,9 @@ ratio rendered / autodiff, images/s and, on a device with a known peak, the mode
 from one configuration to the next.
 
 `abstract` validates a profile without running it: every computation of the benchmark's and each
-chapter's gpu profile is lowered and compiled at its own shapes from `jax.ShapeDtypeStruct`s (no
-data), and XLA's memory analysis says how much device memory it needs. Shown in: Performance.
+chapter's gpu profile (the chapters' from `gradtie.book.workloads`) is lowered and compiled at its
+own shapes from `jax.ShapeDtypeStruct`s (no data), and XLA's memory analysis says how much device
+memory it needs. Shown in: Performance.
 """
 
 from __future__ import annotations
@@ -574,82 +575,24 @@ class AbstractRow:
 GIB = 2**30
 
 
-def _workloads_for(owner: str, label: str, net: str, batch: int, image_size: int, num_classes: int,
-                   dtype: str, **kw) -> list[Workload]:
+def workloads_for(owner: str, label: str, net: str, batch: int, image_size: int, num_classes: int,
+                  dtype: str, **kw) -> list[Workload]:
+    """A net's rendered step and its autodiff oracle, one Workload each, at the same shapes."""
     return [Workload(owner, label, net, side, batch, image_size, num_classes, dtype, **kw)
             for side in ("rendered", "autodiff")]
-
-
-def chapter_workloads(name: str, p: dict[str, Any]) -> list[Workload]:
-    """The computations chapter `name` compiles at parameters `p` (its parameters cell with the
-    profile's overrides): each net's rendered step and the autodiff oracle at the chapter's dtype,
-    batch, image size and classes."""
-    g = p.get
-    if name == "pools":
-        return (_workloads_for(name, "cifar8 census", "cifar8", g("batch", 4), 32, 10, "float64")
-                + _workloads_for(name, "resnet34 census", "resnet34", g("batch", 4), g("image_size", 64), 10, "float64"))
-    if name == "head_fold":
-        return [Workload(name, "head fold", "resnet34", "head", 6, 32, g("num_classes", 10), "float64")]
-    if name == "stage_germs":
-        return (_workloads_for(name, "cifar8 germs", "cifar8", g("batch", 2), 32, 10, "float64")
-                + ([] if "resnet_batch" not in p else
-                   _workloads_for(name, "resnet34 stem germ", "resnet34", g("resnet_batch"), g("image_size", 64), 10, "float64")))
-    if name == "whole_net_tie":
-        return (_workloads_for(name, "cifar8 tie", "cifar8", g("batch", 4), 32, 10, "float64")
-                + _workloads_for(name, "resnet34 tie", "resnet34", g("resnet_batch", 2), g("image_size", 64),
-                                 g("num_classes", 10), "float64"))
-    if name == "would_it_catch":
-        r = g("replicas", 2)
-        return (_workloads_for(name, "cifar8 catalogue", "cifar8", g("batch", 4), 32, 10, "float64")
-                + _workloads_for(name, "resnet34 catalogue", "resnet34", g("resnet_batch", 2), g("image_size", 32),
-                                 10, "float64")
-                + _workloads_for(name, f"cifar8 R={r}", "cifar8", max(g("batch", 4) // r, 1), 32, 10, "float64",
-                                 replicas=r))
-    if name == "check_your_own":
-        return _workloads_for(name, "bottleneck check", str(ROOT / "examples" / "bottleneck.py") + ":NET",
-                              g("batch", 4), g("image_size", 32), 10, "float64")
-    if name == "bf16_erasure":
-        out = []
-        for bf16 in (False, True):
-            kind = "bf16" if bf16 else "f32"
-            out += _workloads_for(name, f"cifar8 {kind}", "cifar8", g("batch", 4), 32, 10, "float32", bf16=bf16)
-            out += _workloads_for(name, f"resnet34 {kind}", "resnet34", g("batch", 4), g("image_size", 32), 10,
-                                  "float32", bf16=bf16)
-        return out
-    if name == "data_parallel":
-        net, r = g("net", "cifar8"), g("replicas", 8)
-        return (_workloads_for(name, f"{net} R={r}", net, g("batch", 4), g("image_size", 32), 10, "float64",
-                               replicas=r, head_width=g("head_width", 64))
-                + _workloads_for(name, f"{net} one device, batch R·N", net, g("batch", 4) * r, g("image_size", 32),
-                                 10, "float64", head_width=g("head_width", 64)))
-    if name == "training":
-        net = g("net", "cifar8")
-        return _workloads_for(name, f"{net} train step", net, g("batch", 32), 32, 10, "float32")
-    if name == "performance":   # reads committed results; compiles one step live from shapes
-        return _workloads_for(name, f"{g('net', 'resnet34')} live compile", g("net", "resnet34"), g("batch", 2),
-                              g("image_size", 32), 10, "float32")
-    raise ValueError(f"chapter {name!r}: no workload description (add it to gradtie.bench.chapter_workloads)")
 
 
 def benchmark_workloads(configs: Sequence[BenchConfig]) -> list[Workload]:
     # "every local device" (replicas 0) is checked per device: one replica's step at its batch
     return [w for c in configs
-            for w in _workloads_for("benchmark", c.label(), c.net, c.batch, c.image_size, c.num_classes,
-                                    "float32", bf16=c.bf16, replicas=max(c.replicas, 1))]
+            for w in workloads_for("benchmark", c.label(), c.net, c.batch, c.image_size, c.num_classes,
+                                   "float32", bf16=c.bf16, replicas=max(c.replicas, 1))]
 
 
-def profile_workloads(profile: str, chapters: Optional[Sequence[str]] = None) -> list[Workload]:
-    """Every chapter's computations at `profile`, then the benchmark's (gpu: its GPU suite)."""
-    from . import book
-    out = []
-    for chapter in book.CHAPTERS:
-        if chapters is not None and chapter.name not in chapters:
-            continue
-        p = {**{k: v[1] for k, v in book.parameters_cell(chapter.name).items()}, **book.chapter_parameters(chapter, profile)}
-        out += chapter_workloads(chapter.name, p)
-    if chapters is None or "benchmark" in chapters:
-        out += benchmark_workloads(GPU_SUITE if profile == "gpu" else CPU_SUITE)
-    return out
+def suite_workloads(profile: str) -> list[Workload]:
+    """The benchmark's own computations at `profile` (gpu: its GPU suite; else the CPU suite). The
+    chapters' computations are the book's (`gradtie.book.workloads`)."""
+    return benchmark_workloads(GPU_SUITE if profile == "gpu" else CPU_SUITE)
 
 
 def _abstract_fn(w: Workload):
@@ -697,12 +640,11 @@ def abstract(workloads: Sequence[Workload], *, progress: bool = True) -> list[Ab
     return [abstract_one(w) for w in bar(list(workloads), desc="abstract compile", enabled=progress)]
 
 
-def abstract_in_fresh_process(profile: str, chapters: Optional[Sequence[str]] = None) -> list[AbstractRow]:
-    """`abstract(profile_workloads(...))` in a new process with enough host devices for the meshes."""
-    workloads = profile_workloads(profile, chapters)
+def abstract_in_fresh_process(workloads: Sequence[Workload]) -> list[AbstractRow]:
+    """`abstract(workloads)` in a new process with enough host devices for the meshes."""
     need = max([w.replicas for w in workloads] + [1])
     env = _env_for(BenchConfig(replicas=need))
-    arg = json.dumps({"abstract": profile, "chapters": None if chapters is None else list(chapters)})
+    arg = json.dumps({"abstract": [asdict(w) for w in workloads]})
     out = subprocess.run([sys.executable, "-m", "gradtie.bench", arg], capture_output=True, text=True,
                          env=env, check=False)
     if out.returncode != 0:
@@ -774,7 +716,7 @@ def verdict(results: Sequence[BenchResult], limit: float) -> list[str]:
 def _main(arg: str) -> None:
     spec = json.loads(arg)
     if "abstract" in spec:
-        rows = abstract(profile_workloads(spec["abstract"], spec.get("chapters")), progress=False)
+        rows = abstract([Workload(**w) for w in spec["abstract"]], progress=False)
         print(json.dumps([asdict(r) for r in rows]))
         return
     print(json.dumps(measure(BenchConfig(**spec)).as_dict(), default=float))

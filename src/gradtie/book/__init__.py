@@ -1,4 +1,12 @@
-"""Chapter parameters (validation and the profiles ci, cpu, gpu) and the book build.
+"""The book's support code: the chapter list, chapter parameters (validation and the profiles ci,
+cpu, gpu) and the book build.
+
+`gradtie.book` imports the kit (`gradtie.ops`, `gradtie.nets`, `gradtie.checks`, …) and the kit never
+imports it (tests/test_layout.py): a reader who wants only the checker never loads it. Beside this
+module: `plots` (a module of figures per chapter), `pages` (a report's rows as a book page's table),
+`companions` (the chapters' Lean companions), `claims` (the intro's claim map), `assertions`
+(chapter asserts that explain themselves) and `workloads` (what each chapter compiles, for
+`gradtie bench --abstract`).
 
 `make book` calls `execute` (papermill runs every chapter notebook into `book/` with the profile's
 parameters) and then `render` (Jupyter Book 1.x, failing on any warning).
@@ -25,10 +33,12 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Optional
 
-from .assertions import explain_asserts
-from .progress import bar
+from gradtie.progress import bar
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import workloads
+from .assertions import explain_asserts
+
+ROOT = Path(__file__).resolve().parents[3]
 NOTEBOOKS = ROOT / "notebooks"
 BOOK = ROOT / "book"
 
@@ -41,41 +51,46 @@ class Chapter:
     reads: tuple[str, ...] = ()     # files or folders (from the root) the chapter reads: in its source key
     part: str = "Chapters"          # the table of contents' part: "Chapters" (numbered) or "Appendices"
     nbval_cost: int = 1             # relative seconds under nbval: `make test` starts the costliest first
+    # (name, parameters) -> the computations it compiles (`gradtie.book.workloads`): the memory plan
+    workloads: Optional[Callable[[str, dict[str, Any]], list]] = None
 
 
 # THE chapter list, in book order: the table of contents (`toc`), nbval's order (`nbval_order`),
-# the build, the plots' modules and the benchmark's memory plan all read it. Each chapter's
+# the build, the plots' modules and the benchmark's memory plan (`workloads`) all read it. Each chapter's
 # notebook holds the ci defaults in its parameters cell, and a profile overrides a few of them
 # (cpu: larger CPU runs; gpu: ImageNet shapes where they apply).
 CHAPTERS: list[Chapter] = [
     Chapter("pools", "Pools", profiles={"cpu": {"batch": 16}, "gpu": {"batch": 64, "image_size": 224}},
-            nbval_cost=72),
+            nbval_cost=72, workloads=workloads.pools),
     Chapter("head_fold", "Head fold", profiles={"cpu": {"num_classes": 100}, "gpu": {"num_classes": 1000}},
-            nbval_cost=10),
+            nbval_cost=10, workloads=workloads.head_fold),
     Chapter("stage_germs", "Stage germs",
-            profiles={"cpu": {"directions": 6, "batch": 4}, "gpu": {"directions": 9, "batch": 8}}, nbval_cost=160),
+            profiles={"cpu": {"directions": 6, "batch": 4}, "gpu": {"directions": 9, "batch": 8}}, nbval_cost=160,
+            workloads=workloads.stage_germs),
     Chapter("whole_net_tie", "Whole-net tie",
             profiles={"cpu": {"batch": 16, "image_size": 64, "resnet_batch": 4, "fd_nodes": 24, "every_n": True},
                       "gpu": {"batch": 128, "image_size": 224, "resnet_batch": 64, "num_classes": 1000,
-                              "fd_nodes": 0, "every_n": True}}, nbval_cost=325),
+                              "fd_nodes": 0, "every_n": True}}, nbval_cost=325, workloads=workloads.whole_net_tie),
     Chapter("would_it_catch", "Would the check catch it?",
             profiles={"cpu": {"batch": 8, "resnet_batch": 4, "replicas": 4},
-                      "gpu": {"batch": 32, "resnet_batch": 8, "image_size": 64, "replicas": 4}}, nbval_cost=192),
+                      "gpu": {"batch": 32, "resnet_batch": 8, "image_size": 64, "replicas": 4}}, nbval_cost=192,
+            workloads=workloads.would_it_catch),
     Chapter("check_your_own", "Check your own backward",
             profiles={"cpu": {"batch": 8}, "gpu": {"batch": 32, "image_size": 224}}, reads=("examples",),
-            nbval_cost=90),
+            nbval_cost=90, workloads=workloads.check_your_own),
     Chapter("bf16_erasure", "bf16 erasure",
             profiles={"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 32, "image_size": 224, "replicas": 4}},
-            nbval_cost=113),
+            nbval_cost=113, workloads=workloads.bf16_erasure),
     Chapter("data_parallel", "Data-parallel tie",
             {"cpu": {"batch": 4, "replicas": 8}, "gpu": {"batch": 4, "replicas": 8, "image_size": 64}},
-            nbval_cost=250),
+            nbval_cost=250, workloads=workloads.data_parallel),
     Chapter("training", "Training with the rendered step",
             {"cpu": {"batch": 64, "epochs": 8, "steps": 100},
-             "gpu": {"net": "resnet34", "batch": 64, "epochs": 8, "steps": 100}}, part="Appendices", nbval_cost=315),
+             "gpu": {"net": "resnet34", "batch": 64, "epochs": 8, "steps": 100}}, part="Appendices", nbval_cost=315,
+            workloads=workloads.training),
     Chapter("performance", "Performance",
             {"cpu": {"batch": 8, "image_size": 64}, "gpu": {"batch": 64, "image_size": 224}},
-            reads=("benchmarks/results",), part="Appendices", nbval_cost=26),
+            reads=("benchmarks/results",), part="Appendices", nbval_cost=26, workloads=workloads.performance),
 ]
 PROFILES = ("ci", "cpu", "gpu")
 PAGES = ("glossary", "api")   # book/<page>.md after the appendices: the glossary, the API reference
@@ -340,7 +355,7 @@ def wide_lines(path: Path, width: int = COLUMN) -> list[str]:
 def fit_column(width: int = COLUMN) -> bool:
     """In an IPython kernel, wrap every line a later cell prints wider than the book's column
     (`COLUMN` characters) at spaces, with a hanging indent; tables meant for the page are shown
-    with `gradtie.pages` instead, which never needs it. Outside a kernel (a script, a terminal, the
+    with `gradtie.book.pages` instead, which never needs it. Outside a kernel (a script, a terminal, the
     tests) do nothing and return False."""
     try:
         from IPython import get_ipython
@@ -367,7 +382,7 @@ ROLES = ("evidence", "control")
 @dataclass(frozen=True)
 class At:
     """The point a glued figure was computed at: what the claim map holds a statement's literal
-    sizes and hypotheses against (`gradtie.claims.point_problems`).
+    sizes and hypotheses against (`gradtie.book.claims.point_problems`).
 
     net: the net ("cifar8", "resnet34"; another name for anything else: "bottleneck example",
     "conv kinds", "logits"); image_size: the input side in px; batch: N (a tuple for a sweep);
@@ -472,7 +487,7 @@ def glue(key: str, value: Any, fmt: str = "{}", *, at=None) -> str:
     `fmt` is a `str.format` template; a tuple `value` fills its fields in order. `at`: the point
     (an `At`, or several) the figure was computed at, stored with it (POINT_MIME) for the claim
     map's checks. The text is stored with `myst_nb.glue(key, …, display=False)`, so the cell shows
-    nothing more and the intro's claim map (`gradtie.claims`) pastes it from the executed chapter
+    nothing more and the intro's claim map (`gradtie.book.claims`) pastes it from the executed chapter
     with {glue:text}`<chapter>.ipynb::<key>:s` (the trailing `:s` is needed: without a format spec
     myst-nb 1.4 reads `<chapter>.ipynb:` as the key). Outside a notebook kernel nothing is stored.
     """

@@ -38,18 +38,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import reference, rendered
-from . import reference_numpy as rn
-from . import tolerances as tol
-from .checks import census, stages
-from .checks.bf16 import Site, contraction_length, same_bits
-from .checks.bf16.kinds import U_F32
-from .checks.bf16.kinds import apply as conv_apply  # noqa: E402
-from .checks.tie import Chain, Point, TieReport, need_x64, reference_at, targets_matrix, tie
-from .kit import KIT
-from .nets import resnet34
-from .nets.protocol import Net, ParamSpec, Pass, Stage
-from .ops import conv, maxpool
+from gradtie import reference, rendered
+from gradtie import reference_numpy as rn
+from gradtie import tolerances as tol
+from gradtie.checks import census, stages
+from gradtie.checks.bf16 import Site, contraction_length, same_bits
+from gradtie.checks.bf16.kinds import U_F32
+from gradtie.checks.bf16.kinds import apply as conv_apply  # noqa: E402
+from gradtie.checks.tie import Chain, Point, TieReport, need_x64, reference_at, targets_matrix, tie
+from gradtie.kit import KIT
+from gradtie.nets import resnet34
+from gradtie.nets.protocol import Net, ParamSpec, Pass, Stage
+from gradtie.ops import conv, maxpool
 
 
 def _over(diff, limit) -> float:

@@ -101,7 +101,7 @@ def stages(report, *, caption: str = "") -> Table:
 def bugs(net=None, *, caption: str = "") -> Table:
     """The bug catalogue's entries (those that apply to `net`, given one): name, family, what is
     wrong, and what a check needs to plant it (`--replicas`, `--replica-counts`)."""
-    from .checks import bugs as catalogue
+    from gradtie.checks import bugs as catalogue
 
     rows = tuple((b.name, b.family, b.breaks,
                   "--replica-counts" if b.needs_uneven else "--replicas" if b.replicas else "")
@@ -125,7 +125,7 @@ def caught(report, *, ratios: bool = False, caption: str = "") -> Table:
 def census(report, *, caption: str = "") -> tuple[Table, Table]:
     """A `Smoothness` census as two tables: one row per pool (the windows of each class, the
     margin), and one row per clause of each hypothesis, its verdict first."""
-    from .checks.census import CLASSES
+    from gradtie.checks.census import CLASSES
 
     pools = Table(("pool", "reads", *CLASSES, "margin"),
                   tuple((p.pool, p.preactivation, *(str(p.counts[c]) for c in CLASSES), f"{p.margin:.2e}")

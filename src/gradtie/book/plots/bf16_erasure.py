@@ -5,8 +5,8 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..checks.bf16.kinds import OP_LABELS
-from ..checks.bf16.sites import accumulation_bound, node_bound
+from gradtie.checks.bf16.kinds import OP_LABELS
+from gradtie.checks.bf16.sites import accumulation_bound, node_bound
 from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR
 
 

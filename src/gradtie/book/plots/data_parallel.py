@@ -11,12 +11,12 @@ from typing import Mapping
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..checks.bf16.kinds import U_BF16
-from ..checks.bf16.replicas import MeshReplicaReport
-from ..sync_sweep import SweepReport
-from ..checks.tie import TieReport
-from ..tolerances import CHAN_FACTOR
-from ..parallel import UNIT_ROUNDOFF, DriftReport
+from gradtie.checks.bf16.kinds import U_BF16
+from gradtie.checks.bf16.replicas import MeshReplicaReport
+from gradtie.sync_sweep import SweepReport
+from gradtie.checks.tie import TieReport
+from gradtie.tolerances import CHAN_FACTOR
+from gradtie.parallel import UNIT_ROUNDOFF, DriftReport
 from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR, legend_below
 
 SYNC_SHADES = ("#9ecae1", "#4292c6", "#08519c", "#08306b")   # light → dark as R grows

@@ -6,7 +6,7 @@ from __future__ import annotations
 import matplotlib.pyplot as plt
 import numpy as np
 
-from ..tolerances import GERM_ROUNDOFF_SIGMAS, GERM_TRUNCATION_REL
+from gradtie.tolerances import GERM_ROUNDOFF_SIGMAS, GERM_TRUNCATION_REL
 from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR, legend_below
 
 

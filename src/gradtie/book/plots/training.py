@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
-from ..train import RUNNING_MOMENTUM, Tracking
+from gradtie.train import RUNNING_MOMENTUM, Tracking
 from ._style import CONTROL_COLOR, FIGSIZE, MAX_WIDTH, MIN_FONT, OK_COLOR, legend_below
 
 AUTODIFF_COLOR = "tab:orange"
