@@ -3,7 +3,9 @@
 Subpackages: `gradtie.ops` (forward, rendered backward and parameter-gradient nodes per op family),
 `gradtie.kit` (those ops as one value a chain is handed), `gradtie.nets` (the net protocol,
 cifar8-BN and ResNet-34), `gradtie.rendered` (the rendered step), `gradtie.reference` (the autodiff
-oracles) and `gradtie.checks` (the tie kit).
+oracles) and `gradtie.checks` (the tie kit). `gradtie.book` holds the book's support code (the
+chapters' figures, pages, companions, claim map and build): it imports the kit, and nothing here
+imports it.
 
 Check a net of your own (`gradtie.nets.protocol`) or one hand-written VJP:
 
