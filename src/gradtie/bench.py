@@ -596,7 +596,13 @@ def chapter_workloads(name: str, p: dict[str, Any]) -> list[Workload]:
                    _workloads_for(name, "resnet34 stem germ", "resnet34", g("resnet_batch"), g("image_size", 64), 10, "float64")))
     if name == "whole_net_tie":
         return (_workloads_for(name, "cifar8 tie", "cifar8", g("batch", 4), 32, 10, "float64")
-                + _workloads_for(name, "resnet34 tie", "resnet34", g("resnet_batch", 2), g("image_size", 64),
+                + _workloads_for(name, "resnet34 tie", "resnet34", g("statement_batch", 2), 224,
+                                 g("num_classes", 10), "float64"))
+    if name == "stage_by_stage":
+        return (_workloads_for(name, "cifar8 stages", "cifar8", g("batch", 4), 32, 10, "float64")
+                + _workloads_for(name, "resnet34 stages", "resnet34", g("resnet_batch", 2), g("image_size", 64),
+                                 g("num_classes", 10), "float64")
+                + _workloads_for(name, "resnet34 stages at 224 px", "resnet34", g("statement_batch", 2), 224,
                                  g("num_classes", 10), "float64"))
     if name == "would_it_catch":
         r = g("replicas", 2)

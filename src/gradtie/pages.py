@@ -165,3 +165,29 @@ def bf16(report) -> tuple[Table, Table]:
                          f"{r.bound:.2e}", f"{r.ratio:.2f}") for r in report.sites),
                   right=frozenset({2, 4, 5, 6}))
     return sites, stages(report.stages)
+
+
+def fd(rows, *, caption: str = "") -> Table:
+    """Finite-difference rows (`checks.fd.derivatives`): verdict, node, the step h, the central
+    difference and the rendered directional derivative, their relative error and its limit."""
+    return Table(("verdict", "node", "h", "fd", "rendered", "rel err", "limit"),
+                 tuple((r.verdict, r.name, f"{r.h:.1e}", f"{r.fd:+.6e}", f"{r.rendered:+.6e}", f"{r.rel:.1e}",
+                        f"{r.limit:.1e}") for r in rows),
+                 right=frozenset(range(2, 7)), caption=caption)
+
+
+def sweep(report, *, caption: str = "") -> Table:
+    """A `stages.Sweep`, one row per N: the tie's verdict ("tied", "FAILED", "degenerate" where a
+    BatchNorm sees M = 1, "–" where the parameter hypothesis fails), N, each hypothesis of the
+    census, the nodes tied, the worst error over its limit and the smallest BatchNorm reduction M."""
+    hyps = report.rows[0].smooth.hypotheses
+    rows = []
+    for r in report.rows:
+        verdict = ("degenerate" if r.degenerate else "–" if r.tie is None
+                   else "tied" if r.tie.ok else "FAILED")
+        tied = "–" if r.tie is None else f"{sum(x.agrees for x in r.tie.nodes)}/{len(r.tie.nodes)}"
+        small = r.degenerate or (r.tie.smallest_bn() if r.tie is not None else None)
+        rows.append((verdict, str(r.n), *("holds" if r.holds(h.key) else "FAILS" for h in hyps), tied,
+                     "–" if r.tie is None else f"{r.ratio:.2g}", str(small[1]) if small else "–"))
+    return Table(("verdict", "N", *(h.name for h in hyps), "nodes tied", "worst err/lim", "min M"), tuple(rows),
+                 right=frozenset({1, 3 + len(hyps), 4 + len(hyps)}), caption=caption or report.net)
