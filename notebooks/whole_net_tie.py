@@ -193,14 +193,9 @@ flat_point = Point.of(
 flat_tie = tie(flat_point)
 
 # %%
-plots.whole_net_tie.tie_nodes(
-    [tie8, tie34, flat_tie],
-    [
-        "cifar8, photos",
-        "ResNet-34, randn, 224 px",
-        "ResNet-34, flat, 32 px, batch 2 (M = 2; beyond the literal resolution)",
-    ],
-)
+labels = ["cifar8, photos", "ResNet-34, randn, 224 px",
+          "ResNet-34, flat, 32 px, batch 2 (M = 2; beyond the literal resolution)"]
+plots.whole_net_tie.tie_nodes([tie8, tie34, flat_tie], labels)
 plt.show()
 
 # %% tags=["nbval-check-output", "hide-input"]
