@@ -15,14 +15,12 @@
 # # Stage by stage
 #
 # The chapter {doc}`Whole-net tie <whole_net_tie>` tied each net's rendered backward to autodiff of
-# the whole forward. Here we take the chains apart: each stage's rendered backward, its nodes and
-# the cotangent it hands on, tied to `jax.vjp` of that stage ALONE at the cotangent the chain hands
-# it (`r34_net_tiedB`, `cifar8Bbn_train_step_tiedB`, the block input cotangents
-# `r34IdCotIn_eq_vjp` and `r34DownCotIn_eq_vjp`, cifar8's seventeen CertLayers of
-# `cifar8BbnInputGradB_correct`), a planted bug that goes red at the stage that holds it, and the
-# quantifiers "at every batch size N" and "at every loss cotangent". Every tie runs at
-# {term}`drawn weights`, in float64, each row within 10 × the stage's own
-# {term}`round-off envelope <envelope>`.
+# the whole forward. Here each stage's rendered backward, its nodes and the cotangent it hands on,
+# is tied to `jax.vjp` of that stage ALONE at the cotangent the chain hands it (`r34_net_tiedB`,
+# `cifar8Bbn_train_step_tiedB`, the block input cotangents `r34IdCotIn_eq_vjp` and
+# `r34DownCotIn_eq_vjp`, cifar8's seventeen CertLayers); a planted bug goes red at the stage that
+# holds it; and the ties are swept over "every batch size N" and "every loss cotangent". At
+# {term}`drawn weights`, in float64, each row within 10 × its own {term}`round-off envelope <envelope>`.
 
 # %% tags=["hide-input"]
 import dataclasses
@@ -190,16 +188,13 @@ plt.show()
 # %% [markdown]
 # ### ResNet-34's eighteen stages
 #
-# What the suite states stage by stage is split over two modules. `r34InputGradB_correct` peels
-# the backward of the eighteen-stage composition into eighteen stage backwards, and ties only the
-# endpoints concretely (the stem, `cbReluStridedBBack_eq_vjp_backward`, and the head,
-# `r34HeadBBack_eq_vjp_backward`); the sixteen blocks stay opaque `HasVJPDiffAt` witnesses. The
-# step-tie module says what they are: `r34IdCotIn_eq_vjp` (thirteen identity blocks) and
-# `r34DownCotIn_eq_vjp` (three downsample blocks) make a block's input cotangent its certified
-# VJP's backward, under `R34IdPos`/`R34DownPos` and `R34IdSmoothAt`/`R34DownSmoothAt`; and
-# `r34_net_tiedB` ties every node of a stage at the cotangent the chain hands it, with no
-# smoothness clause. The run above, at `image_size` (32 px at ci: the same architecture beyond
-# the literal resolution), on photos:
+# `r34InputGradB_correct` peels the backward into eighteen stage backwards but ties only the stem
+# (`cbReluStridedBBack_eq_vjp_backward`) and the head (`r34HeadBBack_eq_vjp_backward`) concretely;
+# its sixteen blocks are opaque `HasVJPDiffAt` witnesses. The step-tie module says what they are:
+# `r34IdCotIn_eq_vjp` and `r34DownCotIn_eq_vjp` make each block's input cotangent its certified
+# VJP's backward (under `R34IdPos`/`R34DownPos` and `R34IdSmoothAt`/`R34DownSmoothAt`), and
+# `r34_net_tiedB` ties every node at the cotangent the chain hands it, with no smoothness clause.
+# The run above, at `image_size` (32 px at ci: beyond the literal resolution), on photos:
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(
@@ -361,35 +356,24 @@ assert {t.net for t in layers8_photos.failed} == {"pool1", "pool2", "pool3", "po
 # %% [markdown]
 # ### The head needs no hypothesis
 #
-# GAP and dense are smooth, and each is a per-example map batched: `r34HeadBHasVJP` is **global**,
-# the one place in the net where the certified backward comes with nothing attached. So the head
-# must tie wherever it is asked, not only at points the body reaches: we tie it at a random GAP
-# input (negative entries, which no ReLU output holds) and at an all-zero one (where every ReLU
-# of the body sits at its kink), each with a random cotangent at the logits. The control is a GAP
-# backward that forgets its 1/(H·W): at 32 px the net's own GAP sees 1×1 maps, where that bug is
-# invisible, so we ask at 2×2 maps.
+# GAP and dense are smooth per-example maps: `r34HeadBHasVJP` is **global**, so the head must tie
+# wherever it is asked. We tie it at a random GAP input (negative entries, which no ReLU output
+# holds) and at an all-zero one (every ReLU of the body at its kink), each at a random cotangent.
+# The control: a GAP backward without its 1/(H·W), at 2×2 maps (at 1×1 it is invisible).
 
 # %%
-h_any = prng.normal(
-    fold(10), (3, resnet34.WIDTHS[-1], 2, 2), jnp.float64
-)
+h_any = prng.normal(fold(10), (3, resnet34.WIDTHS[-1], 2, 2), jnp.float64)
 dy_any = stages.random_cotangent(fold(11), (3, p.num_classes))
 head_any = stages.tie_at(resnet34, params34, "head", h_any, dy_any, cfg34)
-head_zero = stages.tie_at(
-    resnet34, params34, "head", jnp.zeros_like(h_any), dy_any, cfg34
-)
-# the net's own head: forward, rendered backward
+h_zero = jnp.zeros_like(h_any)
+head_zero = stages.tie_at(resnet34, params34, "head", h_zero, dy_any, cfg34)
+# the net's own head, its GAP backward without 1/(H·W)
 head_stage = resnet34.stage_list(cfg34)[-1]
-_, head_saved = head_stage.forward(params34, h_any, cfg34, protocol.Pass())
-head_grads, head_dx = head_stage.backward(params34, head_saved, dy_any, cfg34, KIT)
+_, saved = head_stage.forward(params34, h_any, cfg34, protocol.Pass())
+grads, dx = head_stage.backward(params34, saved, dy_any, cfg34, KIT)
+wrong = (grads, dx * (h_any.shape[2] * h_any.shape[3]))
 head_bug = stages.tie_at(
-    resnet34,
-    params34,
-    "head",
-    h_any,
-    dy_any,
-    cfg34,
-    rendered_side=(head_grads, head_dx * (h_any.shape[2] * h_any.shape[3])),
+    resnet34, params34, "head", h_any, dy_any, cfg34, rendered_side=wrong
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -429,18 +413,12 @@ assert [r.name for r in head_bug.failed] == ["input"]
 # lands, and why both sides land in the same place, is ours.
 # ```
 #
-# In the stage table the head's input row reads an error of exactly 0, and at 32 px so do its
-# nodes. That is no sign of exactness. It happens because the two sides run the same float64
-# operations in the same order: the rendered GAP backward and autodiff's transpose of the mean
-# both broadcast dg/(H·W), and the rendered dense backward and autodiff's transpose of the dense
-# layer issue the same matrix products. We check this where round-off can show: at a GAP input of
-# 7×7 maps (layer4's output at 224 px, where 1/49 is inexact) and a random cotangent. Each of
-# fc.weight, fc.bias and the input cotangent is computed three ways: the rendered backward,
-# autodiff, and the same sums with their terms in reversed order. Each is compared with the exact
-# values, computed in rational arithmetic and rounded once. All three must lie within
-# γ_n·Σ|a||b| of exact. The rendered side and autodiff must agree bit for bit. The reversed order
-# must differ from them in some bits: the round-off is there, and both sides share it. The control
-# is the GAP backward without its 1/(H·W).
+# The head's input row, and at 32 px its nodes, read an error of exactly 0: not exactness, but the
+# two sides running the same float64 operations in the same order. We check it at 7×7 GAP maps
+# (where 1/49 is inexact): fc.weight, fc.bias and the input cotangent, each computed by the
+# rendered backward, by autodiff and with its sums reversed, all within γ_n·Σ|a||b| of the exact
+# value (rational arithmetic, rounded once); rendered and autodiff bit for bit equal, the reversed
+# order not. The control is the GAP backward without its 1/(H·W).
 
 # %%
 from gradtie import companions
@@ -499,21 +477,14 @@ assert (
 # %% [markdown]
 # ## A planted bug: red, and where it parts
 #
-# A check is worth the bugs it is seen to catch. The figure above plants one bug from the catalogue
-# (`checks.bugs`; the chapter "Would the check catch it?" runs them all) in each net's rendered
-# backward, never in the forward or the oracle:
-#
-# - cifar8, `bn_forget_gamma`: the BatchNorm input backward drops γ (`t = dy` instead of γ·dy).
-#   At the initial weights, γ = 1, this bug is bit for bit the right chain; at drawn weights it
-#   must go red.
-# - ResNet-34, `projection_bn_reads_dn2`: the downsample blocks' projection BatchNorm reads bn₂'s
-#   output cotangent instead of `da`, the wiring `r34DownCotIn_eq_vjp` pins down.
-#
-# The whole-net tie (at cifar8's photos and ResNet-34's 224-px point) fails from the first node the
-# bug reaches, and every node behind it. The per-stage ties say more: a stage handed a wrong
-# cotangent is still a correct VJP of what it was handed, so only the stages holding the bug part
-# (every conv stage of cifar8, whose BatchNorms all forget γ; ResNet-34's three downsample
-# blocks). `first_parting` names the first of them in backward order: where to start looking.
+# The figure above plants one bug from the catalogue (`checks.bugs`; chapter "Would the check
+# catch it?" runs them all) in each net's rendered backward, never in the forward or the oracle:
+# cifar8's `bn_forget_gamma` (the BatchNorm input backward drops γ: bit for bit right at init,
+# where γ = 1, so it must go red at drawn weights) and ResNet-34's `projection_bn_reads_dn2` (the
+# projection BatchNorm reads bn₂'s output cotangent instead of `da`, the wiring
+# `r34DownCotIn_eq_vjp` pins down). The whole-net tie fails from the first node the bug reaches.
+# Per stage, a stage handed a wrong cotangent is still a correct VJP of what it was handed, so
+# only the stages holding the bug part; `first_parting` names the first in backward order.
 
 # %%
 point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1))
@@ -568,202 +539,38 @@ assert (part34.first_parting().stage, part34.first_parting().kind) == (
 assert {t.net for t in part34.failed} == {"layer4.0", "layer3.0", "layer2.0"}
 
 # %% [markdown]
-# ## Eighteen stages
-#
-# ResNet-34 is a list of eighteen named stages: the stem (conv 7×7/s2, BN, ReLU and the 3×3/s2
-# pool), sixteen basic blocks and the head (GAP, fc). `resnet34ForwardBFull_eq_slots` says the
-# composition of exactly these eighteen callables IS the forward: we compose them by hand and
-# compare the logits bit for bit, and list each stage's kind, output shape and parameter count. The
-# composition runs stage by stage, uncompiled, so we take it on the 32-px photos (beyond the
-# statement's literal resolution: at 32 px every map below is 7 times smaller in each side than at
-# the statement's 224 px). The net's forward is itself a fold over this list, so this comparison
-# lists the slots rather than tests them; the next section compares the fold with a forward
-# written apart, which can disagree.
-
-# %% tags=["nbval-check-output", "hide-input"]
-named = resnet34.stages(params34, cfg34)
-h = x34
-for _, stage in named:
-    h = stage(h)
-logits34, _ = resnet34.forward(params34, x34, cfg34)
-rows34 = resnet34.summary(params34, cfg34, x34.shape)
-kinds = [r.kind for r in rows34]
-print(f"{small34 or 'at the literal resolution'}:")
-print(protocol.format_summary(rows34))
-print(
-    book.glue(
-        "r34_stages",
-        f"{len(named)} stages; composition == forward bit for bit: "
-        f"{bool(jnp.array_equal(h, logits34))}",
-        at=dataclasses.replace(at_photos34, alpha=None),
-    )
-)
-assert len(named) == 18 and [n for n, _ in named] == [r.name for r in rows34]
-assert jnp.array_equal(h, logits34)
-assert (
-    kinds.count("stem"),
-    kinds.count("identity"),
-    kinds.count("downsample"),
-    kinds.count("head"),
-) == (1, 13, 3, 1)
-assert sum(r.params for r in rows34) == protocol.census(params34).floats
-
-# %% [markdown]
-# ### The eighteen stages against a forward written apart
-#
-# The fold above is built from the same stage list as `resnet34.forward`, so "bit for bit" could
-# not have come out otherwise. `resnet34ForwardBFull_eq_slots` says the eighteen slots ARE the
-# committed forward. We read "the committed forward" as the formulas, and tie the fold to the
-# independent NumPy ResNet-34 (`gradtie.reference_numpy`: float64, im2col convolutions, BatchNorm
-# from its formula, index-gathered pool windows; it imports nothing from gradtie). Each logit is
-# held to `tolerances.FORWARD_NET_SIGMAS`·√2 standard deviations of the NumPy forward's first-order
-# round-off envelope. We run it at the statement's own resolution, 224 px (a literal of
-# ResNet-34's statements), on two photos. Three controls must go red: the NumPy net with its
-# kernels flipped (a true convolution), with every pool window one cell off, and the fold with
-# `layer1.0` and `layer1.1` swapped.
-
-# %%
-from gradtie import companions
-from gradtie import reference_numpy
-
-x_fold = images("photos", 2, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)          # 224 px
-numpy_ref = reference_numpy.resnet34_forward(params34, np.asarray(x_fold))
-fold_tie = companions.forward_tie(params34, x_fold, cfg34, reference_forward=numpy_ref)
-stage_names = [n for n, _ in named]
-fold_controls = [
-    companions.forward_tie(
-        params34,
-        x_fold,
-        cfg34,
-        ops=reference_numpy.PLANTED[m],
-        reference_forward=numpy_ref,
-        label=f"NumPy net with {m}",
-    )
-    for m in ("flipped_kernel", "pool_window_offset")
-]
-fold_controls.append(
-    companions.forward_tie(
-        params34,
-        x_fold,
-        cfg34,
-        reference_forward=numpy_ref,
-        order=[stage_names[0], stage_names[2], stage_names[1], *stage_names[3:]],
-        label="fold with layer1.0 and layer1.1 swapped",
-    )
-)
-
-# %% tags=["nbval-check-output", "hide-input"]
-print(f"{fold_tie.label} at {fold_tie.image}: {'tied' if fold_tie.ok else 'FAILED'}")
-for c in fold_controls:
-    print(
-        f"control {c.label:42} {'tied' if c.ok else 'FAILED'}: off by more than 1e6 ×"
-        f" its limit: {c.ratio > 1e6}"
-    )
-print(
-    book.glue(
-        "fold_numpy",
-        (
-            fold_tie.image[2],
-            fold_tie.image[0],
-            "tied" if fold_tie.ok else "FAILED",
-            sum(not c.ok for c in fold_controls),
-            len(fold_controls),
-        ),
-        "eighteen-stage fold against the NumPy ResNet-34 at {} px, batch {}: {};"
-        " controls red {}/{}",
-        at=book.At(
-            **at34, image_size=fold_tie.image[2], batch=fold_tie.image[0], data="photos"
-        ),
-    )
-)
-assert fold_tie.ok and fold_tie.image == (2, 3, 224, 224), (
-    f"fold_numpy: logits at {fold_tie.image} off the NumPy forward by"
-    f" {fold_tie.ratio:.2g} × 5√2 envelopes"
-)
-assert all(
-    not c.ok for c in fold_controls
-), f"fold_numpy: a control tied: {[c.label for c in fold_controls if c.ok]}"
-
-# %% tags=["hide-input", "hide-output"]
-print(
-    f"largest logit error {fold_tie.err_max:.1e}, {fold_tie.ratio:.1e} of its limit"
-    f" (the limit up to {fold_tie.limit_max:.1e})"
-)
-
-# %% [markdown]
 # ## Every batch size N
 #
-# "At every batch size N" is a quantifier over N, and a tie at one N shows one instance. We tie
-# both nets on photos over a range of N, taking the census at each N first, and state the smallest
-# N from which every N of the sweep keeps each hypothesis and ties (`Sweep.smallest`); the node
-# ties of `r34_net_tiedB` (no hypothesis; its binders are N, nCls, α, B, w, x, t) are the nodes of
-# each row. With `every_n = True` (the cpu and gpu profiles) both nets run every N from 1 to 8;
-# the ci defaults keep the compile count down (each new N is a new shape to compile) and run
-# N = 1, 2, 4.
-#
-# What to expect: the parameter hypothesis only asks that no ReLU input be exactly 0 and no tie be a
-# non-twin one, which a photo batch meets at every N, even N = 1. ResNet-34's sweep runs at
-# `image_size` (32 px by default: **beyond the statement's literal resolution**). There, at N = 1,
-# layer4's BatchNorm sees M = 1 value per channel, whose x̂ is exactly 0: every node upstream of it
-# is 0 in ℝ, and a tie would compare two round-off-sized answers. That point is **degenerate**: it
-# is reported with the layer and M, not tied, and never counted as tied (`gradtie check` exits 2
-# there). At N = 2, M = 2 (chapter Whole-net tie). `MaxPool2Smooth` fails on photos at every N
-# (dead windows), so for cifar8's input gradient no N of this sweep is smooth: its tie inside the
-# hypothesis is the next section.
+# "At every batch size N" is a quantifier over N. We tie both nets on photos over a range of N
+# (1, 2, 4 at the ci defaults; every N of 1…8 with `every_n = True`, the cpu and gpu profiles),
+# taking the census at each N first, and state the smallest N from which every N of the sweep
+# keeps each hypothesis and ties (`Sweep.smallest`); the node ties of `r34_net_tiedB` (no
+# hypothesis; its binders are N, nCls, α, B, w, x, t) are the nodes of each row. ResNet-34 runs at
+# `image_size` (32 px by default: **beyond the statement's literal resolution**), where at N = 1
+# layer4's BatchNorm sees M = 1 value per channel: every node upstream is 0 in ℝ, and the point is
+# **degenerate**, reported with its layer and M and never counted as tied (`gradtie check` exits 2
+# there). `MaxPool2Smooth` fails on photos at every N (dead windows): cifar8's input gradient is
+# swept inside it in the next section.
 
 # %% tags=["remove-stderr"]
 ns = list(range(1, 9)) if p.every_n else [1, 2, 4]
+photos8 = lambda n: images("photos", n, 32, seed=p.seed)  # noqa: E731
+photos34 = lambda n: images("photos", n, p.image_size, seed=p.seed)  # noqa: E731
 sw8 = stages.sweep(
-    cifar8,
-    params8,
-    cfg8,
-    lambda n: images("photos", n, 32, seed=p.seed),
-    ns,
-    label_smoothing=alpha,
-    key=fold(13),
+    cifar8, params8, cfg8, photos8, ns, label_smoothing=alpha, key=fold(13)
 )
 sw34 = stages.sweep(
-    resnet34,
-    params34,
-    cfg34,
-    lambda n: images("photos", n, p.image_size, seed=p.seed),
-    ns,
-    label_smoothing=alpha,
-    key=fold(14),
+    resnet34, params34, cfg34, photos34, ns, label_smoothing=alpha, key=fold(14)
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
-for sw, hyps in (
-    (sw8, (census.PARAMETERS, census.C8_INPUT)),
-    (sw34, (census.PARAMETERS, census.R34_INPUT)),
-):
-    print(f"{sw.net}:")
-    for r in sw.rows:
-        verdicts = ", ".join(
-            f"{r.smooth.hypothesis(k).name} {'holds' if r.holds(k) else 'FAILS'}"
-            for k in hyps
-        )
-        tied = (
-            f"degenerate (M = {r.degenerate[1]} at {r.degenerate[0]}), not judged"
-            if r.degenerate
-            else (
-                "-"
-                if r.tie is None
-                else f"{sum(x.agrees for x in r.tie.nodes)}/{len(r.tie.nodes)} tied"
-            )
-        )
-        small_m = (
-            r.tie.smallest_bn()[1]
-            if r.tie is not None
-            else r.degenerate[1] if r.degenerate else "-"
-        )
-        print(f"  N = {r.n}: {verdicts}; {tied}; smallest M = {small_m}")
+display(pages.sweep(sw8, ratios=False), pages.sweep(sw34, ratios=False))
+for sw, hyps in ((sw8, (census.PARAMETERS, census.C8_INPUT)),
+                 (sw34, (census.PARAMETERS, census.R34_INPUT))):
     for k in hyps:
-        print(
-            f"  smallest N keeping {sw.rows[0].smooth.hypothesis(k).name}:"
-            f" {sw.smallest(k)}"
-            f"{'' if sw.below(k) is None else '; at ' + sw.below(k).split(';')[0]}"
-        )
+        below = "" if sw.below(k) is None else "; at " + sw.below(k).split(";")[0]
+        name = sw.rows[0].smooth.hypothesis(k).name
+        print(f"{sw.net}: smallest N keeping {name}: {sw.smallest(k)}{below}")
 flat_ns = [r.n for r in sw34.rows if r.degenerate]
 print(
     book.glue(
@@ -810,22 +617,18 @@ assert sw8.smallest(census.PARAMETERS) == 1 and sw34.smallest(census.PARAMETERS)
 assert sw8.smallest(census.C8_INPUT) is None
 
 # %% [markdown]
-# The sweeps row by row, the verdict first (the worst error over its limit moves with the
-# machine's round-off; the verdicts do not):
+# The worst error over its limit at each N (it moves with the machine's round-off; the verdicts
+# do not):
 
 # %% tags=["hide-input", "hide-output"]
 display(pages.sweep(sw8), pages.sweep(sw34))
 
 # %%
-plots.whole_net_tie.sweep_ratios(
-    [sw8, sw34],
-    title="Every batch size ties: worst error over its limit against N"
-    + (
-        f"\n(ResNet-34 at {p.image_size} px: beyond the literal 224 px)"
-        if small34
-        else ""
-    ),
+beyond = (
+    f"\n(ResNet-34 at {p.image_size} px: beyond the literal 224 px)" if small34 else ""
 )
+title = "Every batch size ties: worst error over its limit against N" + beyond
+plots.whole_net_tie.sweep_ratios([sw8, sw34], title=title)
 plt.show()
 
 # %% [markdown]
@@ -840,37 +643,21 @@ plt.show()
 # statement says nothing there), and `bn_forget_gamma` planted at the first lifted point goes red.
 
 # %%
+randn = lambda n: images("randn", n, 32, seed=p.seed)  # noqa: E731
+labels8 = lambda n: targets_matrix(
+    (jnp.arange(n) * 3 + 1) % 10, 10, jnp.float64
+)  # noqa: E731
 lifted_rows = companions.input_sweep(
-    cifar8,
-    params8,
-    cfg8,
-    lambda n: images("randn", n, 32, seed=p.seed),
-    ns,
-    label_smoothing=alpha,
-    key=fold(17),
+    cifar8, params8, cfg8, randn, ns, label_smoothing=alpha, key=fold(17)
 )
 photo_rows = [
-    companions.input_row(
-        cifar8,
-        params8,
-        images("photos", n, 32, seed=p.seed),
-        targets_matrix((jnp.arange(n) * 3 + 1) % 10, 10, jnp.float64),
-        cfg8,
-        point="photos",
-    )
+    companions.input_row(cifar8, params8, photos8(n), labels8(n), cfg8, point="photos")
     for n in ns
 ]
-x_l = images("randn", ns[0], 32, seed=p.seed)
+x_l = randn(ns[0])
 lifted_bug = companions.input_row(
-    cifar8,
-    census.lift_dead_windows(cifar8, params8, x_l, cfg8),
-    x_l,
-    targets_matrix((jnp.arange(ns[0]) * 3 + 1) % 10, 10, jnp.float64),
-    cfg8,
-    point="randn, β lifted",
-    label_smoothing=alpha,
-    chain=bug8,
-    key=fold(17),
+    cifar8, census.lift_dead_windows(cifar8, params8, x_l, cfg8), x_l, labels8(ns[0]),
+    cfg8, point="randn, β lifted", label_smoothing=alpha, chain=bug8, key=fold(17),
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -919,19 +706,15 @@ assert (
 # %% [markdown]
 # ## Every loss cotangent
 #
-# `r34InputGradB_correct` and `cifar8BbnInputGradB_correct` hold "at every loss cotangent": the
-# chain is the Jacobian-transpose of the forward, whatever cotangent arrives at the logits, not
-# only the smoothed cross-entropy's (p − t̃)/N, whose rows sum to 0 and are small. We start both
+# `r34InputGradB_correct` and `cifar8BbnInputGradB_correct` hold "at every loss cotangent", not
+# only at the smoothed cross-entropy's (p − t̃)/N, whose rows sum to 0 and are small. We start both
 # chains from three cotangents no loss of ours hands them (`stages.random_cotangent`): N(0, 1)
-# entries (rows not summing to 0), one spike of 1e3 per row, and N(0, 1) × 1e6. Each is tied to
-# `jax.vjp` of the whole forward at it, every node and the input, within 10 × the point's envelope.
-# The control runs the planted ResNet-34 chain from the first of them.
-#
-# For the nodes this is `cifar8Bbn_net_lossGrad`'s and `r34_net_lossGrad`'s "any loss L of the
-# logits with gradient g" clause: g is whatever L's gradient is. For ResNet-34's input row it is
-# `r34InputGradB_correct` at every loss cotangent, on photos where `h_stem` and `h_pool` hold. The
-# ResNet-34 rows run at `image_size` (32 px at ci): the same architecture beyond the literal
-# resolution, and the claim map labels them so.
+# entries, one spike of 1e3 per row, and N(0, 1) × 1e6, each tied to `jax.vjp` of the whole forward
+# at it, every node and the input. For the nodes this is `cifar8Bbn_net_lossGrad`'s and
+# `r34_net_lossGrad`'s "any loss L of the logits with gradient g" clause; for ResNet-34's input
+# row, `r34InputGradB_correct` on photos where `h_stem` and `h_pool` hold. ResNet-34 runs at
+# `image_size` (32 px at ci: beyond the literal resolution, labelled so in the claim map). The
+# control runs the planted ResNet-34 chain from the first cotangent.
 
 # %%
 kinds_ = ("normal", "spike", "scaled")
@@ -941,19 +724,12 @@ for net_name, mod, params, x, cfg in (
     ("ResNet-34", resnet34, params34, x34, cfg34),
 ):
     for i, kind in enumerate(kinds_):
-        d = stages.random_cotangent(
-            fold(20 + i), (x.shape[0], cfg.num_classes), kind=kind
-        )
-        cot[net_name, kind] = stages.cotangent_tie(
-            Point.of(mod, params, x, None, cfg, key=fold(30 + i)), d
-        )
-cot_bug = stages.cotangent_tie(
-    Point.of(resnet34, params34, x34, None, cfg34, key=fold(30)),
-    stages.random_cotangent(
-        fold(20), (p.resnet_batch, p.num_classes)
-    ),
-    chain=bug34,
-)
+        d = stages.random_cotangent(fold(20 + i), (len(x), cfg.num_classes), kind=kind)
+        at_x = Point.of(mod, params, x, None, cfg, key=fold(30 + i))
+        cot[net_name, kind] = stages.cotangent_tie(at_x, d)
+d = stages.random_cotangent(fold(20), (p.resnet_batch, p.num_classes))
+at_x = Point.of(resnet34, params34, x34, None, cfg34, key=fold(30))
+cot_bug = stages.cotangent_tie(at_x, d, chain=bug34)
 
 # %% tags=["nbval-check-output", "hide-input"]
 for (net_name, kind), rep in cot.items():
@@ -1014,7 +790,7 @@ assert all(r.ok for r in c8_cot_inputs)
 # `cifar8Bbn_train_step_tiedB` for cifar8's; the input cotangents of the identity and downsample
 # blocks (`r34IdCotIn_eq_vjp`, `r34DownCotIn_eq_vjp`); cifar8's seventeen CertLayers where
 # `MaxPool2Smooth` holds (`cifar8BbnInputGradB_correct`); the head anywhere (`r34HeadBHasVJP`). The
-# eighteen stages compose to a forward written apart (`resnet34ForwardBFull_eq_slots`). The ties
+# ties
 # hold at every N of the sweep (second figure; N = 1 at 32 px is degenerate and reported so) and
 # at cotangents no loss hands them. A planted bug goes red, and the per-stage tie names the stage
 # that holds it.

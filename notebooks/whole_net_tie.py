@@ -20,7 +20,8 @@
 # node is the finite-difference derivative of the whole loss: `cifar8Bbn_net_lossGrad` (and its
 # instance `cifar8Bbn_net_lossGrad_CE`), `ResNet34ParamGrad.r34_net_lossGrad`, and the input
 # gradients `r34InputGradB_correct` and `cifar8BbnInputGradB_correct`, each at a point where its
-# own hypothesis holds. The next chapter, {doc}`Stage by stage <stage_by_stage>`, ties each stage
+# own hypothesis holds; and ResNet-34's eighteen stages compose to its forward
+# (`resnet34ForwardBFull_eq_slots`). The next chapter, {doc}`Stage by stage <stage_by_stage>`, ties each stage
 # alone, plants a bug, and sweeps N and the loss cotangent.
 #
 # Every tie runs at {term}`drawn weights` (γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases ~ N(0, 0.1²)):
@@ -359,6 +360,114 @@ print(
 )
 
 # %% [markdown]
+# ## Eighteen stages
+#
+# ResNet-34 is a list of eighteen named stages: the stem (conv 7×7/s2, BN, ReLU and the 3×3/s2
+# pool), sixteen basic blocks and the head (GAP, fc). `resnet34ForwardBFull_eq_slots` says the
+# composition of exactly these eighteen callables IS the forward. We compose them by hand, stage
+# by stage and uncompiled, on four 32-px photos (beyond the statement's literal resolution), and
+# compare the logits bit for bit; each stage's kind, output shape and parameter count fold out.
+# The net's forward is itself a fold over this list, so this lists the slots rather than tests
+# them; the next section compares the fold with a forward written apart, which can disagree.
+
+# %% tags=["nbval-check-output", "hide-input", "hide-output"]
+x34 = images("photos", 4, 32, seed=p.seed)
+small34 = protocol.resolution_note(resnet34, 32)
+named = resnet34.stages(params34, cfg34)
+h = x34
+for _, stage in named:
+    h = stage(h)
+logits34, _ = resnet34.forward(params34, x34, cfg34)
+rows34 = resnet34.summary(params34, cfg34, x34.shape)
+kinds = [r.kind for r in rows34]
+print(f"{small34 or 'at the literal resolution'}:")
+print(protocol.format_summary(rows34))
+print(
+    book.glue(
+        "r34_stages",
+        f"{len(named)} stages; composition == forward bit for bit: "
+        f"{bool(jnp.array_equal(h, logits34))}",
+        at=book.At(**at34, image_size=32, batch=4, data="photos"),
+    )
+)
+assert len(named) == 18 and [n for n, _ in named] == [r.name for r in rows34]
+assert jnp.array_equal(h, logits34)
+assert (
+    kinds.count("stem"),
+    kinds.count("identity"),
+    kinds.count("downsample"),
+    kinds.count("head"),
+) == (1, 13, 3, 1)
+assert sum(r.params for r in rows34) == protocol.census(params34).floats
+
+# %% [markdown]
+# ### The eighteen stages against a forward written apart
+#
+# The fold above is built from the same stage list as `resnet34.forward`, so "bit for bit" could
+# not have come out otherwise. `resnet34ForwardBFull_eq_slots` says the eighteen slots ARE the
+# committed forward. We read "the committed forward" as the formulas, and tie the fold to the
+# independent NumPy ResNet-34 (`gradtie.reference_numpy`: float64, im2col convolutions, BatchNorm
+# from its formula, index-gathered pool windows; it imports nothing from gradtie). Each logit is
+# held to `tolerances.FORWARD_NET_SIGMAS`·√2 standard deviations of the NumPy forward's first-order
+# round-off envelope, at the statement's own 224 px, on two photos. Three controls must go red: the NumPy net with its
+# kernels flipped (a true convolution), with every pool window one cell off, and the fold with
+# `layer1.0` and `layer1.1` swapped.
+
+# %%
+from gradtie import companions, reference_numpy
+
+x_fold = images("photos", 2, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)  # 224 px
+numpy_ref = reference_numpy.resnet34_forward(params34, np.asarray(x_fold))
+fold_tie = companions.forward_tie(params34, x_fold, cfg34, reference_forward=numpy_ref)
+planted = [dict(ops=reference_numpy.PLANTED[m], label=f"NumPy net with {m}")
+           for m in ("flipped_kernel", "pool_window_offset")]
+names = [n for n, _ in named]
+planted.append(dict(order=[names[0], names[2], names[1], *names[3:]],
+                    label="fold with layer1.0 and layer1.1 swapped"))
+fold_controls = [
+    companions.forward_tie(params34, x_fold, cfg34, reference_forward=numpy_ref, **kw)
+    for kw in planted
+]
+
+# %% tags=["nbval-check-output", "hide-input"]
+print(f"{fold_tie.label} at {fold_tie.image}: {'tied' if fold_tie.ok else 'FAILED'}")
+for c in fold_controls:
+    print(
+        f"control {c.label:42} {'tied' if c.ok else 'FAILED'}: off by more than 1e6 ×"
+        f" its limit: {c.ratio > 1e6}"
+    )
+print(
+    book.glue(
+        "fold_numpy",
+        (
+            fold_tie.image[2],
+            fold_tie.image[0],
+            "tied" if fold_tie.ok else "FAILED",
+            sum(not c.ok for c in fold_controls),
+            len(fold_controls),
+        ),
+        "eighteen-stage fold against the NumPy ResNet-34 at {} px, batch {}: {};"
+        " controls red {}/{}",
+        at=book.At(
+            **at34, image_size=fold_tie.image[2], batch=fold_tie.image[0], data="photos"
+        ),
+    )
+)
+assert fold_tie.ok and fold_tie.image == (2, 3, 224, 224), (
+    f"fold_numpy: logits at {fold_tie.image} off the NumPy forward by"
+    f" {fold_tie.ratio:.2g} × 5√2 envelopes"
+)
+assert all(
+    not c.ok for c in fold_controls
+), f"fold_numpy: a control tied: {[c.label for c in fold_controls if c.ok]}"
+
+# %% tags=["hide-input", "hide-output"]
+print(
+    f"largest logit error {fold_tie.err_max:.1e}, {fold_tie.ratio:.1e} of its limit"
+    f" (the limit up to {fold_tie.limit_max:.1e})"
+)
+
+# %% [markdown]
 # ## The input gradient
 #
 # The input cotangent is the last row the chain computes: for ResNet-34 `r34InputGradB`, the stem's
@@ -660,8 +769,10 @@ plt.show()
 # finite-difference derivative of the whole loss: `cifar8Bbn_net_lossGrad` (with
 # `cifar8Bbn_net_lossGrad_CE` at α = 0) and `r34_net_lossGrad`. The input cotangents tie where
 # their hypotheses hold: `r34InputGradB_correct` at 224 px, `cifar8BbnInputGradB_correct` at the
-# lifted point. At the M = 2 point (beyond the literal resolution) the limits widen with the
-# envelope and float32 can judge nothing.
+# lifted point. ResNet-34's eighteen stages compose to a forward written apart, the NumPy net, at
+# 224 px (`resnet34ForwardBFull_eq_slots`), and three planted forwards part from it. At the M = 2
+# point (beyond the literal resolution) the limits widen with the envelope and float32 can judge
+# nothing.
 #
 # Beyond the suite: cifar8's input gradient ties on photos too, where `MaxPool2Smooth` fails, and
 # the float32 chains sit a few float32 envelopes from the float64 gradient while a planted bug

@@ -188,7 +188,7 @@ SUITE: tuple[Claim, ...] = (
     Claim("resnet34ForwardBFull_eq_slots", "`resnet34ForwardBFull_eq_slots`: the eighteen slots ARE the "
           "committed forward",
           "none: an equation between definitions",
-          (_s("stage_by_stage", "The eighteen stages against a forward written apart", "fold_numpy"),),
+          (_s("whole_net_tie", "The eighteen stages against a forward written apart", "fold_numpy"),),
           net="resnet34", literals=R34_LITERALS, binders=("N", "nCls", "w", "x"),
           source=UPSTREAM + "ResNet34 input-gradient module; seed 002"),
     Claim("r34IdCotIn_eq_vjp", "`r34IdCotIn_eq_vjp` / `r34DownCotIn_eq_vjp`: each block's input "

@@ -176,10 +176,11 @@ def fd(rows, *, caption: str = "") -> Table:
                  right=frozenset(range(2, 7)), caption=caption)
 
 
-def sweep(report, *, caption: str = "") -> Table:
+def sweep(report, *, ratios: bool = True, caption: str = "") -> Table:
     """A `stages.Sweep`, one row per N: the tie's verdict ("tied", "FAILED", "degenerate" where a
     BatchNorm sees M = 1, "–" where the parameter hypothesis fails), N, each hypothesis of the
-    census, the nodes tied, the worst error over its limit and the smallest BatchNorm reduction M."""
+    census, the nodes tied, the worst error over its limit (when `ratios`: it moves with the
+    machine's round-off) and the smallest BatchNorm reduction M."""
     hyps = report.rows[0].smooth.hypotheses
     rows = []
     for r in report.rows:
@@ -187,7 +188,10 @@ def sweep(report, *, caption: str = "") -> Table:
                    else "tied" if r.tie.ok else "FAILED")
         tied = "–" if r.tie is None else f"{sum(x.agrees for x in r.tie.nodes)}/{len(r.tie.nodes)}"
         small = r.degenerate or (r.tie.smallest_bn() if r.tie is not None else None)
-        rows.append((verdict, str(r.n), *("holds" if r.holds(h.key) else "FAILS" for h in hyps), tied,
-                     "–" if r.tie is None else f"{r.ratio:.2g}", str(small[1]) if small else "–"))
-    return Table(("verdict", "N", *(h.name for h in hyps), "nodes tied", "worst err/lim", "min M"), tuple(rows),
-                 right=frozenset({1, 3 + len(hyps), 4 + len(hyps)}), caption=caption or report.net)
+        ratio = (("–" if r.tie is None else f"{r.ratio:.2g}",) if ratios else ())
+        rows.append((verdict, str(r.n), *("holds" if r.holds(h.key) else "FAILS" for h in hyps), tied, *ratio,
+                     str(small[1]) if small else "–"))
+    columns = ("verdict", "N", *(h.name for h in hyps), "nodes tied", *(("worst err/lim",) if ratios else ()),
+               "min M")
+    return Table(columns, tuple(rows), right=frozenset({1, *range(2 + len(hyps), len(columns))}),
+                 caption=caption or report.net)
