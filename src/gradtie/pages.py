@@ -195,3 +195,36 @@ def sweep(report, *, ratios: bool = True, caption: str = "") -> Table:
                "min M")
     return Table(columns, tuple(rows), right=frozenset({1, *range(2 + len(hyps), len(columns))}),
                  caption=caption or report.net)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def replica_sums(report, *, caption: str = "") -> Table:
+    """A bf16 `ReplicaReport` (`checks.bf16.replicas`), one row per conv weight node: ok, node,
+    stride s and kernel k, whether every replica's node is rnd(S_r) bit for bit ("n/a" where the
+    kind runs other sums than the reference), the node, all-reduce and formula errors over their
+    bounds, |formula|/M over 2u, the share of entries that differ, and 0 at the identity rounding."""
+    from .checks.bf16.kinds import U_BF16
+
+    rows = []
+    for r in report.rows:
+        bit = _yes(r.nodes_rounded) if r.equal_required else ("(yes)" if r.nodes_rounded else "n/a")
+        rows.append((_yes(r.ok), r.name + ".weight", f"{r.stride}/{r.kernel_size}", bit, f"{r.node_ratio:.3f}",
+                     f"{r.reduce_ratio:.2f}", f"{r.formula_ratio:.2f}", f"{r.max_diff_rel / (2 * U_BF16):.3f}",
+                     f"{r.differing:.1%}", _yes(r.identity_zero)))
+    return Table(("ok", "node", "s/k", "rnd(S_r)", "node/B(n)", "all-reduce/bound", "formula/bound",
+                  "|F|/M over 2u", "differing", "0 at id"), tuple(rows), right=frozenset(range(4, 9)),
+                 caption=caption)
+
+
+def exact_difference(report, *, caption: str = "") -> Table:
+    """A `sync_bf16.ExactReport`, one row per conv weight node: within the summation-order bound at
+    every entry, node, entries, whether the replicas ran the reference's sums, and the shares of
+    entries exact, bounded, predicted by the controls (no term, no rounding) and with a nonzero term."""
+    rows = tuple((_yes(r.within == r.entries), r.name + ".weight", str(r.entries), "yes" if r.same_sums else "no",
+                  f"{r.exact / r.entries:.2%}", f"{r.within / r.entries:.2%}", f"{r.no_term / r.entries:.2%}",
+                  f"{r.no_rounding / r.entries:.2%}", f"{r.nonzero / r.entries:.1%}") for r in report.rows)
+    return Table(("bounded", "node", "entries", "shared sums", "exact", "within", "no term", "no rnd", "F ≠ 0"),
+                 rows, right=frozenset({2, *range(4, 9)}), caption=caption)
