@@ -505,8 +505,8 @@ plt.show()
 # themselves).
 # A tie that only looks at the conv nodes cannot see a wrong cotangent: a BatchNorm backward that
 # forgets γ hands every conv below it a wrong cotangent, and each conv node is still its own op's
-# derivative at that wrong cotangent. So we tie the bf16 chain stage by stage, as the Whole-net tie
-# does in float64: run the chain once with a tape (every stage's input, and the cotangent each stage
+# derivative at that wrong cotangent. So we tie the bf16 chain stage by stage, as the chapter Stage
+# by stage does in float64: run the chain once with a tape (every stage's input, and the cotangent each stage
 # is handed) and a recording kit (every conv site's operands and results), and hold each stage — its
 # nodes *and the cotangent it hands on* — to the VJP of that stage's forward alone at the same input
 # and cotangent (the autodiff oracle, float64). A wrong BatchNorm, pool, ReLU, residual or head
