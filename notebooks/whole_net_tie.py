@@ -641,16 +641,13 @@ print(
 # ## Each node is the derivative of the whole loss
 #
 # The oracle above is autodiff, itself a chain of rules. Finite differences ask the loss directly
-# (`cifar8Bbn_net_lossGrad` and `r34_net_lossGrad` are `HasGradAt` statements): for every node of
-# cifar8, the six dense-head nodes included, and for `fd_nodes` of ResNet-34's 110 at 224 px (2 at
-# the ci defaults, all 110 at `fd_nodes = 0`), along a random unit direction v in one
-# node, (L(θ + h·v) − L(θ − h·v))/2h → ⟨∇L, v⟩ at O(h²). Each step h starts at 1e-4 and shrinks
-# (÷4) until both ends θ ± h·v lie in the smooth piece of θ: every ReLU input keeps its sign and
-# every pool window its choice. Each row is held to 10 × its own envelope (the truncation seen
-# between h and h/2, plus the loss's round-off over h), floored at `tolerances.FD_REL`; a row whose
-# limit reaches 1 % of itself is "no evidence", never a pass. cifar8: every node; ResNet-34, at its
-# 224-px point: `fd_nodes` nodes spread over the backward order (all 110 at `fd_nodes = 0`), a
-# sample because each costs a few forwards at 224 px.
+# (`cifar8Bbn_net_lossGrad` and `r34_net_lossGrad` are `HasGradAt` statements): along a random
+# unit direction v in one node, (L(θ + h·v) − L(θ − h·v))/2h → ⟨∇L, v⟩ at O(h²), the step h
+# shrinking from 1e-4 (÷4) until θ ± h·v stay in θ's smooth piece (every ReLU input keeps its
+# sign, every pool window its choice). Each row is held to 10 × its own envelope (the truncation
+# between h and h/2, plus the loss's round-off over h), floored at `tolerances.FD_REL`; a limit at
+# 1 % of the row is "no evidence", never a pass. cifar8: every node; ResNet-34 at 224 px: `fd_nodes`
+# nodes spread over the backward order (2 at ci, all 110 at `fd_nodes = 0`).
 
 # %% tags=["nbval-check-output", "hide-input"]
 order34 = list(reversed(list(params34)))
@@ -707,14 +704,11 @@ pages.fd(fd34)
 # The suite states its ties over ℝ; a float32 chain against the float64 gradient is our reading.
 # ```
 #
-# The nets train in float32, where no node ties to 1e-10 (beyond the suite, whose ties are over ℝ).
-# How close should a float32 node be? We let correct float32 evaluations say: the float32 autodiff
-# oracle at the point, with the batch reversed and at one-ulp nudges of its inputs and parameters,
-# lands some distance from the float64 reference, and the rendered float32 node must lie within 10
-# of those envelopes, floored at `tolerances.F32_FLOOR` = 1e-5 of its scale. Both sides read the
-# float32-rounded point. The control: `drop_batch_divisor` (the head cotangent without its ÷N) in
-# float32, against the same reference. At the M = 2 point above the same view had nothing it could
-# judge.
+# The nets train in float32, where no node ties to 1e-10. We let correct float32 evaluations say
+# how close a node should be: the float32 autodiff oracle, with the batch reversed and at one-ulp
+# nudges, lands some distance from the float64 reference, and the rendered float32 node must lie
+# within 10 of those envelopes, floored at `tolerances.F32_FLOOR` = 1e-5 of its scale. The
+# control: `drop_batch_divisor` (the head cotangent without its ÷N) in float32.
 
 # %%
 f32_point = Point.of(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(8))
