@@ -14,13 +14,12 @@
 # %% [markdown]
 # # Stage by stage
 #
-# The chapter {doc}`Whole-net tie <whole_net_tie>` tied each net's rendered backward to autodiff of
-# the whole forward. Here each stage's rendered backward, its nodes and the cotangent it hands on,
-# is tied to `jax.vjp` of that stage ALONE at the cotangent the chain hands it (`r34_net_tiedB`,
-# `cifar8Bbn_train_step_tiedB`, the block input cotangents `r34IdCotIn_eq_vjp` and
-# `r34DownCotIn_eq_vjp`, cifar8's seventeen CertLayers); a planted bug goes red at the stage that
-# holds it; and the ties are swept over "every batch size N" and "every loss cotangent". At
-# {term}`drawn weights`, in float64, each row within 10 × its own {term}`round-off envelope <envelope>`.
+# {doc}`Whole-net tie <whole_net_tie>` tied each rendered backward to autodiff of the whole
+# forward. Here each stage's backward, its nodes and the cotangent it hands on, is tied to
+# `jax.vjp` of that stage ALONE at the cotangent the chain hands it (`r34_net_tiedB`,
+# `cifar8Bbn_train_step_tiedB`, `r34IdCotIn_eq_vjp`, `r34DownCotIn_eq_vjp`, cifar8's CertLayers);
+# a planted bug goes red where it sits; and the ties are swept over N and the loss cotangent. At
+# {term}`drawn weights`, in float64, within 10 × each row's {term}`round-off envelope <envelope>`.
 
 # %% tags=["hide-input"]
 import dataclasses
@@ -155,12 +154,10 @@ assert points["ResNet-34", "randn, 224 px"].hypothesis(census.R34_INPUT).holds
 # ## Every stage against its own VJP
 #
 # `stages.stage_ties` runs the rendered chain once, records the cotangent it hands every stage,
-# and ties each stage's rendered backward to `jax.vjp` of that stage alone at that cotangent; the
-# loss cotangent (the head's six kit ops) is tied to autodiff of the loss in the logits first. We
-# run it on ResNet-34's eighteen stages (photos at `image_size`) and cifar8's five, for the real
-# chain and for a chain with one bug planted (section
-# [A planted bug](#a-planted-bug-red-and-where-it-parts)). The figure: each stage's worst error
-# over its limit, in backward order.
+# and ties each stage's backward to `jax.vjp` of that stage alone there (the loss cotangent, the
+# head's six kit ops, first). ResNet-34's eighteen stages (photos at `image_size`) and cifar8's
+# five, for the real chain and with a bug planted ([below](#a-planted-bug-red-and-where-it-parts)):
+# each stage's worst error over its limit, in backward order.
 
 # %%
 pt8 = Point.of(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(12))
@@ -188,11 +185,9 @@ plt.show()
 # %% [markdown]
 # ### ResNet-34's eighteen stages
 #
-# `r34InputGradB_correct` peels the backward into eighteen stage backwards but ties only the stem
-# (`cbReluStridedBBack_eq_vjp_backward`) and the head (`r34HeadBBack_eq_vjp_backward`) concretely;
-# its sixteen blocks are opaque `HasVJPDiffAt` witnesses. The step-tie module says what they are:
-# `r34IdCotIn_eq_vjp` and `r34DownCotIn_eq_vjp` make each block's input cotangent its certified
-# VJP's backward (under `R34IdPos`/`R34DownPos` and `R34IdSmoothAt`/`R34DownSmoothAt`), and
+# `r34InputGradB_correct` ties only the stem and the head concretely; its sixteen blocks are
+# opaque `HasVJPDiffAt` witnesses. The step-tie module says what they are: `r34IdCotIn_eq_vjp` and
+# `r34DownCotIn_eq_vjp` make each block's input cotangent its certified VJP's backward, and
 # `r34_net_tiedB` ties every node at the cotangent the chain hands it, with no smoothness clause.
 # The run above, at `image_size` (32 px at ci: beyond the literal resolution), on photos:
 
@@ -280,12 +275,11 @@ assert (
 # %% [markdown]
 # ### cifar8's seventeen layers
 #
-# cifar8's `cifar8BbnInputGradB_correct` is seventeen CertLayers: eight conv→BN→ReLU layers, four
-# 2×2 pools (`maxPool2Layer`), dense, ReLU, dense, ReLU, dense, all concrete. We tie each layer
-# alone at the cotangent the chain hands it, at the point where `MaxPool2Smooth` holds (randn, β
-# lifted), and check that the layers compose to each stage. On photos the five stages (figure
-# above) tie the same way: their 38 nodes, at the cotangent the chain hands them, which is what
-# `cifar8Bbn_train_step_tiedB` states (no hypothesis in its module docs; our reading: none needed).
+# `cifar8BbnInputGradB_correct` is seventeen concrete CertLayers (eight conv→BN→ReLU, four 2×2
+# pools, the dense head). We tie each alone where `MaxPool2Smooth` holds (randn, β lifted) and check
+# that they compose to each stage. On photos the five stages (figure above) tie their 38 nodes at
+# the cotangent the chain hands them: `cifar8Bbn_train_step_tiedB` (no hypothesis in its module
+# docs; our reading: none needed).
 
 # %%
 pt_lifted = Point.of(
@@ -330,11 +324,9 @@ print(
 # `MaxPool2Smooth`.
 # ```
 #
-# Then **beyond the suite**, at photos: a pool alone has no derivative at a dead window (autodiff's
-# max splits the tie, the render routes it to one cell), so the four pool layers part from their
-# VJPs there, while every stage, whose ReLU kills those cells, still ties. That is exactly why
-# `MaxPool2Smooth` is the hypothesis of the layer-by-layer statement, and why the parameter
-# statement can allow dead windows.
+# On photos a pool alone has no derivative at a dead window (autodiff's max splits the tie, the
+# render routes it to one cell): the four pool layers part from their VJPs while every stage,
+# whose ReLU kills those cells, ties. Hence `MaxPool2Smooth` for the layer-by-layer statement.
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(
@@ -413,12 +405,11 @@ assert [r.name for r in head_bug.failed] == ["input"]
 # lands, and why both sides land in the same place, is ours.
 # ```
 #
-# The head's input row, and at 32 px its nodes, read an error of exactly 0: not exactness, but the
-# two sides running the same float64 operations in the same order. We check it at 7×7 GAP maps
-# (where 1/49 is inexact): fc.weight, fc.bias and the input cotangent, each computed by the
-# rendered backward, by autodiff and with its sums reversed, all within γ_n·Σ|a||b| of the exact
-# value (rational arithmetic, rounded once); rendered and autodiff bit for bit equal, the reversed
-# order not. The control is the GAP backward without its 1/(H·W).
+# The head's ties read exactly 0: not exactness, but both sides running the same float64
+# operations in the same order. At 7×7 GAP maps (1/49 is inexact), fc.weight, fc.bias and the input
+# cotangent by the rendered backward, by autodiff and with sums reversed all lie within γ_n·Σ|a||b|
+# of the exact value; rendered and autodiff agree bit for bit, the reversed order does not. The
+# control: the GAP backward without its 1/(H·W).
 
 # %%
 from gradtie import companions
@@ -477,14 +468,12 @@ assert (
 # %% [markdown]
 # ## A planted bug: red, and where it parts
 #
-# The figure above plants one bug from the catalogue (`checks.bugs`; chapter "Would the check
-# catch it?" runs them all) in each net's rendered backward, never in the forward or the oracle:
-# cifar8's `bn_forget_gamma` (the BatchNorm input backward drops γ: bit for bit right at init,
-# where γ = 1, so it must go red at drawn weights) and ResNet-34's `projection_bn_reads_dn2` (the
-# projection BatchNorm reads bn₂'s output cotangent instead of `da`, the wiring
-# `r34DownCotIn_eq_vjp` pins down). The whole-net tie fails from the first node the bug reaches.
-# Per stage, a stage handed a wrong cotangent is still a correct VJP of what it was handed, so
-# only the stages holding the bug part; `first_parting` names the first in backward order.
+# The figure above plants one catalogue bug (`checks.bugs`) in each net's rendered backward:
+# cifar8's `bn_forget_gamma` (BatchNorm's input backward drops γ: right at init, where γ = 1) and
+# ResNet-34's `projection_bn_reads_dn2` (the projection BatchNorm reads bn₂'s output cotangent, the
+# wiring `r34DownCotIn_eq_vjp` pins down). The whole-net tie fails from the first node the bug
+# reaches; per stage, only the stages holding the bug part (a stage handed a wrong cotangent is
+# still a correct VJP of it), and `first_parting` names the first in backward order.
 
 # %%
 point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1))
@@ -541,16 +530,12 @@ assert {t.net for t in part34.failed} == {"layer4.0", "layer3.0", "layer2.0"}
 # %% [markdown]
 # ## Every batch size N
 #
-# "At every batch size N" is a quantifier over N. We tie both nets on photos over a range of N
-# (1, 2, 4 at the ci defaults; every N of 1…8 with `every_n = True`, the cpu and gpu profiles),
-# taking the census at each N first, and state the smallest N from which every N of the sweep
-# keeps each hypothesis and ties (`Sweep.smallest`); the node ties of `r34_net_tiedB` (no
-# hypothesis; its binders are N, nCls, α, B, w, x, t) are the nodes of each row. ResNet-34 runs at
-# `image_size` (32 px by default: **beyond the statement's literal resolution**), where at N = 1
-# layer4's BatchNorm sees M = 1 value per channel: every node upstream is 0 in ℝ, and the point is
-# **degenerate**, reported with its layer and M and never counted as tied (`gradtie check` exits 2
-# there). `MaxPool2Smooth` fails on photos at every N (dead windows): cifar8's input gradient is
-# swept inside it in the next section.
+# We tie both nets on photos over a range of N (1, 2, 4 at ci; 1…8 with `every_n = True`), the
+# census first at each N, and state the smallest N from which every N keeps each hypothesis and
+# ties (`Sweep.smallest`); the node ties of `r34_net_tiedB` (no hypothesis; its binders are N, nCls,
+# α, B, w, x, t) are each row's nodes. ResNet-34 runs at `image_size` (32 px: **beyond the literal
+# resolution**), where N = 1 leaves layer4's BatchNorm M = 1 value per channel: every node upstream
+# is 0 in ℝ, and the point is **degenerate**, reported and never counted as tied.
 
 # %% tags=["remove-stderr"]
 ns = list(range(1, 9)) if p.every_n else [1, 2, 4]
@@ -634,13 +619,10 @@ plt.show()
 # %% [markdown]
 # ### cifar8's input gradient at every N, inside `MaxPool2Smooth`
 #
-# The sweep above ties cifar8's input gradient on photos, where `MaxPool2Smooth` fails at every N.
-# `cifar8BbnInputGradB_correct` is stated "at every batch size N" inside its hypothesis, so we take
-# the constructed point at each N of the sweep: N(0, 1) pixels, and the pool-feeding β lifted at
-# that batch until no window is dead (`census.lift_dead_windows`; batch statistics change with N,
-# so the lift does too). The census must find `MaxPool2Smooth` holding, and the tie (input row and
-# every node) must hold. Two controls: the photo batch at each N is reported as not judged (the
-# statement says nothing there), and `bn_forget_gamma` planted at the first lifted point goes red.
+# `MaxPool2Smooth` fails on photos at every N. `cifar8BbnInputGradB_correct` holds "at every batch
+# size N" inside it, so at each N we take N(0, 1) pixels with the pool-feeding β lifted at that batch
+# until no window is dead (`census.lift_dead_windows`). Controls: the photo batches are reported not
+# judged, and `bn_forget_gamma` planted at the first lifted point goes red.
 
 # %%
 randn = lambda n: images("randn", n, 32, seed=p.seed)  # noqa: E731
@@ -706,15 +688,12 @@ assert (
 # %% [markdown]
 # ## Every loss cotangent
 #
-# `r34InputGradB_correct` and `cifar8BbnInputGradB_correct` hold "at every loss cotangent", not
-# only at the smoothed cross-entropy's (p − t̃)/N, whose rows sum to 0 and are small. We start both
-# chains from three cotangents no loss of ours hands them (`stages.random_cotangent`): N(0, 1)
-# entries, one spike of 1e3 per row, and N(0, 1) × 1e6, each tied to `jax.vjp` of the whole forward
-# at it, every node and the input. For the nodes this is `cifar8Bbn_net_lossGrad`'s and
-# `r34_net_lossGrad`'s "any loss L of the logits with gradient g" clause; for ResNet-34's input
-# row, `r34InputGradB_correct` on photos where `h_stem` and `h_pool` hold. ResNet-34 runs at
-# `image_size` (32 px at ci: beyond the literal resolution, labelled so in the claim map). The
-# control runs the planted ResNet-34 chain from the first cotangent.
+# The input-gradient statements hold "at every loss cotangent", not only at (p − t̃)/N. We start
+# both chains from three cotangents no loss hands them (`stages.random_cotangent`: N(0, 1), one
+# spike of 1e3 per row, N(0, 1) × 1e6), each tied to `jax.vjp` of the whole forward, every node and
+# the input: for the nodes, `cifar8Bbn_net_lossGrad`'s and `r34_net_lossGrad`'s "any L with
+# gradient g"; for ResNet-34's input row, `r34InputGradB_correct` where `h_stem` and `h_pool` hold
+# (at 32 px: beyond the literal resolution). The control: the planted ResNet-34 chain.
 
 # %%
 kinds_ = ("normal", "spike", "scaled")
@@ -784,18 +763,12 @@ assert all(r.ok for r in c8_cot_inputs)
 # %% [markdown]
 # ## What this chapter showed
 #
-# At drawn weights, every one of ResNet-34's eighteen stages and cifar8's five ties to its own VJP
-# at the cotangent the rendered chain hands it (first figure): every node, at 224 px as
-# `r34_net_tiedB` fixes it and at 32 px beyond that literal resolution, with
-# `cifar8Bbn_train_step_tiedB` for cifar8's; the input cotangents of the identity and downsample
-# blocks (`r34IdCotIn_eq_vjp`, `r34DownCotIn_eq_vjp`); cifar8's seventeen CertLayers where
+# At drawn weights, ResNet-34's eighteen stages and cifar8's five each tie to their own VJP at the
+# cotangent the rendered chain hands them (first figure): every node, at 224 px as `r34_net_tiedB`
+# fixes it and at 32 px beyond it, `cifar8Bbn_train_step_tiedB` for cifar8; the blocks' input
+# cotangents (`r34IdCotIn_eq_vjp`, `r34DownCotIn_eq_vjp`); cifar8's seventeen CertLayers where
 # `MaxPool2Smooth` holds (`cifar8BbnInputGradB_correct`); the head anywhere (`r34HeadBHasVJP`). The
-# ties
-# hold at every N of the sweep (second figure; N = 1 at 32 px is degenerate and reported so) and
-# at cotangents no loss hands them. A planted bug goes red, and the per-stage tie names the stage
-# that holds it.
-#
-# Beyond the suite: on photos cifar8's pool layers part from their VJPs alone at dead windows
-# while the stages tie, its input gradient ties at every cotangent, and the head's ties read
-# exactly 0 because both sides round alike. The chapter's `gpu` profile runs ResNet-34 at
-# ImageNet shapes (224 px, batch 64, K = 1000).
+# ties hold at every N of the sweep (second figure; N = 1 at 32 px degenerate, reported so) and at
+# cotangents no loss hands them; a planted bug goes red at the stage that holds it. Beyond the
+# suite: cifar8's pools part from their VJPs at dead windows while its stages tie, and the head's
+# ties read exactly 0 because both sides round alike.
