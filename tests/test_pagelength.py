@@ -21,7 +21,7 @@ LONG = {
     "stage_germs": (16.4, 3.9),
     "would_it_catch": (12.0, 10.9),
     "check_your_own": (13.9, 10.0),
-    "bf16_erasure": (25.2, 11.3),
+    "bf16_erasure": (23.6, 11.5),
     "data_parallel": (21.5, 4.6),
     "training": (22.4, 4.4),
     "performance": (15.0, 3.2),
