@@ -259,15 +259,12 @@ typed = companions.typed_erasure(companions.with_formulation(cases, "conv")
                                  + companions.with_formulation(cases, "patches"))
 
 # %% tags=["nbval-check-output", "hide-input"]
-for r in typed.erasure():
-    print(
-        f"{r.name:30} ran as {r.formulation:8} n = {r.n:4}: within γ_n(2⁻²⁴)·Σ|a||b| of"
-        f" the exact sum: {r.within_exact}; the f32 peer too: {r.peer_exact_ratio <= 1}"
-    )
-for r in typed.controls():
-    print(
-        f"control, not bf16-exact: {r.name:30} outside the bound: {not r.within_exact}"
-    )
+rows = [("yes" if r.within_exact else "NO", r.name, r.formulation, str(r.n),
+         "yes" if r.peer_exact_ratio <= 1 else "NO") for r in typed.erasure()]
+rows += [("outside" if not r.within_exact else "INSIDE", "control: " + r.name,
+          r.formulation, str(r.n), "–") for r in typed.controls()]
+columns = ("within γ_n·Σ|a||b|", "site", "ran as", "n", "f32 peer within")
+display(pages.Table(columns, tuple(rows), right=frozenset({3})))
 print(
     book.glue(
         "typed_erasure",
@@ -509,8 +506,8 @@ plt.show()
 # themselves).
 # A tie that only looks at the conv nodes cannot see a wrong cotangent: a BatchNorm backward that
 # forgets γ hands every conv below it a wrong cotangent, and each conv node is still its own op's
-# derivative at that wrong cotangent. So we tie the bf16 chain stage by stage, as the Whole-net tie
-# does in float64: run the chain once with a tape (every stage's input, and the cotangent each stage
+# derivative at that wrong cotangent. So we tie the bf16 chain stage by stage, as the chapter Stage
+# by stage does in float64: run the chain once with a tape (every stage's input, and the cotangent each stage
 # is handed) and a recording kit (every conv site's operands and results), and hold each stage — its
 # nodes *and the cotangent it hands on* — to the VJP of that stage's forward alone at the same input
 # and cotangent (the autodiff oracle, float64). A wrong BatchNorm, pool, ReLU, residual or head
@@ -597,14 +594,22 @@ print(
 )
 assert all(c.caught for c in caught if c.above)
 
-# %% tags=["hide-input"]
-for c in caught:
-    print(
-        f"{c.bug:32} size {c.size:8.1e} against the threshold {c.threshold:8.1e} at"
-        f" {c.where}"
-    )
-    if c.caught:
-        print(f"{'':32} {c.report.first_parting().summary()}")
+# %% tags=["hide-input", "hide-output"]
+pages.Table(
+    ("caught", "bug", "size", "threshold", "at", "first parting"),
+    tuple(
+        (
+            "yes" if c.caught else "NO",
+            c.bug,
+            f"{c.size:.1e}",
+            f"{c.threshold:.1e}",
+            c.where,
+            c.report.first_parting().summary() if c.caught else "–",
+        )
+        for c in caught
+    ),
+    right=frozenset({2, 3}),
+)
 
 # %%
 plots.bf16_erasure.bf16_stages({"cifar8": ties["cifar8"]}, {"cifar8": caught})
@@ -708,18 +713,45 @@ plt.show()
 # into explicit shards at every weight-gradient site of cifar8, run each replica's kind, and compute
 # both sides in float64 (where R bf16 values and R float32 values add exactly).
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 replica = bf16.replica_rows(
     sites["cifar8"], p.replicas, rounding(nets["cifar8"][1]), net="cifar8"
 )
+yes = {True: "yes", False: "NO"}
+display(
+    pages.Table(
+        (
+            "ok",
+            "conv",
+            "nodes = rnd(S_r)",
+            "difference = formula",
+            "nonzero",
+            "≤ 2u·M",
+            "0 at id",
+        ),
+        tuple(
+            (
+                yes[row.ok],
+                row.name,
+                yes[row.nodes_rounded],
+                yes[
+                    bool(
+                        np.array_equal(
+                            replica.arrays[row.name]["diff"],
+                            replica.arrays[row.name]["formula"],
+                        )
+                    )
+                ],
+                yes[row.differing > 0],
+                yes[row.max_diff_rel <= 2 * bf16.U_BF16],
+                yes[row.identity_zero],
+            )
+            for row in replica.rows
+        ),
+    )
+)
 for row in replica.rows:
     d = replica.arrays[row.name]
-    print(
-        f"{row.name}: replica nodes == rnd(S_r): {row.nodes_rounded}; difference =="
-        f" formula: {np.array_equal(d['diff'], d['formula'])}; nonzero:"
-        f" {row.differing > 0}; under 2u·M: {row.max_diff_rel <= 2 * bf16.U_BF16}; 0 at"
-        f" identity: {row.identity_zero}"
-    )
     assert row.ok and np.array_equal(d["diff"], d["formula"]) and row.differing > 0
 
 # %% tags=["hide-input"]

@@ -583,8 +583,8 @@ assert all(r.images_per_second > 0 for r in input_rates)
 # `r34_net_tiedB` (ResNet34StepTieB) ties the gradient nodes of ResNet-34's train step, 110 tensors
 # (146 at `convBias := true`, when every conv carries a bias), and `cifar8Bbn_train_step_tiedB`
 # the 38 of cifar8-BN's, each node at the cotangent the rendered chain hands it ("optimizer form:
-# the RAW gradient", as the step-tie module puts it). The chapter Whole-net tie ties those nodes
-# stage by stage, at the cotangent the chain hands each stage (§ Stage by stage).
+# the RAW gradient", as the step-tie module puts it). The chapter Stage by stage ties those nodes
+# stage by stage, at the cotangent the chain hands each stage.
 #
 # ```{admonition} Beyond the suite
 # :class: attention
@@ -846,7 +846,7 @@ plt.show()
 # ## What this chapter showed
 #
 # The suite's statements stop at one step's raw gradient nodes (`r34_net_tiedB`,
-# `cifar8Bbn_train_step_tiedB`, shown in the chapter Whole-net tie); this appendix is about what
+# `cifar8Bbn_train_step_tiedB`, shown in the chapter Stage by stage); this appendix is about what
 # the step does with them, and all of it is beyond the suite:
 #
 # - over the first steps of a run, the autodiff step from the rendered run's own state stays

@@ -6,6 +6,7 @@ Reads the executed chapters and the sources only: nothing is computed."""
 
 import ast
 import json
+import re
 
 import pytest
 
@@ -87,7 +88,7 @@ def test_the_real_chapter_figure_cited_unlabelled_fails():
     by `r34_net_tiedB` without their label."""
     row = next(c for c in claims.SUITE if c.name == "r34_net_tiedB")
     planted = claims.Claim(row.name, row.statement, row.hypotheses,
-                           (claims.Shown("whole_net_tie", "ResNet-34's eighteen stages", ("r34_stage_ties",)),),
+                           (claims.Shown("stage_by_stage", "ResNet-34's eighteen stages", ("r34_stage_ties",)),),
                            net=row.net, literals=row.literals, binders=row.binders)
     found = "\n".join(claims.point_problems([planted]))
     assert "r34_stage_ties" in found and "(the statement's literal: 224)" in found
@@ -148,7 +149,51 @@ def test_the_rendered_table_labels_every_figure_beyond_the_literal_resolution():
             for key in s.figures:
                 cell = f"{s.chapter}.ipynb::{key}:s`" + (f" ({claims.BEYOND_LITERAL})" if s.beyond_literal else "")
                 assert cell in table, (c.name, key)
-    assert "binders N, nCls, α, B, w, x, t" in table
+    assert "binders N, nCls, α, B, w, x, t" in claims.render_hypotheses()
+
+
+def _heading_slugs(chapter):
+    from myst_parser.mdit_to_docutils.base import default_slugify
+
+    lines = (book.NOTEBOOKS / f"{chapter}.py").read_text().splitlines()
+    return {default_slugify(re.sub(r"^# #+ ", "", line).replace("`", "").strip())
+            for line in lines if re.match(r"# #{2,3} ", line)}
+
+
+def _section_links(table):
+    return re.findall(r"\]\(([a-z0-9_]+)\.ipynb#([^)\s]+)\)", table)
+
+
+def test_every_section_the_map_links_is_a_heading_anchor_of_its_chapter():
+    links = _section_links(claims.render_table())
+    assert len(links) == sum(len(c.shown) for c in claims.CLAIMS)
+    assert [f"{doc}#{slug}" for doc, slug in links if slug not in _heading_slugs(doc)] == []
+    # apostrophes and inline code leave the slug as the heading's anchor has it
+    assert ("stage_by_stage", "cifar8s-input-gradient-at-every-n-inside-maxpool2smooth") in links
+    # the control: a section the chapter does not have links nowhere
+    bad = claims.Claim("x", "x", "none", (claims.Shown("stage_by_stage", "cifar8's eighteen layers"),))
+    (doc, slug), = _section_links(claims.render_table([bad]))
+    assert slug == "cifar8s-eighteen-layers" and slug not in _heading_slugs(doc)
+
+
+def test_the_statements_link_their_upstream_files_at_a_pinned_commit():
+    table, hyps = claims.render_table(), claims.render_hypotheses()
+    urls = set(re.findall(r"\]\((https://github\.com/brettkoonce/lean4-mlir/blob/[^)]+)\)", table + hyps))
+    assert urls and all(re.fullmatch(r".*/blob/[0-9a-f]{40}/LeanMlir/Proofs/.+\.lean", u) for u in urls)
+    linked = set(re.findall(r"\[`([^`]+)`\]\(https://github", table + hyps))
+    suite_names = {c.name for c in claims.SUITE}
+    assert {"r34_net_tiedB", "r34InputGradB_correct", "r34_net_syncTiedB", "Bf16Erasure",
+            "resnet34ForwardBFull_eq_slots", "r34HeadBHasVJP"} <= linked
+    # every name the file map knows is a name the map cites, and a name it does not know stays plain
+    cited = " ".join(c.statement + " " + c.hypotheses for c in claims.SUITE)
+    assert all(f"`{name}`" in cited or name in suite_names for name in claims.UPSTREAM_FILES)
+    assert claims.upstream_url("cifar8Bbn_net_lossGrad") is None
+    assert "[`cifar8Bbn_net_lossGrad`]" not in table and "`cifar8Bbn_net_lossGrad`" in table
+
+
+def test_the_intro_hypotheses_are_the_rendered_ones():
+    page = (book.BOOK / "intro.md").read_text()
+    assert claims.hypotheses_between_markers(page) == claims.render_hypotheses()
 
 
 def test_the_intro_counts_are_computed_from_the_map():

@@ -165,3 +165,66 @@ def bf16(report) -> tuple[Table, Table]:
                          f"{r.bound:.2e}", f"{r.ratio:.2f}") for r in report.sites),
                   right=frozenset({2, 4, 5, 6}))
     return sites, stages(report.stages)
+
+
+def fd(rows, *, caption: str = "") -> Table:
+    """Finite-difference rows (`checks.fd.derivatives`): verdict, node, the step h, the central
+    difference and the rendered directional derivative, their relative error and its limit."""
+    return Table(("verdict", "node", "h", "fd", "rendered", "rel err", "limit"),
+                 tuple((r.verdict, r.name, f"{r.h:.1e}", f"{r.fd:+.6e}", f"{r.rendered:+.6e}", f"{r.rel:.1e}",
+                        f"{r.limit:.1e}") for r in rows),
+                 right=frozenset(range(2, 7)), caption=caption)
+
+
+def sweep(report, *, ratios: bool = True, caption: str = "") -> Table:
+    """A `stages.Sweep`, one row per N: the tie's verdict ("tied", "FAILED", "degenerate" where a
+    BatchNorm sees M = 1, "–" where the parameter hypothesis fails), N, each hypothesis of the
+    census, the nodes tied, the worst error over its limit (when `ratios`: it moves with the
+    machine's round-off) and the smallest BatchNorm reduction M."""
+    hyps = report.rows[0].smooth.hypotheses
+    rows = []
+    for r in report.rows:
+        verdict = ("degenerate" if r.degenerate else "–" if r.tie is None
+                   else "tied" if r.tie.ok else "FAILED")
+        tied = "–" if r.tie is None else f"{sum(x.agrees for x in r.tie.nodes)}/{len(r.tie.nodes)}"
+        small = r.degenerate or (r.tie.smallest_bn() if r.tie is not None else None)
+        ratio = (("–" if r.tie is None else f"{r.ratio:.2g}",) if ratios else ())
+        rows.append((verdict, str(r.n), *("holds" if r.holds(h.key) else "FAILS" for h in hyps), tied, *ratio,
+                     str(small[1]) if small else "–"))
+    columns = ("verdict", "N", *(h.name for h in hyps), "nodes tied", *(("worst err/lim",) if ratios else ()),
+               "min M")
+    return Table(columns, tuple(rows), right=frozenset({1, *range(2 + len(hyps), len(columns))}),
+                 caption=caption or report.net)
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "NO"
+
+
+def replica_sums(report, *, caption: str = "") -> Table:
+    """A bf16 `ReplicaReport` (`checks.bf16.replicas`), one row per conv weight node: ok, node,
+    stride s and kernel k, whether every replica's node is rnd(S_r) bit for bit ("n/a" where the
+    kind runs other sums than the reference), the node, all-reduce and formula errors over their
+    bounds, |formula|/M over 2u, the share of entries that differ, and 0 at the identity rounding."""
+    from .checks.bf16.kinds import U_BF16
+
+    rows = []
+    for r in report.rows:
+        bit = _yes(r.nodes_rounded) if r.equal_required else ("(yes)" if r.nodes_rounded else "n/a")
+        rows.append((_yes(r.ok), r.name + ".weight", f"{r.stride}/{r.kernel_size}", bit, f"{r.node_ratio:.3f}",
+                     f"{r.reduce_ratio:.2f}", f"{r.formula_ratio:.2f}", f"{r.max_diff_rel / (2 * U_BF16):.3f}",
+                     f"{r.differing:.1%}", _yes(r.identity_zero)))
+    return Table(("ok", "node", "s/k", "rnd(S_r)", "node/B(n)", "all-reduce/bound", "formula/bound",
+                  "|F|/M over 2u", "differing", "0 at id"), tuple(rows), right=frozenset(range(4, 9)),
+                 caption=caption)
+
+
+def exact_difference(report, *, caption: str = "") -> Table:
+    """A `sync_bf16.ExactReport`, one row per conv weight node: within the summation-order bound at
+    every entry, node, entries, whether the replicas ran the reference's sums, and the shares of
+    entries exact, bounded, predicted by the controls (no term, no rounding) and with a nonzero term."""
+    rows = tuple((_yes(r.within == r.entries), r.name + ".weight", str(r.entries), "yes" if r.same_sums else "no",
+                  f"{r.exact / r.entries:.2%}", f"{r.within / r.entries:.2%}", f"{r.no_term / r.entries:.2%}",
+                  f"{r.no_rounding / r.entries:.2%}", f"{r.nonzero / r.entries:.1%}") for r in report.rows)
+    return Table(("bounded", "node", "entries", "shared sums", "exact", "within", "no term", "no rnd", "F ≠ 0"),
+                 rows, right=frozenset({2, *range(4, 9)}), caption=caption)

@@ -41,7 +41,15 @@ def stage_germs(name: str, p: Params) -> list:
 def whole_net_tie(name: str, p: Params) -> list:
     g = p.get
     return (_both(name, "cifar8 tie", "cifar8", g("batch", 4), 32, 10, "float64")
-            + _both(name, "resnet34 tie", "resnet34", g("resnet_batch", 2), g("image_size", 64),
+            + _both(name, "resnet34 tie", "resnet34", g("statement_batch", 2), 224, g("num_classes", 10), "float64"))
+
+
+def stage_by_stage(name: str, p: Params) -> list:
+    g = p.get
+    return (_both(name, "cifar8 stages", "cifar8", g("batch", 4), 32, 10, "float64")
+            + _both(name, "resnet34 stages", "resnet34", g("resnet_batch", 2), g("image_size", 64),
+                    g("num_classes", 10), "float64")
+            + _both(name, "resnet34 stages at 224 px", "resnet34", g("statement_batch", 2), 224,
                     g("num_classes", 10), "float64"))
 
 
