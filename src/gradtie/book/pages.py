@@ -206,7 +206,7 @@ def replica_sums(report, *, caption: str = "") -> Table:
     stride s and kernel k, whether every replica's node is rnd(S_r) bit for bit ("n/a" where the
     kind runs other sums than the reference), the node, all-reduce and formula errors over their
     bounds, |formula|/M over 2u, the share of entries that differ, and 0 at the identity rounding."""
-    from .checks.bf16.kinds import U_BF16
+    from gradtie.checks.bf16.kinds import U_BF16
 
     rows = []
     for r in report.rows:
