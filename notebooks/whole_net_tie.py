@@ -119,21 +119,21 @@ alpha = p.label_smoothing
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=p.num_classes)
 params8 = {
     k: v.astype(jnp.float64)
-    for k, v in cifar8.init(key, cfg8, weights=p.weights).items()
+    for k, v in cifar8.NET.init(key, cfg8, weights=p.weights).items()
 }
 params34 = {
     k: v.astype(jnp.float64)
-    for k, v in resnet34.init(key, cfg34, weights=p.weights).items()
+    for k, v in resnet34.NET.init(key, cfg34, weights=p.weights).items()
 }
 x8 = images("photos", p.batch, 32, seed=p.seed)  # float64 photo crops in [0, 1]
 x34 = images("photos", p.resnet_batch, p.image_size, seed=p.seed)
 # the statements' 224 px
 x224 = images("randn", p.statement_batch, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)
 # the label every smaller-size figure carries
-small34 = protocol.resolution_note(resnet34, p.image_size)
+small34 = protocol.resolution_note(resnet34.NET, p.image_size)
 randn8 = images("randn", p.batch, 32, seed=p.seed)  # N(0, 1) pixels: no twins
 # pool-feeding β raised: no dead window
-lifted8 = census.lift_dead_windows(cifar8, params8, randn8, cfg8)
+lifted8 = census.lift_dead_windows(cifar8.NET, params8, randn8, cfg8)
 flat34 = images("flat", 2, 32, seed=p.seed)  # the M = 2 point: 32 px, batch 2
 t8 = targets_matrix((jnp.arange(p.batch) * 3 + 1) % 10, 10, jnp.float64)
 t34 = targets_matrix(
@@ -208,13 +208,17 @@ assert (
 
 # %%
 points = {
-    ("cifar8", "photos"): census.smoothness(cifar8, params8, x8, cfg8),
-    ("cifar8", "randn, β lifted"): census.smoothness(cifar8, lifted8, randn8, cfg8),
-    ("ResNet-34", "randn, 224 px"): census.smoothness(resnet34, params34, x224, cfg34),
-    ("ResNet-34", f"photos, {p.image_size} px"): census.smoothness(
-        resnet34, params34, x34, cfg34
+    ("cifar8", "photos"): census.smoothness(cifar8.NET, params8, x8, cfg8),
+    ("cifar8", "randn, β lifted"): census.smoothness(cifar8.NET, lifted8, randn8, cfg8),
+    ("ResNet-34", "randn, 224 px"): census.smoothness(
+        resnet34.NET, params34, x224, cfg34
     ),
-    ("ResNet-34", "flat, 32 px"): census.smoothness(resnet34, params34, flat34, cfg34),
+    ("ResNet-34", f"photos, {p.image_size} px"): census.smoothness(
+        resnet34.NET, params34, x34, cfg34
+    ),
+    ("ResNet-34", "flat, 32 px"): census.smoothness(
+        resnet34.NET, params34, flat34, cfg34
+    ),
 }
 smooth8, lifted_smooth8 = (
     points["cifar8", "photos"],
@@ -306,16 +310,16 @@ assert flat_smooth34.hypothesis(census.R34_INPUT).first.kind == "twin tie"
 # %% tags=["nbval-check-output", "hide-input"]
 abstract = {
     "cifar8 (d = 512)": jax.eval_shape(
-        lambda: cifar8.init(jax.random.key(0), cifar8.Config())
+        lambda: cifar8.NET.init(jax.random.key(0), cifar8.Config())
     ),
     "ResNet-34, K = 1000": jax.eval_shape(
-        lambda: resnet34.init(jax.random.key(0), resnet34.Config())
+        lambda: resnet34.NET.init(jax.random.key(0), resnet34.Config())
     ),
     "ResNet-34, K = 1000, conv biases": jax.eval_shape(
-        lambda: resnet34.init(jax.random.key(0), resnet34.Config(conv_bias=True))
+        lambda: resnet34.NET.init(jax.random.key(0), resnet34.Config(conv_bias=True))
     ),
     "ResNet-34, K = 10": jax.eval_shape(
-        lambda: resnet34.init(jax.random.key(0), resnet34.Config(num_classes=10))
+        lambda: resnet34.NET.init(jax.random.key(0), resnet34.Config(num_classes=10))
     ),
 }
 counts = {name: protocol.census(s) for name, s in abstract.items()}
@@ -362,12 +366,12 @@ print(
 # written apart, which can disagree.
 
 # %% tags=["nbval-check-output", "hide-input"]
-named = resnet34.stages(params34, cfg34)
+named = resnet34.NET.stages(params34, cfg34)
 h = x34
 for _, stage in named:
     h = stage(h)
-logits34, _ = resnet34.forward(params34, x34, cfg34)
-rows34 = resnet34.summary(params34, cfg34, x34.shape)
+logits34, _ = resnet34.NET.forward(params34, x34, cfg34)
+rows34 = resnet34.NET.summary(params34, cfg34, x34.shape)
 kinds = [r.kind for r in rows34]
 print(f"{small34 or 'at the literal resolution'}:")
 print(protocol.format_summary(rows34))
@@ -392,8 +396,8 @@ assert sum(r.params for r in rows34) == protocol.census(params34).floats
 # %% [markdown]
 # ### The eighteen stages against a forward written apart
 #
-# The fold above is built from the same stage list as `resnet34.forward`, so "bit for bit" could
-# not have come out otherwise. `resnet34ForwardBFull_eq_slots` says the eighteen slots ARE the
+# The fold above is built from the same stage list as `resnet34.NET.forward`, so "bit for bit"
+# could not have come out otherwise. `resnet34ForwardBFull_eq_slots` says the eighteen slots ARE the
 # committed forward. We read "the committed forward" as the formulas, and tie the fold to the
 # independent NumPy ResNet-34 (`gradtie.reference_numpy`: float64, im2col convolutions, BatchNorm
 # from its formula, index-gathered pool windows; it imports nothing from gradtie). Each logit is
@@ -504,10 +508,16 @@ print(
 
 # %%
 point8 = reference_at(
-    cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=jax.random.fold_in(key, 1)
+    cifar8.NET,
+    params8,
+    x8,
+    t8,
+    cfg8,
+    label_smoothing=alpha,
+    key=jax.random.fold_in(key, 1),
 )
 point34 = reference_at(
-    resnet34,
+    resnet34.NET,
     params34,
     x224,
     t224,
@@ -520,7 +530,7 @@ tie34 = tie(point34)
 # cifar8's own α
 tie8_ce = tie(
     Point.of(
-        cifar8,
+        cifar8.NET,
         params8,
         x8,
         t8,
@@ -603,7 +613,7 @@ pages.tie(tie8)
 
 # %%
 point_lifted = reference_at(
-    cifar8,
+    cifar8.NET,
     lifted8,
     randn8,
     t8,
@@ -698,7 +708,7 @@ print(
 # %%
 flat_tie = tie(
     Point.of(
-        resnet34,
+        resnet34.NET,
         params34,
         flat34,
         t_flat,
@@ -709,7 +719,7 @@ flat_tie = tie(
 )
 flat_f32 = float32_view(
     Point.of(
-        resnet34,
+        resnet34.NET,
         params34,
         flat34,
         t_flat,
@@ -722,7 +732,7 @@ flat_f32 = float32_view(
 # %% tags=["nbval-check-output", "hide-input"]
 small = flat_tie.smallest_bn()
 widened = flat_tie.widened()
-print(protocol.resolution_note(resnet34, 32))
+print(protocol.resolution_note(resnet34.NET, 32))
 print(
     f"float64: {sum(r.ok for r in flat_tie.nodes)}/{len(flat_tie.nodes)} nodes tied,"
     f" input {'tied' if flat_tie.row('input').ok else 'FAILED'} (model:"
@@ -868,7 +878,7 @@ for r in fd34:
 # %%
 f32_8 = float32_view(
     Point.of(
-        cifar8,
+        cifar8.NET,
         params8,
         x8,
         t8,
@@ -879,7 +889,7 @@ f32_8 = float32_view(
 )
 f32_ctl = float32_view(
     Point.of(
-        cifar8,
+        cifar8.NET,
         params8,
         x8,
         t8,
@@ -887,7 +897,7 @@ f32_ctl = float32_view(
         label_smoothing=alpha,
         key=jax.random.fold_in(key, 8),
     ),
-    bugs.plant("head_no_batch_divisor", cifar8),
+    bugs.plant("head_no_batch_divisor", cifar8.NET),
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -968,7 +978,7 @@ plt.show()
 # %%
 st224 = stages.stage_ties(
     Point.of(
-        resnet34,
+        resnet34.NET,
         params34,
         x224,
         t224,
@@ -1008,7 +1018,7 @@ assert (
 # %%
 st34 = stages.stage_ties(
     Point.of(
-        resnet34,
+        resnet34.NET,
         params34,
         x34,
         t34,
@@ -1080,16 +1090,16 @@ h_any = prng.normal(
     jax.random.fold_in(key, 10), (3, resnet34.WIDTHS[-1], 2, 2), jnp.float64
 )
 dy_any = stages.random_cotangent(jax.random.fold_in(key, 11), (3, p.num_classes))
-head_any = stages.tie_at(resnet34, params34, "head", h_any, dy_any, cfg34)
+head_any = stages.tie_at(resnet34.NET, params34, "head", h_any, dy_any, cfg34)
 head_zero = stages.tie_at(
-    resnet34, params34, "head", jnp.zeros_like(h_any), dy_any, cfg34
+    resnet34.NET, params34, "head", jnp.zeros_like(h_any), dy_any, cfg34
 )
 # the net's own head: forward, rendered backward
 head_stage = resnet34.stage_list(cfg34)[-1]
 _, head_saved = head_stage.forward(params34, h_any, cfg34, protocol.Pass())
 head_grads, head_dx = head_stage.backward(params34, head_saved, dy_any, cfg34, KIT)
 head_bug = stages.tie_at(
-    resnet34,
+    resnet34.NET,
     params34,
     "head",
     h_any,
@@ -1219,7 +1229,7 @@ assert (
 # %%
 layers8 = stages.stage_ties(
     Point.of(
-        cifar8,
+        cifar8.NET,
         lifted8,
         randn8,
         t8,
@@ -1231,7 +1241,7 @@ layers8 = stages.stage_ties(
 )
 layers8_photos = stages.stage_ties(
     Point.of(
-        cifar8,
+        cifar8.NET,
         params8,
         x8,
         t8,
@@ -1243,7 +1253,7 @@ layers8_photos = stages.stage_ties(
 )
 st8 = stages.stage_ties(
     Point.of(
-        cifar8,
+        cifar8.NET,
         params8,
         x8,
         t8,
@@ -1334,15 +1344,15 @@ assert {t.net for t in layers8_photos.failed} == {"pool1", "pool2", "pool3", "po
 # `first_parting` names the first of them in backward order: where to start looking.
 
 # %%
-bug8, bug34 = bugs.plant("bn_forget_gamma", cifar8), bugs.plant(
-    "projection_bn_reads_dn2", resnet34
+bug8, bug34 = bugs.plant("bn_forget_gamma", cifar8.NET), bugs.plant(
+    "projection_bn_reads_dn2", resnet34.NET
 )
 # run once
 rec8 = stages.record(
-    cifar8, params8, x8, cfg8, targets=t8, label_smoothing=alpha, chain=bug8
+    cifar8.NET, params8, x8, cfg8, targets=t8, label_smoothing=alpha, chain=bug8
 )
 rec34 = stages.record(
-    resnet34, params34, x34, cfg34, targets=t34, label_smoothing=alpha, chain=bug34
+    resnet34.NET, params34, x34, cfg34, targets=t34, label_smoothing=alpha, chain=bug34
 )
 red8 = stages.whole_tie(rec8, cfg8, point=point8)
 # at 224 px the planted chain runs compiled (LLVM on): quick compilation runs too slowly
@@ -1350,7 +1360,7 @@ red8 = stages.whole_tie(rec8, cfg8, point=point8)
 red34 = tie(point34, bug34, how="compiled")
 part8 = stages.stage_ties(
     Point.of(
-        cifar8,
+        cifar8.NET,
         params8,
         x8,
         t8,
@@ -1362,7 +1372,7 @@ part8 = stages.stage_ties(
 )
 part34 = stages.stage_ties(
     Point.of(
-        resnet34,
+        resnet34.NET,
         params34,
         x34,
         t34,
@@ -1447,7 +1457,7 @@ plt.show()
 # %% tags=["remove-stderr"]
 ns = list(range(1, 9)) if p.every_n else [1, 2, 4]
 sw8 = stages.sweep(
-    cifar8,
+    cifar8.NET,
     params8,
     cfg8,
     lambda n: images("photos", n, 32, seed=p.seed),
@@ -1456,7 +1466,7 @@ sw8 = stages.sweep(
     key=jax.random.fold_in(key, 13),
 )
 sw34 = stages.sweep(
-    resnet34,
+    resnet34.NET,
     params34,
     cfg34,
     lambda n: images("photos", n, p.image_size, seed=p.seed),
@@ -1575,7 +1585,7 @@ plt.show()
 
 # %%
 lifted_rows = companions.input_sweep(
-    cifar8,
+    cifar8.NET,
     params8,
     cfg8,
     lambda n: images("randn", n, 32, seed=p.seed),
@@ -1585,7 +1595,7 @@ lifted_rows = companions.input_sweep(
 )
 photo_rows = [
     companions.input_row(
-        cifar8,
+        cifar8.NET,
         params8,
         images("photos", n, 32, seed=p.seed),
         targets_matrix((jnp.arange(n) * 3 + 1) % 10, 10, jnp.float64),
@@ -1596,8 +1606,8 @@ photo_rows = [
 ]
 x_l = images("randn", ns[0], 32, seed=p.seed)
 lifted_bug = companions.input_row(
-    cifar8,
-    census.lift_dead_windows(cifar8, params8, x_l, cfg8),
+    cifar8.NET,
+    census.lift_dead_windows(cifar8.NET, params8, x_l, cfg8),
     x_l,
     targets_matrix((jnp.arange(ns[0]) * 3 + 1) % 10, 10, jnp.float64),
     cfg8,
@@ -1671,8 +1681,8 @@ assert (
 kinds_ = ("normal", "spike", "scaled")
 cot = {}
 for net_name, mod, params, x, cfg in (
-    ("cifar8", cifar8, params8, x8, cfg8),
-    ("ResNet-34", resnet34, params34, x34, cfg34),
+    ("cifar8", cifar8.NET, params8, x8, cfg8),
+    ("ResNet-34", resnet34.NET, params34, x34, cfg34),
 ):
     for i, kind in enumerate(kinds_):
         d = stages.random_cotangent(
@@ -1682,7 +1692,7 @@ for net_name, mod, params, x, cfg in (
             Point.of(mod, params, x, None, cfg, key=jax.random.fold_in(key, 30 + i)), d
         )
 cot_bug = stages.cotangent_tie(
-    Point.of(resnet34, params34, x34, None, cfg34, key=jax.random.fold_in(key, 30)),
+    Point.of(resnet34.NET, params34, x34, None, cfg34, key=jax.random.fold_in(key, 30)),
     stages.random_cotangent(
         jax.random.fold_in(key, 20), (p.resnet_batch, p.num_classes)
     ),

@@ -353,12 +353,12 @@ def fold(named: Sequence[tuple[str, Callable]], x, order: Optional[Sequence[str]
 
 @partial(jax.jit, static_argnums=(2, 3), compiler_options=rendered.QUICK)
 def _fold_logits(params, x, cfg, order):
-    return fold(resnet34.stages(params, cfg), x, order)
+    return fold(resnet34.NET.stages(params, cfg), x, order)
 
 
 def forward_tie(params, x, cfg, *, ops: rn.NumpyOps = rn.OPS, order: Optional[Sequence[str]] = None,
                 label: str = "eighteen-stage fold", reference_forward=None) -> ForwardTie:
-    """ResNet-34's eighteen stages (`resnet34.stages`) folded (in `order`) against the NumPy forward
+    """ResNet-34's eighteen stages (`resnet34.NET.stages`) folded (in `order`) against the NumPy forward
     (with `ops`) in float64, each logit within FORWARD_NET_SIGMAS·√2 standard deviations of the
     NumPy envelope (the two sides' round-off, independent). reference_forward: a NumPy `Forward`
     already computed with the real ops (its envelope is the limit's; the planted ops run without one)."""

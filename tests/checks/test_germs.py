@@ -137,11 +137,11 @@ def test_smooth_point_is_smooth(point):
 
 def test_germ_moves_the_pre_activations_own_weights():
     p = NET.init(jax.random.key(0), CFG)
-    assert germs.walk_parameters(cifar8, "bn3", p, CFG) == ("stage2", ("conv3.weight", "conv3.bias",
+    assert germs.walk_parameters(cifar8.NET, "bn3", p, CFG) == ("stage2", ("conv3.weight", "conv3.bias",
                                                                        "bn3.weight", "bn3.bias"))
     shapes, _ = abstract_inputs(resnet34.NET, CFG34)
     assert germs.walk_parameters(resnet34.NET, "bn1", shapes, CFG34)[0] == "stem"
-    assert germs.walk_parameters(resnet34, "layer2.0.bn1", shapes, CFG34) == (
+    assert germs.walk_parameters(resnet34.NET, "layer2.0.bn1", shapes, CFG34) == (
         "layer2.0", ("layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"))
 
 
@@ -264,4 +264,4 @@ def test_plan_runs_op_by_op_through_the_last_pool(point):
     params, x, _, _ = point
     assert census.pool_stages(NET, CFG, _saved(NET, CFG)) == [0, 1, 2, 3]
     assert [germs._plan(NET, params, x, CFG, f"stage{k}")[1] for k in (1, 4)] == [4, 4]
-    assert census.pool_stages(resnet34, CFG34, _saved(resnet34.NET, CFG34)) == [0]   # the stem holds the only pool
+    assert census.pool_stages(resnet34.NET, CFG34, _saved(resnet34.NET, CFG34)) == [0]   # the stem holds the only pool

@@ -26,7 +26,7 @@ CHECKS = Path(gradtie.__file__).parent / "checks"
 
 @pytest.fixture(scope="module")
 def params():
-    return {k: v.astype(jnp.float64) for k, v in cifar8.init(jax.random.key(0), CFG, weights="drawn").items()}
+    return {k: v.astype(jnp.float64) for k, v in cifar8.NET.init(jax.random.key(0), CFG, weights="drawn").items()}
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from sklearn.datasets import load_digits
 from gradtie import prng, reference
 from gradtie import tolerances
 from gradtie.checks.tie import compare, zero_in_reals as zero_nodes
-from gradtie.nets.protocol import as_net
 
 # These tests run both sides unjitted, op by op, where rendered and autodiff agree to round-off even
 # at a BatchNorm over M = 2 cells: every row is held to the float64 floor (
@@ -99,13 +98,13 @@ def f64(params):
 
 def oracle_loss_and_grads(net, params, x, targets, cfg, alpha):
     """(loss, parameter gradients) of `reference.oracle`: autodiff of the forward-based loss."""
-    loss, grads, _ = reference.oracle(as_net(net), params, x, as_rows(targets, cfg.num_classes), cfg, alpha)
+    loss, grads, _ = reference.oracle(net, params, x, as_rows(targets, cfg.num_classes), cfg, alpha)
     return loss, grads
 
 
 def oracle_input_cotangent(net, params, x, cfg, dlogits):
     """`reference.vjp` of the forward's logits with respect to the image."""
-    (dx,) = reference.vjp(lambda x_: as_net(net).forward(params, x_, cfg)[0], x, cotangent=dlogits)
+    (dx,) = reference.vjp(lambda x_: net.forward(params, x_, cfg)[0], x, cotangent=dlogits)
     return dx
 
 

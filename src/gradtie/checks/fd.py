@@ -28,7 +28,7 @@ import numpy as np
 from .. import prng, reference, rendered
 from .. import tolerances as tol
 from ..host import to_device
-from ..nets.protocol import Net, Pass, as_net, fold_forward
+from ..nets.protocol import Net, Pass, fold_forward
 from ..ops import maxpool
 from ..progress import bar
 from .tie import piece_of, targets_matrix
@@ -347,7 +347,6 @@ def _moved(params, v, w, t) -> dict:
 def path_losses(net, params, x, targets, cfg, path: Path, ts, *, label_smoothing: float = 0.0) -> np.ndarray:
     """S(t), the net's own loss (`loss.value` of its forward), at θ(t) for each t: one compiled
     program (`taylor` to order 0), shared by every path and every t. targets: labels [N] or rows [N,K]."""
-    net = as_net(net)
     targets = targets_matrix(targets, net.cfg(cfg).num_classes, x.dtype)
     alpha = jnp.asarray(label_smoothing, x.dtype)
     return np.array([float(taylor(net, params, x, cfg, path.v, path.w, 0, "loss", targets, alpha,
@@ -409,7 +408,6 @@ def radii(net, params, x, cfg, path: Path, sigma: dict, *, everywhere: bool = Tr
     one (z < 0 everywhere) its 0 until a cell other than σ and its twins crosses 0. δ is the smallest
     |t| at which one of these gaps closes; `kinks` the smallest at which a ReLU input crosses 0
     (everywhere=False: those feeding pools only); min(δ, kinks) is the smooth piece's radius."""
-    net = as_net(net)
     z = [jax.tree.map(np.asarray, a) for a in
          taylor(net, params, x, net.cfg(cfg), path.v, path.w, order, "relu" if everywhere else "pool relu")]
     z0, z1, z2 = z[0], z[1], jax.tree.map(lambda a: a / 2 if order > 1 else np.zeros_like(a), z[-1])

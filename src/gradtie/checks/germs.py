@@ -31,7 +31,7 @@ import numpy as np
 
 from .. import prng, rendered
 from ..host import to_device
-from ..nets.protocol import Net, Pass, as_net, fold_forward
+from ..nets.protocol import Net, Pass, fold_forward
 from ..progress import bar
 from ..tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FRACTION, GERM_KINK_STEPS, GERM_MIN_WINDOW,
                           GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS, GERM_ROUNDOFF_NUDGE,
@@ -242,7 +242,6 @@ def walk_parameters(net, where: str, params: dict, cfg=None) -> tuple[str, tuple
     """(stage, names) for a walk: `where` is a stage ("stage2", "stem": all its weights) or a
     pre-activation ("bn3": the conv→BN pair that writes it, conv3.* and bn3.*, as `c8_germ_stage₃`
     moves; "layer2.0.bn1": layer2.0.conv1.* and layer2.0.bn1.*)."""
-    net = as_net(net)
     stages = net.stage_list(net.cfg(cfg))
     if where in [st.name for st in stages]:
         return where, tuple(n for st in stages if st.name == where for n in st.params if n in params)
@@ -260,8 +259,8 @@ def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, *
                    chain: Optional[Chain] = None) -> dict:
     """The rendered parameter nodes at θ: `gradtie.rendered`'s step of `chain` (default: the net's
     own, through the real kit; a planted one, `checks.bugs.plant`, gives nodes FD must reject)."""
-    chain = chain or Chain(as_net(net))
-    return rendered.run(chain.net, chain.kit, params, x, targets, as_net(net).cfg(cfg), alpha=label_smoothing,
+    chain = chain or Chain(net)
+    return rendered.run(chain.net, chain.kit, params, x, targets, net.cfg(cfg), alpha=label_smoothing,
                         how="quick").grads
 
 
@@ -322,7 +321,6 @@ def split_losses(net, params, x, targets, cfg, path: fd.Path, ts, sigma: dict, *
                  plan: Optional[tuple] = None, label_smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(S(t), G(t)) for each t, the real loss and the gather model's at σ, comparable bit for bit.
     The path moves the parameters of `stage` (or of the `plan` a previous call made) and later ones."""
-    net = as_net(net)
     cfg = net.cfg(cfg)
     start, stop, y0 = plan or _plan(net, params, x, cfg, stage)
     stage_list = net.stage_list(cfg)
@@ -375,7 +373,7 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key
     |w| = 1/δ₀ with δ₀ the straight walk's predicted radius (the path bends as much as it moves at
     the germ's own scale). FD compares against ⟨grads, v⟩, grads the rendered nodes at θ
     (`rendered_nodes`; None skips the finite differences). targets: int labels [N] or rows [N,K]."""
-    net, cfg = as_net(net), as_net(net).cfg(cfg)
+    net, cfg = net, net.cfg(cfg)
     stage, names = walk_parameters(net, where, params, cfg)
     ts = T_GRID if ts is None else np.asarray(ts, np.float64)
     hs = H_GRID if hs is None else np.asarray(hs, np.float64)
@@ -418,7 +416,7 @@ def near_kink(net, params, x, cfg, where: str, *, key, radius: float) -> dict:
     """params with one BN shift β moved so that the ReLU input of `where` ("bn3") nearest its kink
     along the straight walk `germ(..., where, key=key)` reaches 0 at |t| ≈ `radius`. A control: with
     the first kink closer than round-off allows a step, the finite differences say "no evidence"."""
-    net, cfg = as_net(net), as_net(net).cfg(cfg)
+    net, cfg = net, net.cfg(cfg)
     _, names = walk_parameters(net, where, params, cfg)
     if f"{where}.bias" not in params:
         raise ValueError(f"near_kink: {where!r} must name a BatchNorm layer of {net.name} (its shift "

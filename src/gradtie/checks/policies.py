@@ -40,7 +40,6 @@ from .. import policy as policy_
 from .. import rendered
 from .. import tolerances as tol
 from ..host import tree_to_device
-from ..nets.protocol import as_net
 from ..ops import maxpool
 from . import bugs, stages
 from . import envelope as env_
@@ -72,7 +71,6 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
     `factor` × the policy's envelope at the point (the module docstring), and the loss cotangent
     (float32 under every policy) to autodiff of the loss within float32's."""
     need_x64("the policy stage ties")
-    net = as_net(net)
     pol = policy_.get(cfg.policy)
     unit = policy_.unit_roundoff_here(pol)   # measured where it runs: a CPU has no TF32 units
     chain = chain or Chain(net)
@@ -101,7 +99,7 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
         outputs.append({k: (g, env_.unorder(dx, s.order)) for k, (g, dx) in out.items()})
         labels.append(s.label)
     worst = env_.spread(ref, outputs)
-    cells = node_cells(params, bn_cells(net, *tree_to_device((params, x), np.float64), replace(exact, bf16=False)))
+    cells = node_cells(net, exact, bn_cells(net, *tree_to_device((params, x), np.float64), replace(exact, bf16=False)))
     zero = zero_in_reals(params)
     ties = []
     for stage in stage_list:
@@ -144,7 +142,6 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
               key: Optional[jax.Array] = None) -> list[PolicyCaught]:
     """Every single-device catalogue entry that applies to `net` (or those of `names`) planted in the
     chain under `cfg.policy` and tied stage by stage at the same point."""
-    net = as_net(net)
     chosen = bugs.chosen(net, names, label_smoothing=label_smoothing, batch=np.shape(x)[0], cfg=cfg)
     return [PolicyCaught(b.name, b.family, stage_ties(net, params, x, targets, cfg, chain=bugs.plant(b.name, net, cfg),
                                                       label_smoothing=label_smoothing, key=key))

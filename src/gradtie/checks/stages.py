@@ -31,7 +31,7 @@ from .. import prng, reference, rendered
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
 from ..kit import KIT
-from ..nets.protocol import Net, Pass, as_net
+from ..nets.protocol import Net, Pass
 from . import census, envelope as env_
 from .tie import (Chain, NodeRow, Point, TieReport, bn_cells, checked_dtype, compare, degenerate, degenerate_text,
                   frozen_selections, node_cells, reference_at, report, targets_matrix, tie, zero_in_reals)
@@ -76,7 +76,6 @@ def record(net, params, x, cfg, *, targets=None, label_smoothing: float = 0.0, d
            chain: Optional[Chain] = None) -> Record:
     """Run the rendered chain (`chain`, default the net's own) at (params, x) from the loss's
     cotangent (`targets`) or from any cotangent at the logits (`dlogits` [N,K]), with a tape."""
-    net = as_net(net)
     chain = chain or Chain(net)
     if (targets is None) == (dlogits is None):
         raise ValueError("record: give targets (the loss's own cotangent) or dlogits (any cotangent), not both")
@@ -292,7 +291,7 @@ def _point(net: Net, point) -> tuple[Optional[dict], int, dict]:
     (the point's net or its finer stages) at the point's exact widening."""
     p64, x64, _ = point.wide
     sel, ties = frozen_selections(net, p64, x64, point.cfg)
-    return sel, ties, node_cells(point.params, bn_cells(net, p64, x64, point.cfg))
+    return sel, ties, node_cells(net, point.cfg, bn_cells(net, p64, x64, point.cfg))
 
 
 def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
@@ -395,7 +394,6 @@ def tie_at(net, params, stage: str, h, dy, cfg, *, key: Optional[jax.Array] = No
     the stage's VJP there. The head (GAP, fc) needs no hypothesis at all: `r34HeadBHasVJP` is
     global, so its tie holds wherever it is asked, even where the body sits at a kink.
     rendered_side: (grads, dx) computed elsewhere, in place of the net's own stage backward."""
-    net = as_net(net)
     dtype = checked_dtype("tie_at", h)
     names = [s.name for s in net.stage_list(cfg)]
     if stage not in names:
@@ -484,7 +482,6 @@ def sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int
     """The whole-net tie at every batch size N in `ns`: the census's hypotheses at each point, and
     the tie wherever the parameter-gradient hypothesis holds. images(N) -> x [N,C,S,S] (its dtype is
     the chain's); labels(N) -> int labels or target rows (default (3n + 1) mod K)."""
-    net = as_net(net)
     ns = [int(n) for n in ns]
     if not ns or min(ns) < 1:
         raise ValueError(f"sweep: ns must be positive batch sizes, got {ns}")

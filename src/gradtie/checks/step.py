@@ -42,11 +42,11 @@ import optax
 from .. import reference, train
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
-from ..nets.protocol import Net, as_net
+from ..nets.protocol import Net, require_net
 from ..ops import head
 from ..progress import bar
 from . import envelope as env_
-from .tie import NodeRow, bn_cells, bn_of, compare, is_beta, need_x64, zero_in_reals
+from .tie import NodeRow, bn_cells, compare, is_beta, need_x64, node_cells, zero_in_reals
 
 RECIPES = ("sgd", "nesterov", "heavy-ball")
 # The book's convention, written out here apart from `gradtie.train`: running ← 0.99·running + 0.01·batch, and
@@ -202,7 +202,6 @@ def control(net, recipe: str, name: str, *, skip: Optional[str] = None) -> StepC
     hand-written optimizer or BatchNorm commonly has. `skip`: the tensor skip_tensor leaves out
     (default: a BatchNorm β in the middle of the net)."""
     ours = _check_recipe(recipe)
-    net = as_net(net)
     names = [n for n, (recipes, _) in CONTROLS.items() if recipe in recipes]
     if name not in names:
         raise ValueError(f"control {name!r} for {recipe}: expected one of {', '.join(names)}")
@@ -244,7 +243,7 @@ def _reference_step(net: Net, cfg, recipe: str, lr: float, alpha: float, params,
     bn_inputs = {name: layer.c for name, layer in net.bn_layers(saved).items()}
     updates, opt_state = _optax_rule(recipe, lr)[0].update(g, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state,
-            _reference_running(running, bn_inputs, count, getattr(cfg, "bn", "batch") == "example"), loss)
+            _reference_running(running, bn_inputs, count, cfg.per_example_bn), loss)
 
 
 def _evaluation(label: Optional[str], params, x, targets, key):
@@ -293,7 +292,6 @@ def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str =
     same run with each gradient taken on the batch reversed, and `nudges` runs with each gradient
     taken at parameters and images nudged by one unit roundoff (fresh every step)."""
     op = "step.reference_run"
-    net = as_net(net)
     need_x64(op)
     if cfg.bf16:
         raise ValueError(f"{op}: the step tie is float64; cfg.bf16 must be False")
@@ -436,7 +434,7 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
     Lean: `r34_net_tiedB` (110 tensors; 146 at convBias := true), `cifar8Bbn_train_step_tiedB` (38).
     Shown in: Training with the rendered step.
     """
-    net = as_net(net)
+    require_net(net, "step.tie_step")
     if reference is None:
         reference = reference_run(net, params, batches, cfg, recipe=recipe, lr=lr,
                                   label_smoothing=label_smoothing, key=key, progress=progress)
@@ -450,7 +448,7 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
                            quick=control is not None)
     state = train.init_state(stepper, cfg, reference.start, opt)
     start, cells = reference.start, reference.bn_cells
-    cells_of = {name: cells[b] for name in start if (b := bn_of(name, cells)) is not None}
+    cells_of = node_cells(net, cfg, cells)
     conv_biases = zero_in_reals(start)
     # a conv bias behind BatchNorm has gradient 0 in ℝ: it moves only by weight decay, if it is not 0
     decay = ours.hyper.get("weight_decay", 0.0)

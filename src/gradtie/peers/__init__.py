@@ -150,7 +150,7 @@ def agreement(peer: Union[str, Peer], net_name: str, *, batch: int, image_size: 
     loss_o, grads_o, _ = ref.reference
     rows = compare(grads, {name: grads_o[name] for name in params}, envelope=ref.envelope.nodes, factor=factor,
                        floor=tol.FLOORS[ref.dtype], zero_nodes=zero_in_reals(params), loss=(loss, loss_o),
-                       loss_envelope=ref.envelope.loss, cells=node_cells(params, ref.bn_cells))
+                       loss_envelope=ref.envelope.loss, cells=node_cells(net, ref.cfg, ref.bn_cells))
     meta = {"batch": batch, "image_size": image_size, "num_classes": num_classes, "seed": seed, "alpha": alpha,
             "bn_cells": ref.bn_cells, "envelope_evaluations": list(ref.envelope.evaluations), "factor": factor}
     return Agreement(p.name, net_name, TieReport(p.name, ref.dtype, rows, loss, float(loss_o), meta))

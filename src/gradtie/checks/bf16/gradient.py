@@ -26,7 +26,7 @@ from ...host import to_device, tree_to_device
 from ... import policy as policy_
 from ...kit import KIT
 from ...nets.layers import rounding, zero_in_reals
-from ...nets.protocol import Pass, as_net
+from ...nets.protocol import Pass
 from ...ops import conv, maxpool
 from .. import bugs, stages
 from .. import envelope as env_
@@ -140,7 +140,6 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
     outputs are frozen at the chain's too, and a residual block's input cotangent, a bf16 sum of
     its two branches' cotangents, is held to at least one bf16 rounding (U_BF16)."""
     need_x64("the bf16 stage ties")
-    net = as_net(net)
     policy = under_policy(cfg)
     chain, cfg = chain or Chain(net), _kinds_config(cfg)
     r = "bf16" if policy else cfg.bf16_rounding
@@ -155,7 +154,7 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
                         tape.cotangents[net.stage_list(cfg)[-1].name], float(out.loss), t, label_smoothing)
     ties, cot = stages._ties(net, cfg, rec, dtype="float32", key=jax.random.key(0) if key is None else key,
                              factor=factor, selections=_selections(net, cfg, p64, i64, k64) or None,
-                             cells=node_cells(params, cells), kit_at=_frozen_policy_kit if policy else _frozen_kit,
+                             cells=node_cells(net, cfg, cells), kit_at=_frozen_policy_kit if policy else _frozen_kit,
                              kit_args=kit_args)
     if policy:
         ties = [_residual_input_rounded(t_) for t_ in ties]
@@ -243,7 +242,6 @@ def check(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_
     site a bf16-typed kind with a bf16 result (checked = rnd(f32 node at rounded operands) and under
     the bound), and the erasure is the policy's own: with its roundings off (the tie policy in
     float32) it is the float32 chain, which is the same code (`chain_erasure` at identity)."""
-    net = as_net(net)
     chain, (params, x, t), cfg = chain or Chain(net), float32_point(params, x, targets, cfg), _kinds_config(cfg)
     ran = _run(chain, params, x, t, cfg, label_smoothing)
     tied = stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing, key=key, ran=ran)
@@ -302,7 +300,6 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
     """Every single-device catalogue entry that applies to `net` (or those of `names`) planted in
     the bf16 chain in turn and tied stage by stage at the same point (each planted chain runs op by
     op: the entries share their ops, not their programs)."""
-    net = as_net(net)
     chosen = bugs.chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], cfg=cfg)
     (params, x, t), cfg = float32_point(params, x, targets, cfg), _kinds_config(cfg)
     # a stage with a bf16 conv site sees a bug from about one unit roundoff on (below: in its rounding)
@@ -329,7 +326,6 @@ def f32_distance(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, 
     """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the same point, each
     with the f32 chain's spread under `draws` random relative nudges of every weight and pixel as
     its envelope (`NodeRow.ratio`: about 1 when the bf16 chain moves the node as a bf16 nudge does)."""
-    net = as_net(net)
     t = targets_matrix(targets, cfg.num_classes, x.dtype)
 
     def nodes(p, x_, c, grads=None, dx=None):
@@ -351,7 +347,6 @@ def f32_distance(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, 
 def relu_flips(net, params, x, cfg) -> tuple[int, int]:
     """ReLU inputs whose sign differs between the bf16 and the f32 forward (nearer their kink than
     bf16's rounding moves them), and all ReLU inputs."""
-    net = as_net(net)
     z16, z32 = (net.preactivations(rendered.forward(net, params, x, replace(cfg, bf16=b))[1]) for b in (True, False))
     return (sum(int(np.sum((np.asarray(z16[k]) > 0) != (np.asarray(z32[k]) > 0))) for k in z32),
             sum(int(z.size) for z in z32.values()))
