@@ -56,6 +56,7 @@ from .host import to_device
 from .kit import KIT, Kit
 from .nets.layers import zero_in_reals
 from .nets.protocol import Net, require_net
+from .nets.protocol import fingerprint as value_key
 from .ops import head, maxpool
 from .progress import bar
 
@@ -77,12 +78,23 @@ RUN = "run.json"
 @dataclass(frozen=True, eq=False)
 class Optimizer:
     """A named update rule: init(params) -> state; update(params, grads, state, lr) -> (params, state).
-    Hashed by identity (a static argument of `jax.jit`); the factories below hand out one object
-    per setting."""
+    Hashed by value (`protocol.fingerprint`: its name, hyper-parameters and the code and closure of
+    its functions): a static argument of `jax.jit`, so equal rules built separately share compiled
+    steps and rules that differ never do."""
     name: str
     init: Callable[[Params], OptState]
     update: Callable[..., tuple[Params, OptState]]
     hyper: dict
+
+    @functools.cached_property
+    def _fingerprint(self):
+        return value_key((self.name, self.init, self.update, self.hyper))
+
+    def __eq__(self, other) -> bool:
+        return self is other or (isinstance(other, Optimizer) and self._fingerprint == other._fingerprint)
+
+    def __hash__(self) -> int:
+        return hash(self._fingerprint)
 
 
 def _map(f, *trees: Mapping) -> Params:

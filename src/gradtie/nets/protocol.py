@@ -22,8 +22,9 @@ backward:
 and three readers of its saved record, for the census: `relu_inputs` (every ReLU's input, by layer
 name), `pool_inputs` (each max pool's post-ReLU input, by pool name) and `bn_layers` (each
 BatchNorm's `ConvBNSaved`: its input and batch statistics). Nothing else is read off a net: no
-attribute of a module, no hashing of a net by its contents (a `Net` is hashed by identity, so it
-is a static argument of `jax.jit`).
+attribute of a module. A `Net` hashes by value (`fingerprint`): it is a static argument of
+`jax.jit` and a key of caches, so equal nets built separately share compiled programs and nets
+that differ in anything never do.
 
 The loss (`Loss`) comes with its own cotangent: the rendered chain starts from
 `loss.cotangent(logits, targets, α, divisor)`, the autodiff oracle differentiates `loss.value`.
@@ -36,6 +37,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+import functools
+import types
 from functools import lru_cache
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
@@ -48,6 +51,53 @@ from .. import prng, rendered
 from ..host import to_device
 from ..kit import KIT, Kit
 from ..ops import conv, head, maxpool
+
+
+# ---- values: nets and update rules hash by what they compute ----------------------------------------
+
+_KEPT: list = []   # objects fingerprinted by identity, kept alive so that no other object reuses the id
+
+
+def fingerprint(value, _seen: Optional[frozenset] = None):
+    """A hashable key equal for values that compute the same thing: a function by its module, name,
+    code, defaults and the fingerprints of what its closure holds; a partial by its function and
+    arguments; a mapping, list or tuple by its items; a `Net` by its fields; a hashable value by
+    itself; anything else (an array) by identity. Equal nets built separately get equal keys (and
+    share compiled programs); nets that differ in any field, or in a value a closure holds, never do."""
+    seen = _seen or frozenset()
+    if id(value) in seen:
+        return ("cycle", getattr(value, "__qualname__", type(value).__name__))
+    inner = seen | {id(value)}
+    if isinstance(value, Net):
+        return value._fingerprint
+    if isinstance(value, types.FunctionType):
+        cells = tuple(fingerprint(c.cell_contents, inner) if _filled(c) else ("empty",)
+                      for c in (value.__closure__ or ()))
+        return ("fn", value.__module__, value.__qualname__, value.__code__, fingerprint(value.__defaults__, inner),
+                fingerprint(value.__kwdefaults__, inner), cells)
+    if isinstance(value, types.MethodType):
+        return ("method", fingerprint(value.__func__, inner), fingerprint(value.__self__, inner))
+    if isinstance(value, functools.partial):
+        return ("partial", fingerprint(value.func, inner), fingerprint(value.args, inner),
+                fingerprint(value.keywords, inner))
+    if isinstance(value, Mapping):
+        return ("map", type(value), tuple((k, fingerprint(v, inner)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(fingerprint(v, inner) for v in value))
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        _KEPT.append(value)
+        return ("object", type(value), id(value))
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
 
 
 # ---- configuration --------------------------------------------------------------------------------
@@ -257,6 +307,19 @@ class Net:
 
     def __repr__(self) -> str:
         return f"Net({self.name!r})"
+
+    @functools.cached_property
+    def _fingerprint(self):
+        return ("Net",) + tuple(fingerprint(getattr(self, f.name), frozenset({id(self)}))
+                                for f in dataclasses.fields(self))
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        return isinstance(other, Net) and self._fingerprint == other._fingerprint
+
+    def __hash__(self) -> int:
+        return hash(self._fingerprint)
 
     def cfg(self, cfg=None):
         """cfg itself, or the net's default configuration."""
