@@ -76,7 +76,7 @@ jax.config.update("jax_enable_x64", True)
 from gradtie import book, pages, plots, prng
 from gradtie.checks import bf16, bugs, policies
 from gradtie.data import images
-from gradtie.checks.tie import Chain, targets_matrix
+from gradtie.checks.tie import Chain, Point, targets_matrix
 from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.nets.layers import rounding
 from gradtie.ops import conv
@@ -650,7 +650,8 @@ distance = {}
 for name, (net, cfg, params, x, t) in points.items():
     g16, dx16 = chains[name].grads, chains[name].dx
     distance[name] = bf16.f32_distance(
-        net, params, x, t, cfg, bf16_grads=(g16, dx16), key=jax.random.fold_in(key, 2)
+        Point.of(net, params, x, t, cfg, key=jax.random.fold_in(key, 2)),
+        bf16_grads=(g16, dx16),
     )
     rel = np.median([r.rel for r in distance[name] if not r.zero_in_reals])
     print(

@@ -44,8 +44,7 @@ def test_exact_conv_is_the_kit_conv_in_float64_and_a_planted_padding_is_not(op):
     case = next(c for c in bf16.kind_cases(1, n=1, c=3, o=2, size=7) if c.op == op and c.stride == 2)
     a, b = (np.asarray(v, np.float64) for v in (case.a, case.b))
     exact, mag = C.exact_conv(op, a, b, stride=2, kernel_size=3, out_shape=case.node.shape)
-    kit = np.asarray(bf16.kinds.apply(op, jnp.asarray(a), jnp.asarray(b), stride=2, kernel_size=3,
-                                      out_shape=case.node.shape))
+    kit = np.asarray(bf16.kinds.apply(op, jnp.asarray(a), jnp.asarray(b), stride=2, out_shape=case.node.shape))
     n = bf16.contraction_length(op, a.shape, b.shape, 3)
     assert np.all(np.abs(kit - exact) <= 2 * C.gamma(n, 2.0 ** -53) * mag)
     # 'SAME'-style padding (one extra row at the end, none at the start) reads other windows

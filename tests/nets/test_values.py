@@ -96,3 +96,23 @@ def test_a_module_is_not_a_net():
         from gradtie.checks.tie import Point
         Point.of(resnet34, {}, jnp.zeros((1, 3, 32, 32)))
     assert not hasattr(cifar8, "init") and not hasattr(resnet34, "forward")   # the module aliases are gone
+
+
+def test_generic_code_never_branches_on_a_net_name():
+    """What a check or a run asks of a net is the Net's (its BatchNorm mode, which BatchNorm a node
+    belongs to, its projections, its check classes, its α, its checkpoint's config): no comparison
+    of a net's name, a suite's name or a config's `bn` attribute in the package. Left out: the two
+    nets' own modules, their peers (each a re-implementation of the two nets in another framework)
+    and the book's plots, which select the committed benchmark rows of each net."""
+    import re
+    from pathlib import Path
+
+    import gradtie
+    root = Path(gradtie.__file__).parent
+    pattern = re.compile(r'(==|!=)\s*"(cifar8|resnet34)"|"(cifar8|resnet34)"\s*(==|!=)|in \("(cifar8|resnet34)"'
+                         r'|\bnet\.suite\s*(==|!=)|\bself\.suite\s*(==|!=)|getattr\(cfg,\s*"bn"|\bas_net\(')
+    skipped = ("nets/cifar8.py", "nets/resnet34.py", "peers/", "plots/")
+    found = [f"{path.relative_to(root)}:{i}: {line.strip()}"
+             for path in sorted(root.rglob("*.py")) if not path.relative_to(root).as_posix().startswith(skipped)
+             for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, "\n".join(found)

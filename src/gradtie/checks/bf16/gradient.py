@@ -30,7 +30,7 @@ from ...nets.protocol import Pass
 from ...ops import conv, maxpool
 from .. import bugs, stages
 from .. import envelope as env_
-from ..tie import Chain, NodeRow, bn_cells, compare, need_x64, node_cells, targets_matrix
+from ..tie import Chain, NodeRow, Point, bn_cells, compare, need_x64, node_cells, targets_matrix
 from .kinds import U_BF16, U_F32, ErasureReport, chain_erasure
 from .sites import SiteRow, conv_sites, policy_sites, site_rows
 
@@ -320,13 +320,14 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
 
 # ---- how far the bf16 gradient sits from the f32 one (beyond the suite; no verdict) -------------
 
-def f32_distance(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, bf16_grads=None,
-                 key: Optional[jax.Array] = None, draws: int = tol.BF16_F32_DISTANCE_DRAWS,
+def f32_distance(point: Point, *, bf16_grads=None, draws: int = tol.BF16_F32_DISTANCE_DRAWS,
                  nudge: float = tol.BF16_F32_DISTANCE_NUDGE) -> list[NodeRow]:
-    """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the same point, each
-    with the f32 chain's spread under `draws` random relative nudges of every weight and pixel as
-    its envelope (`NodeRow.ratio`: about 1 when the bf16 chain moves the node as a bf16 nudge does)."""
-    t = targets_matrix(targets, cfg.num_classes, x.dtype)
+    """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the point (`Point`:
+    its net, config, float32 parameters and images, target rows, α and key), each with the f32
+    chain's spread under `draws` random relative nudges of every weight and pixel as its envelope
+    (`NodeRow.ratio`: about 1 when the bf16 chain moves the node as a bf16 nudge does)."""
+    net, params, x, t, cfg = point.net, point.params, point.x, point.targets, point.cfg
+    label_smoothing, key = point.alpha, point.key
 
     def nodes(p, x_, c, grads=None, dx=None):
         if grads is None:
