@@ -116,3 +116,28 @@ def test_generic_code_never_branches_on_a_net_name():
              for path in sorted(root.rglob("*.py")) if not path.relative_to(root).as_posix().startswith(skipped)
              for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_the_projection_entry_plants_where_the_net_declares_it_whatever_the_names():
+    """`projection_bn_reads_dn2` reads `Net.projections`: a projection BatchNorm named otherwise
+    (here "skip.norm", its partner "main.norm3") is planted, and a net that declares no
+    projection plants nothing even where a layer is called `*.downsample.1`."""
+    from gradtie.kit import Call
+    entry = bugs.CATALOGUE["projection_bn_reads_dn2"]
+    net = dataclasses.replace(cifar8.NET, projections={"skip.norm": "main.norm3"})
+    calls = [Call("bn_backward", (name,), {}, None) for name in ("main.norm3", "main.norm2", "skip.norm")]
+    assert entry.uses(net, calls) and not entry.uses(cifar8.NET, calls)
+    assert not entry.uses(net, calls[::-1])            # the partner's backward must come first
+    renamed = [Call("bn_backward", (name,), {}, None) for name in ("layer2.0.bn2", "layer2.0.downsample.1")]
+    assert not entry.uses(cifar8.NET, renamed)         # a name alone plants nothing
+    assert entry.uses(resnet34.NET, renamed)
+
+    def real(name, saved, weight, dy):                 # a BN backward that tags what it read
+        return ("dx of", name, dy)
+    backward = bugs._projection_reads_inner(net.projections, real)
+    dn3 = backward("main.norm3", None, None, "da")
+    assert backward("main.norm2", None, None, dn3) == ("dx of", "main.norm2", dn3)
+    assert backward("skip.norm", None, None, "da") == ("dx of", "skip.norm", dn3)   # reads dn3, not da
+    assert not bugs.CATALOGUE["projection_bn_reads_dn2"].applies(dataclasses.replace(resnet34.NET, projections={}),
+                                                                 resnet34.NET.check_config())
+    assert entry.applies(resnet34.NET, resnet34.NET.check_config())
