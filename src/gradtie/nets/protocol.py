@@ -55,19 +55,26 @@ from ..ops import conv, head, maxpool
 
 # ---- values: nets and update rules hash by what they compute ----------------------------------------
 
-_KEPT: list = []   # objects fingerprinted by identity, kept alive so that no other object reuses the id
+_KEPT: list = []   # objects fingerprinted by identity: each keyed by its place here, kept alive
 
 
-def fingerprint(value, _seen: Optional[frozenset] = None):
+def _kept(value) -> int:
+    for i, kept in enumerate(_KEPT):
+        if kept is value:
+            return i
+    _KEPT.append(value)
+    return len(_KEPT) - 1
+
+
+def fingerprint(value, _seen: tuple = ()):
     """A hashable key equal for values that compute the same thing: a function by its module, name,
     code, defaults and the fingerprints of what its closure holds; a partial by its function and
     arguments; a mapping, list or tuple by its items; a `Net` by its fields; a hashable value by
     itself; anything else (an array) by identity. Equal nets built separately get equal keys (and
     share compiled programs); nets that differ in any field, or in a value a closure holds, never do."""
-    seen = _seen or frozenset()
-    if id(value) in seen:
+    if any(v is value for v in _seen):
         return ("cycle", getattr(value, "__qualname__", type(value).__name__))
-    inner = seen | {id(value)}
+    inner = (*_seen, value)
     if isinstance(value, Net):
         return value._fingerprint
     if isinstance(value, types.FunctionType):
@@ -88,8 +95,7 @@ def fingerprint(value, _seen: Optional[frozenset] = None):
         hash(value)
         return value
     except TypeError:
-        _KEPT.append(value)
-        return ("object", type(value), id(value))
+        return ("object", type(value), _kept(value))
 
 
 def _filled(cell) -> bool:
@@ -310,7 +316,7 @@ class Net:
 
     @functools.cached_property
     def _fingerprint(self):
-        return ("Net",) + tuple(fingerprint(getattr(self, f.name), frozenset({id(self)}))
+        return ("Net",) + tuple(fingerprint(getattr(self, f.name), (self,))
                                 for f in dataclasses.fields(self))
 
     def __eq__(self, other) -> bool:
