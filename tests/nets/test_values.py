@@ -53,6 +53,31 @@ def test_update_rules_hash_by_value():
     assert train.adamw.__wrapped__() != train.adamw.__wrapped__(weight_decay=0.0)
 
 
+
+def _holding(array):
+    """An update rule whose closure holds an array (an object keyed by identity)."""
+    def update(params, grads, state, lr):
+        return {k: v - lr * array.sum() * grads[k] for k, v in params.items()}, state
+    return train.Optimizer("holding", lambda params: {}, update, {})
+
+
+def test_identity_keys_stay_bounded_and_never_reused():
+    import gc
+    kept = np.ones(3)
+    a, b = _holding(kept), _holding(kept)
+    assert a == b and hash(a) == hash(b)                      # one array: one key while it lives
+    assert a != _holding(np.ones(3))                          # an equal array elsewhere: another key
+    held = len(protocol._HELD)
+    keys = set()
+    for _ in range(300):                                      # a long loop over fresh nets and rules
+        rule = _holding(np.ones(3))
+        keys.add(rule._fingerprint)
+        del rule
+        gc.collect()
+    assert len(keys) == 300                                   # no number is given twice
+    assert len(protocol._HELD) <= held + 1                    # the registry does not grow
+    assert a == _holding(kept)
+
 def _specs():
     """A conv → BatchNorm → dense net whose BatchNorm tensors are not named `.weight` / `.bias`."""
     return [ParamSpec("c.kernel", (4, 3, 3, 3), "conv", "weight", "norm"),

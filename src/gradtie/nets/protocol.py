@@ -38,7 +38,9 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 import functools
+import itertools
 import types
+import weakref
 from functools import lru_cache
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
@@ -55,15 +57,33 @@ from ..ops import conv, head, maxpool
 
 # ---- values: nets and update rules hash by what they compute ----------------------------------------
 
-_KEPT: list = []   # objects fingerprinted by identity: each keyed by its place here, kept alive
+_SERIALS = itertools.count()
+_HELD: list = []   # (weak reference, serial) for each live object fingerprinted by identity
 
 
-def _kept(value) -> int:
-    for i, kept in enumerate(_KEPT):
-        if kept is value:
-            return i
-    _KEPT.append(value)
-    return len(_KEPT) - 1
+def _serial(value) -> int:
+    """A number for an object keyed by identity: the same while the object lives, never given to
+    another. The registry holds only weak references, and an entry leaves when its object dies, so
+    it stays as long as the set of live objects so keyed, however many nets a run builds. An object
+    that cannot be weakly referenced gets a fresh number each time (its keys never match: a cache
+    miss, never a wrong hit)."""
+    for ref, serial in _HELD:
+        if ref() is value:
+            return serial
+    serial = next(_SERIALS)
+    try:
+        ref = weakref.ref(value, _forget)
+    except TypeError:
+        return serial
+    _HELD.append((ref, serial))
+    return serial
+
+
+def _forget(ref) -> None:
+    for i, (held, _) in enumerate(_HELD):
+        if held is ref:
+            del _HELD[i]
+            return
 
 
 def fingerprint(value, _seen: tuple = ()):
@@ -95,7 +115,7 @@ def fingerprint(value, _seen: tuple = ()):
         hash(value)
         return value
     except TypeError:
-        return ("object", type(value), _kept(value))
+        return ("object", type(value), _serial(value))
 
 
 def _filled(cell) -> bool:
