@@ -531,7 +531,7 @@ plt.show()
 
 # %% tags=["nbval-check-output"]
 ties = {
-    name: bf16.stage_ties(net, params, x, t, cfg)
+    name: bf16.stage_ties(Point.of(net, params, x, t, cfg))
     for name, (net, cfg, params, x, t) in points.items()
 }
 for name, report in ties.items():

@@ -175,8 +175,7 @@ def _typed_numbers(site: Site):
     """(f32 peer, typed kernel's accumulator in float64, the nets' bf16 kind, Σ|a||b| in float64) at
     the site's float32 operands."""
     a32, b32 = site.a, site.b
-    kw = dict(stride=site.stride, kernel_size=site.kernel_size, formulation=site.formulation,
-              out_shape=site.node.shape if site.op == "backward" else None)
+    kw = dict(stride=site.stride, formulation=site.formulation, out_shape=site.out_shape)
     a64, b64 = a32.astype(jnp.float64), b32.astype(jnp.float64)
     return (conv_apply(site.op, a32, b32, **kw), conv_apply(site.op, a64, b64, rnd=typed_operands, **kw),
             conv_apply(site.op, a32, b32, rnd=conv.bf16_operand, **kw),

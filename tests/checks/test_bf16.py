@@ -290,7 +290,7 @@ def test_the_f32_distance_cannot_judge_a_node(c8):
 def test_stage_ties_refuse_a_custom_rounding(c8):
     net, cfg, params, x, t = c8
     with pytest.raises(ValueError, match="freeze a named rounding"):
-        bf16.stage_ties(net, params, x, t, dataclasses.replace(cfg, bf16_rounding=lambda a: a * 1.0))
+        bf16.stage_ties(Point.of(net, params, x, t, dataclasses.replace(cfg, bf16_rounding=lambda a: a * 1.0)))
 
 
 # ---- replica sums -----------------------------------------------------------------------------------

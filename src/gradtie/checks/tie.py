@@ -287,20 +287,30 @@ def _mismatch(got, want_shape, want_dtype) -> str:
     return f"dtype {dtype}, the checked dtype is {want_dtype}" if want_dtype not in (None, dtype) else ""
 
 
-def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict] = None,
-            factor: float = tol.ENVELOPE_FACTOR, floor: float = tol.REL_F64, zero_nodes: set[str] = frozenset(),
-            dx: Optional[tuple] = None, loss: Optional[tuple] = None, loss_envelope: float = 0.0,
-            cells: Optional[dict] = None, dtype: Optional[str] = None) -> list[NodeRow]:
-    """One row per node: max error relative to max|oracle|, held to max(factor · envelope, floor).
+@dataclass(frozen=True)
+class Limit:
+    """How `compare` holds each row: to max(factor · envelope/scale, floor). `envelope`: node ->
+    max |spread| (the point's round-off, `checks.envelope`; the key "loss" for the loss row);
+    without it every limit is the floor."""
+    envelope: Optional[dict] = None
+    factor: float = tol.ENVELOPE_FACTOR
+    floor: float = tol.REL_F64
+
+
+def compare(rendered_grads: dict, oracle_grads: dict, *, limit: Limit = Limit(), zero_nodes: set[str] = frozenset(),
+            dx: Optional[tuple] = None, loss: Optional[tuple] = None, cells: Optional[dict] = None,
+            dtype: Optional[str] = None) -> list[NodeRow]:
+    """One row per node: max error relative to max|oracle|, held to `limit` (max(factor · envelope,
+    floor)).
 
     A node that is 0 in ℝ, or whose oracle is exactly 0, is measured against the net's largest
-    gradient (tolerances.ZERO_NODE_SCALE), never against 1.0. `envelope`: node -> max |spread| (the
-    point's round-off, `checks.envelope`); without it every limit is the floor. `loss`: (rendered,
-    oracle) losses, judged the same way (a row "loss" first). `cells`: node -> M of its BatchNorm
-    layer. A rendered node whose shape is not its oracle's (its parameter's), or whose dtype is not
-    `dtype` (the checked one), fails whatever its values (nothing is broadcast).
+    gradient (tolerances.ZERO_NODE_SCALE), never against 1.0. `loss`: (rendered, oracle) losses,
+    judged the same way (a row "loss" first). `cells`: node -> M of its BatchNorm layer. A rendered
+    node whose shape is not its oracle's (its parameter's), or whose dtype is not `dtype` (the
+    checked one), fails whatever its values (nothing is broadcast).
     """
-    envelope = dict(envelope or {}, loss=loss_envelope)
+    envelope, factor, floor = dict(limit.envelope or {}), limit.factor, limit.floor
+    envelope.setdefault("loss", 0.0)
     cells = cells or {}
     gmax = max((float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values()), default=0.0)
     net_scale = tol.ZERO_NODE_SCALE * gmax if gmax > 0 else 1.0
@@ -486,9 +496,9 @@ def report(label: str, params, rendered_side: tuple, point: Point, *, factor: fl
     if missing:
         raise ValueError(f"tie: the rendered chain returns no node for {missing[:4]}")
     g_r, g_o = ({name: g[name] for name in params} for g in (g_r, g_o))
-    rows = compare(g_r, g_o, envelope=point.envelope.nodes, factor=factor, floor=tol.FLOORS[point.dtype],
-                   zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
-                   loss_envelope=point.envelope.loss, cells=node_cells(point.net, point.cfg, point.bn_cells), dtype=point.dtype)
+    limit = Limit({**point.envelope.nodes, "loss": point.envelope.loss}, factor, tol.FLOORS[point.dtype])
+    rows = compare(g_r, g_o, limit=limit, zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
+                   cells=node_cells(point.net, point.cfg, point.bn_cells), dtype=point.dtype)
     meta = {"input_model": point.input_model, "tied_windows": point.tied_windows,
             "bn_cells": point.bn_cells, "envelope_evaluations": list(point.envelope.evaluations),
             "factor": factor, **(meta or {})}

@@ -67,7 +67,7 @@ def _serial(value) -> int:
     it stays as long as the set of live objects so keyed, however many nets a run builds. An object
     that cannot be weakly referenced gets a fresh number each time (its keys never match: a cache
     miss, never a wrong hit)."""
-    for ref, serial in _HELD:
+    for ref, serial in tuple(_HELD):     # a snapshot: a collection may drop an entry meanwhile
         if ref() is value:
             return serial
     serial = next(_SERIALS)

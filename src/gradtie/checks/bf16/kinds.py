@@ -68,9 +68,17 @@ class Site:
     kernel_size: int
     formulation: Optional[str] = None
 
+    @property
+    def out_shape(self) -> Optional[tuple]:
+        """What `apply` reads besides the operands: None forward; x's shape (the node's) for the
+        input backward; the weight's [O, C, k, k] for the weight grad, from its operands (x, dy) and
+        kernel_size, so that a site whose node is dropped (a replica's share) still runs."""
+        if self.op == "grad_weight":
+            return (self.b.shape[1], self.a.shape[1], self.kernel_size, self.kernel_size)
+        return self.node.shape if self.op == "backward" else None
+
     def _apply(self, a, b, **kw):
-        return apply(self.op, a, b, stride=self.stride, formulation=self.formulation,
-                     out_shape=self.node.shape if self.op != "forward" else None, **kw)
+        return apply(self.op, a, b, stride=self.stride, formulation=self.formulation, out_shape=self.out_shape, **kw)
 
     def kind(self, rnd=None) -> jax.Array:
         """The f32 peer (rnd None) or the bf16 kind at these operands."""
