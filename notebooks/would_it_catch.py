@@ -110,8 +110,8 @@ print(
 # %% tags=["nbval-check-output", "hide-input"]
 display(pages.bugs())
 print(
-    f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8))} apply to cifar8,"
-    f" {len(bugs.entries(resnet34))} to ResNet-34, {len(bugs.entries(replicas=True))}"
+    f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8.NET))} apply to cifar8,"
+    f" {len(bugs.entries(resnet34.NET))} to ResNet-34, {len(bugs.entries(replicas=True))}"
     " through the data-parallel step"
 )
 assert len(bugs.CATALOGUE) >= 20
