@@ -53,8 +53,8 @@ def timed(label: str, f):
 
 
 def catalogue(net_name: str, mode: str) -> None:
-    net, cfg, images, n = {"cifar8": (cifar8, cifar8.Config(), data.photos, 4),
-                           "resnet34": (resnet34, resnet34.Config(num_classes=10), data.flat_images, 2)}[net_name]
+    net, cfg, images, n = {"cifar8": (cifar8.NET, cifar8.Config(), data.photos, 4),
+                           "resnet34": (resnet34.NET, resnet34.Config(num_classes=10), data.flat_images, 2)}[net_name]
     params = {k: jnp.asarray(np.asarray(v, np.float64)) for k, v in net.init(jax.random.key(0), cfg, weights="drawn").items()}
     x = jnp.asarray(images(n, 32, seed=0), jnp.float64)
     t = targets_matrix(jnp.arange(n) * 3 % 10, 10, jnp.float64)
@@ -66,9 +66,10 @@ def catalogue(net_name: str, mode: str) -> None:
 
 def mesh() -> None:
     cfg = resnet34.Config(num_classes=10)
-    params = {k: v.astype(jnp.float64) for k, v in resnet34.init(jax.random.key(0), cfg, weights="drawn").items()}
+    params = {k: v.astype(jnp.float64)
+              for k, v in resnet34.NET.init(jax.random.key(0), cfg, weights="drawn").items()}
     first = len(COMPILES)
-    sweep = timed("R·N sweep", lambda: dp.sweep(resnet34, params, cfg, dp.splits(4, 2), label_smoothing=0.1,
+    sweep = timed("R·N sweep", lambda: dp.sweep(resnet34.NET, params, cfg, dp.splits(4, 2), label_smoothing=0.1,
                                                 devices=jax.devices("cpu"), progress=False))
     print(sweep.summary())
     by_program: dict[str, list] = {}

@@ -39,8 +39,8 @@ from gradtie.checks.bugs import Bug
 from gradtie.checks.tie import Chain
 from gradtie.kit import KIT
 from gradtie.nets import protocol
-from gradtie.nets.layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, bn_specs, conv_bn, conv_input,
-                                 conv_nodes, conv_specs, dense_specs, pool, pool_input)
+from gradtie.nets.layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, bn_specs, conv_bn, conv_bn_specs,
+                                 conv_input, conv_nodes, dense_specs, pool, pool_input)
 from gradtie.nets.protocol import Net, ParamSpec, Pass, Stage
 from gradtie.ops import batchnorm, dense, gap, maxpool, relu
 
@@ -109,18 +109,18 @@ def _blocks(cfg: Config):
 
 
 def _stem_specs(cfg: Config):
-    return conv_specs("conv1", 3, cfg.stem, 3, False) + bn_specs("bn1", cfg.stem)
+    return conv_bn_specs("conv1", "bn1", 3, cfg.stem, 3, False)
 
 
 def _dw_specs(cfg: Config):
-    return [ParamSpec("dw.conv.weight", (cfg.stem, 1, 3, 3), "conv")] + bn_specs("dw.bn", cfg.stem)
+    return [ParamSpec("dw.conv.weight", (cfg.stem, 1, 3, 3), "conv", "weight", "dw.bn")] + bn_specs("dw.bn", cfg.stem)
 
 
 def _block_specs(name, in_ch, inner, out):
-    return (conv_specs(f"{name}.conv1", in_ch, inner, 1, False) + bn_specs(f"{name}.bn1", inner)
-            + conv_specs(f"{name}.conv2", inner, inner, 3, False) + bn_specs(f"{name}.bn2", inner)
-            + conv_specs(f"{name}.conv3", inner, out, 1, False) + bn_specs(f"{name}.bn3", out)
-            + conv_specs(f"{name}.downsample.0", in_ch, out, 1, False) + bn_specs(f"{name}.downsample.1", out))
+    return (conv_bn_specs(f"{name}.conv1", f"{name}.bn1", in_ch, inner, 1, False)
+            + conv_bn_specs(f"{name}.conv2", f"{name}.bn2", inner, inner, 3, False)
+            + conv_bn_specs(f"{name}.conv3", f"{name}.bn3", inner, out, 1, False)
+            + conv_bn_specs(f"{name}.downsample.0", f"{name}.downsample.1", in_ch, out, 1, False))
 
 
 def _head_specs(cfg: Config):
@@ -259,7 +259,9 @@ def make_net(depthwise_input=depthwise_backward, name: str = "bottleneck") -> Ne
     """The net, with the depthwise input backward it runs (a planted one: its own bug)."""
     return Net(name, Config, param_specs, partial(stage_list, depthwise_input=depthwise_input),
                pools={"stem.pool": maxpool.POOL2}, pool_preactivations={"stem.pool": "bn1"},
-               size_rule="a positive multiple of 4", size_ok=lambda s: s >= 4 and s % 4 == 0, default_size=32)
+               size_rule="a positive multiple of 4", size_ok=lambda s: s >= 4 and s % 4 == 0, default_size=32,
+               # each block's projection BN reads the cotangent its bn3 reads (the catalogue's projection entry)
+               projections={f"{n}.downsample.1": f"{n}.bn3" for n, *_ in _blocks(Config())})
 
 
 DEPTHWISE_NOT_FLIPPED = Bug(

@@ -77,7 +77,7 @@ from gradtie import book, prng
 from gradtie.book import pages, plots
 from gradtie.checks import bf16, bugs, policies
 from gradtie.data import images
-from gradtie.checks.tie import Chain, targets_matrix
+from gradtie.checks.tie import Chain, Point, targets_matrix
 from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.nets.layers import rounding
 from gradtie.ops import conv
@@ -529,7 +529,7 @@ plt.show()
 
 # %% tags=["nbval-check-output"]
 ties = {
-    name: bf16.stage_ties(net, params, x, t, cfg)
+    name: bf16.stage_ties(Point.of(net, params, x, t, cfg))
     for name, (net, cfg, params, x, t) in points.items()
 }
 for name, report in ties.items():
@@ -656,7 +656,8 @@ distance = {}
 for name, (net, cfg, params, x, t) in points.items():
     g16, dx16 = chains[name].grads, chains[name].dx
     distance[name] = bf16.f32_distance(
-        net, params, x, t, cfg, bf16_grads=(g16, dx16), key=jax.random.fold_in(key, 2)
+        Point.of(net, params, x, t, cfg, key=jax.random.fold_in(key, 2)),
+        bf16_grads=(g16, dx16),
     )
     rel = np.median([r.rel for r in distance[name] if not r.zero_in_reals])
     print(

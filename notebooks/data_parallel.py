@@ -85,8 +85,8 @@ seed: int = 0
 p = book.validated(net=net, batch=batch, replicas=replicas, image_size=image_size,
                    head_width=head_width, seed=seed)
 assert 2 <= p.replicas <= 8, "the sweep runs on the 8 host devices this chapter sets up"
-nets = {"cifar8": (cifar8, cifar8.Config(head_width=p.head_width)),
-        "resnet34": (resnet34, resnet34.Config(num_classes=10))}
+nets = {"cifar8": (cifar8.NET, cifar8.Config(head_width=p.head_width)),
+        "resnet34": (resnet34.NET, resnet34.Config(num_classes=10))}
 model, cfg = nets[p.net]
 # label smoothing: ResNet-34's render bakes 0.1, cifar8 runs 0
 alpha = 0.1 if p.net == "resnet34" else 0.0
@@ -681,7 +681,7 @@ plt.show()
 # a net it does not state it for.
 
 # %%
-c8, c8_cfg = cifar8, cifar8.Config(head_width=p.head_width)
+c8, c8_cfg = cifar8.NET, cifar8.Config(head_width=p.head_width)
 c8_params = {
     k: v.astype(jnp.float64)
     for k, v in c8.init(jax.random.key(p.seed), c8_cfg, weights="drawn").items()

@@ -89,11 +89,12 @@ p = book.validated(batch=batch, image_size=image_size, seed=seed)
 key = jax.random.key(p.seed)
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=10)
 params8 = {
-    k: v.astype(jnp.float64) for k, v in cifar8.init(key, cfg8, weights="drawn").items()
+    k: v.astype(jnp.float64)
+    for k, v in cifar8.NET.init(key, cfg8, weights="drawn").items()
 }
 params34 = {
     k: v.astype(jnp.float64)
-    for k, v in resnet34.init(key, cfg34, weights="drawn").items()
+    for k, v in resnet34.NET.init(key, cfg34, weights="drawn").items()
 }
 x8 = images("photos", p.batch, 32, seed=p.seed)            # float64 images in [0,1]
 x34 = images("photos", p.batch, p.image_size, seed=p.seed)
@@ -249,11 +250,11 @@ plt.show()
 inputs = {
     **{
         ("cifar8", k): v
-        for k, v in census.pool_inputs(cifar8, params8, x8, cfg8).items()
+        for k, v in census.pool_inputs(cifar8.NET, params8, x8, cfg8).items()
     },
     **{
         ("resnet34", k): v
-        for k, v in census.pool_inputs(resnet34, params34, x34, cfg34).items()
+        for k, v in census.pool_inputs(resnet34.NET, params34, x34, cfg34).items()
     },
 }
 for i, ((net_name, pool), r) in enumerate(inputs.items()):
@@ -304,7 +305,7 @@ print("beyond the suite: the same at ResNet-34's 3×3/s2 stem pool")
 from gradtie.book import companions
 from gradtie.checks import bugs
 
-offset_kit = bugs.plant("pool_window_offset", cifar8).kit
+offset_kit = bugs.plant("pool_window_offset", cifar8.NET).kit
 pool_ties, pool_controls = {}, {}
 for i, ((net_name, pool), r) in enumerate(inputs.items()):
     spec = (cifar8.POOLS | resnet34.POOLS)[pool]
@@ -462,27 +463,27 @@ print(
 #   hold there).
 
 # %%
-lifted8 = census.lift_dead_windows(cifar8, params8, randn8, cfg8)
-lifted34 = census.lift_dead_windows(resnet34, params34, randn34, cfg34)
-planted8, planted34 = census.planted_tie(cifar8, params8), census.planted_tie(
-    resnet34, params34
+lifted8 = census.lift_dead_windows(cifar8.NET, params8, randn8, cfg8)
+lifted34 = census.lift_dead_windows(resnet34.NET, params34, randn34, cfg34)
+planted8, planted34 = census.planted_tie(cifar8.NET, params8), census.planted_tie(
+    resnet34.NET, params34
 )
 points = {
     "randn, β lifted": {
-        "cifar8": census.smoothness(cifar8, lifted8, randn8, cfg8),
-        "ResNet-34": census.smoothness(resnet34, lifted34, randn34, cfg34),
+        "cifar8": census.smoothness(cifar8.NET, lifted8, randn8, cfg8),
+        "ResNet-34": census.smoothness(resnet34.NET, lifted34, randn34, cfg34),
     },
     "photos": {
-        "cifar8": census.smoothness(cifar8, params8, x8, cfg8),
-        "ResNet-34": census.smoothness(resnet34, params34, x34, cfg34),
+        "cifar8": census.smoothness(cifar8.NET, params8, x8, cfg8),
+        "ResNet-34": census.smoothness(resnet34.NET, params34, x34, cfg34),
     },
     "flat images": {
-        "cifar8": census.smoothness(cifar8, params8, flat8, cfg8),
-        "ResNet-34": census.smoothness(resnet34, params34, flat34, cfg34),
+        "cifar8": census.smoothness(cifar8.NET, params8, flat8, cfg8),
+        "ResNet-34": census.smoothness(resnet34.NET, params34, flat34, cfg34),
     },
     "planted non-twin tie": {
-        "cifar8": census.smoothness(cifar8, planted8, flat8, cfg8),
-        "ResNet-34": census.smoothness(resnet34, planted34, flat34, cfg34),
+        "cifar8": census.smoothness(cifar8.NET, planted8, flat8, cfg8),
+        "ResNet-34": census.smoothness(resnet34.NET, planted34, flat34, cfg34),
     },
 }
 lifted_by = {
@@ -657,8 +658,10 @@ print(
 # cotangent wherever it lands.
 
 # %% tags=["nbval-check-output", "hide-input"]
-twin_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "twin tie")
-dead_route = census.routing(cifar8, params8, flat8, targets, cfg8, twin8, "dead")
+twin_route = census.routing(
+    cifar8.NET, params8, flat8, targets, cfg8, twin8, "twin tie"
+)
+dead_route = census.routing(cifar8.NET, params8, flat8, targets, cfg8, twin8, "dead")
 print(
     book.glue(
         "twin_reroute",
@@ -714,7 +717,7 @@ assert (
 
 # %% tags=["nbval-check-output", "hide-input"]
 nontwin_route = census.routing(
-    cifar8, planted8, flat8, targets, cfg8, planted, "non-twin tie"
+    cifar8.NET, planted8, flat8, targets, cfg8, planted, "non-twin tie"
 )
 print(nontwin_route.summary())
 print(
@@ -752,8 +755,8 @@ at_planted = book.At(
     data="flat, planted non-twin tie",
     census=book.census_verdicts(planted),
 )
-slopes_twin = census.one_sided_slopes(cifar8, params8, flat8, targets, cfg8, v)
-slopes_planted = census.one_sided_slopes(cifar8, planted8, flat8, targets, cfg8, v)
+slopes_twin = census.one_sided_slopes(cifar8.NET, params8, flat8, targets, cfg8, v)
+slopes_planted = census.one_sided_slopes(cifar8.NET, planted8, flat8, targets, cfg8, v)
 print(
     f"h = {tolerances.RADIUS_FRACTION} × the radius; sides judged to"
     f" {tolerances.SLOPE_REL:.0e} of the slope"
@@ -820,16 +823,16 @@ assert report.smooth.non_twin_ties == planted.non_twin_ties and report.tie is No
 
 # %%
 at_tie = companions.node_ties_at_tie(
-    cifar8, planted8, flat8, targets, cfg8, key=jax.random.fold_in(key, 3)
+    cifar8.NET, planted8, flat8, targets, cfg8, key=jax.random.fold_in(key, 3)
 )
 at_tie_bug = companions.node_ties_at_tie(
-    cifar8,
+    cifar8.NET,
     planted8,
     flat8,
     targets,
     cfg8,
     key=jax.random.fold_in(key, 3),
-    chain=bugs.plant("bn_forget_gamma", cifar8),
+    chain=bugs.plant("bn_forget_gamma", cifar8.NET),
 )
 
 # %% tags=["nbval-check-output", "hide-input"]

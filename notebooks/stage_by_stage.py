@@ -82,21 +82,21 @@ alpha = p.label_smoothing
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=p.num_classes)
 params8 = {
     k: v.astype(jnp.float64)
-    for k, v in cifar8.init(key, cfg8, weights=p.weights).items()
+    for k, v in cifar8.NET.init(key, cfg8, weights=p.weights).items()
 }
 params34 = {
     k: v.astype(jnp.float64)
-    for k, v in resnet34.init(key, cfg34, weights=p.weights).items()
+    for k, v in resnet34.NET.init(key, cfg34, weights=p.weights).items()
 }
 x8 = images("photos", p.batch, 32, seed=p.seed)  # float64 photo crops in [0, 1]
 x34 = images("photos", p.resnet_batch, p.image_size, seed=p.seed)
 # the statements' 224 px
 x224 = images("randn", p.statement_batch, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)
 # the label every smaller-size figure carries
-small34 = protocol.resolution_note(resnet34, p.image_size)
+small34 = protocol.resolution_note(resnet34.NET, p.image_size)
 randn8 = images("randn", p.batch, 32, seed=p.seed)  # N(0, 1) pixels: no twins
 # pool-feeding β raised: no dead window
-lifted8 = census.lift_dead_windows(cifar8, params8, randn8, cfg8)
+lifted8 = census.lift_dead_windows(cifar8.NET, params8, randn8, cfg8)
 t8 = targets_matrix((jnp.arange(p.batch) * 3 + 1) % 10, 10, jnp.float64)
 t34 = targets_matrix(
     (jnp.arange(p.resnet_batch) * 3 + 1) % p.num_classes, p.num_classes, jnp.float64
@@ -107,10 +107,10 @@ t224 = targets_matrix(
 # the census of each point (chapter Whole-net tie shows it): what every figure is glued
 # with
 points = {
-    ("cifar8", "photos"): census.smoothness(cifar8, params8, x8, cfg8),
-    ("cifar8", "randn, β lifted"): census.smoothness(cifar8, lifted8, randn8, cfg8),
-    ("ResNet-34", "randn, 224 px"): census.smoothness(resnet34, params34, x224, cfg34),
-    ("ResNet-34", "photos"): census.smoothness(resnet34, params34, x34, cfg34),
+    ("cifar8", "photos"): census.smoothness(cifar8.NET, params8, x8, cfg8),
+    ("cifar8", "randn, β lifted"): census.smoothness(cifar8.NET, lifted8, randn8, cfg8),
+    ("ResNet-34", "randn, 224 px"): census.smoothness(resnet34.NET, params34, x224, cfg34),
+    ("ResNet-34", "photos"): census.smoothness(resnet34.NET, params34, x34, cfg34),
 }
 smooth8 = points["cifar8", "photos"]
 verdicts = {k: book.census_verdicts(s) for k, s in points.items()}
@@ -161,17 +161,17 @@ assert points["ResNet-34", "randn, 224 px"].hypothesis(census.R34_INPUT).holds
 # each stage's worst error over its limit, in backward order.
 
 # %%
-pt8 = Point.of(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(12))
-pt34 = Point.of(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha, key=fold(9))
+pt8 = Point.of(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(12))
+pt34 = Point.of(resnet34.NET, params34, x34, t34, cfg34, label_smoothing=alpha, key=fold(9))
 st34, st8 = stages.stage_ties(pt34), stages.stage_ties(pt8)
-bug8 = bugs.plant("bn_forget_gamma", cifar8)
-bug34 = bugs.plant("projection_bn_reads_dn2", resnet34)
+bug8 = bugs.plant("bn_forget_gamma", cifar8.NET)
+bug34 = bugs.plant("projection_bn_reads_dn2", resnet34.NET)
 # the planted chains, run once
 rec8 = stages.record(
-    cifar8, params8, x8, cfg8, targets=t8, label_smoothing=alpha, chain=bug8
+    cifar8.NET, params8, x8, cfg8, targets=t8, label_smoothing=alpha, chain=bug8
 )
 rec34 = stages.record(
-    resnet34, params34, x34, cfg34, targets=t34, label_smoothing=alpha, chain=bug34
+    resnet34.NET, params34, x34, cfg34, targets=t34, label_smoothing=alpha, chain=bug34
 )
 part8, part34 = stages.stage_ties(pt8, rec=rec8), stages.stage_ties(pt34, rec=rec34)
 
@@ -248,7 +248,7 @@ pages.stages(st34)
 
 # %%
 pt224 = Point.of(
-    resnet34, params34, x224, t224, cfg34, label_smoothing=alpha, key=fold(19)
+    resnet34.NET, params34, x224, t224, cfg34, label_smoothing=alpha, key=fold(19)
 )
 st224 = stages.stage_ties(pt224)
 
@@ -284,7 +284,7 @@ assert (
 
 # %%
 pt_lifted = Point.of(
-    cifar8, lifted8, randn8, t8, cfg8, label_smoothing=alpha, key=fold(12)
+    cifar8.NET, lifted8, randn8, t8, cfg8, label_smoothing=alpha, key=fold(12)
 )
 layers8 = stages.stage_ties(pt_lifted, level="layers")
 layers8_photos = stages.stage_ties(pt8, level="layers")
@@ -357,16 +357,16 @@ assert {t.net for t in layers8_photos.failed} == {"pool1", "pool2", "pool3", "po
 # %%
 h_any = prng.normal(fold(10), (3, resnet34.WIDTHS[-1], 2, 2), jnp.float64)
 dy_any = stages.random_cotangent(fold(11), (3, p.num_classes))
-head_any = stages.tie_at(resnet34, params34, "head", h_any, dy_any, cfg34)
+head_any = stages.tie_at(resnet34.NET, params34, "head", h_any, dy_any, cfg34)
 h_zero = jnp.zeros_like(h_any)
-head_zero = stages.tie_at(resnet34, params34, "head", h_zero, dy_any, cfg34)
+head_zero = stages.tie_at(resnet34.NET, params34, "head", h_zero, dy_any, cfg34)
 # the net's own head, its GAP backward without 1/(H·W)
 head_stage = resnet34.stage_list(cfg34)[-1]
 _, saved = head_stage.forward(params34, h_any, cfg34, protocol.Pass())
 grads, dx = head_stage.backward(params34, saved, dy_any, cfg34, KIT)
 wrong = (grads, dx * (h_any.shape[2] * h_any.shape[3]))
 head_bug = stages.tie_at(
-    resnet34, params34, "head", h_any, dy_any, cfg34, rendered_side=wrong
+    resnet34.NET, params34, "head", h_any, dy_any, cfg34, rendered_side=wrong
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -477,9 +477,9 @@ assert (
 # still a correct VJP of it), and `first_parting` names the first in backward order.
 
 # %%
-point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1))
+point8 = reference_at(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1))
 point34 = reference_at(
-    resnet34, params34, x224, t224, cfg34, label_smoothing=alpha, key=fold(2)
+    resnet34.NET, params34, x224, t224, cfg34, label_smoothing=alpha, key=fold(2)
 )
 tie8, tie34 = tie(point8), tie(point34)
 red8 = stages.whole_tie(rec8, cfg8, point=point8)
@@ -543,10 +543,10 @@ ns = list(range(1, 9)) if p.every_n else [1, 2, 4]
 photos8 = lambda n: images("photos", n, 32, seed=p.seed)  # noqa: E731
 photos34 = lambda n: images("photos", n, p.image_size, seed=p.seed)  # noqa: E731
 sw8 = stages.sweep(
-    cifar8, params8, cfg8, photos8, ns, label_smoothing=alpha, key=fold(13)
+    cifar8.NET, params8, cfg8, photos8, ns, label_smoothing=alpha, key=fold(13)
 )
 sw34 = stages.sweep(
-    resnet34, params34, cfg34, photos34, ns, label_smoothing=alpha, key=fold(14)
+    resnet34.NET, params34, cfg34, photos34, ns, label_smoothing=alpha, key=fold(14)
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -631,15 +631,15 @@ labels8 = lambda n: targets_matrix(
     (jnp.arange(n) * 3 + 1) % 10, 10, jnp.float64
 )  # noqa: E731
 lifted_rows = companions.input_sweep(
-    cifar8, params8, cfg8, randn, ns, label_smoothing=alpha, key=fold(17)
+    cifar8.NET, params8, cfg8, randn, ns, label_smoothing=alpha, key=fold(17)
 )
 photo_rows = [
-    companions.input_row(cifar8, params8, photos8(n), labels8(n), cfg8, point="photos")
+    companions.input_row(cifar8.NET, params8, photos8(n), labels8(n), cfg8, point="photos")
     for n in ns
 ]
 x_l = randn(ns[0])
 lifted_bug = companions.input_row(
-    cifar8, census.lift_dead_windows(cifar8, params8, x_l, cfg8), x_l, labels8(ns[0]),
+    cifar8.NET, census.lift_dead_windows(cifar8.NET, params8, x_l, cfg8), x_l, labels8(ns[0]),
     cfg8, point="randn, β lifted", label_smoothing=alpha, chain=bug8, key=fold(17),
 )
 
@@ -700,15 +700,15 @@ assert (
 kinds_ = ("normal", "spike", "scaled")
 cot = {}
 for net_name, mod, params, x, cfg in (
-    ("cifar8", cifar8, params8, x8, cfg8),
-    ("ResNet-34", resnet34, params34, x34, cfg34),
+    ("cifar8", cifar8.NET, params8, x8, cfg8),
+    ("ResNet-34", resnet34.NET, params34, x34, cfg34),
 ):
     for i, kind in enumerate(kinds_):
         d = stages.random_cotangent(fold(20 + i), (len(x), cfg.num_classes), kind=kind)
         at_x = Point.of(mod, params, x, None, cfg, key=fold(30 + i))
         cot[net_name, kind] = stages.cotangent_tie(at_x, d)
 d = stages.random_cotangent(fold(20), (p.resnet_batch, p.num_classes))
-at_x = Point.of(resnet34, params34, x34, None, cfg34, key=fold(30))
+at_x = Point.of(resnet34.NET, params34, x34, None, cfg34, key=fold(30))
 cot_bug = stages.cotangent_tie(at_x, d, chain=bug34)
 
 # %% tags=["nbval-check-output", "hide-input"]

@@ -57,7 +57,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
-from gradtie import book, prng
+from gradtie import Point, book, prng
 from gradtie.book import plots
 from gradtie import tolerances
 from gradtie.checks import bugs, census, germs
@@ -143,8 +143,13 @@ assert smooth8.ok
 # default each germ gets two paths, one of each kind; the cpu profile six.
 
 # %%
-survey8 = germs.survey(net8, params8, x8, targets, cfg8, grads8, germs.C8_GERMS,
-                       key=jax.random.fold_in(key, 2), directions=p.directions)
+survey8 = germs.survey(
+    Point.of(net8, params8, x8, targets, cfg8),
+    grads8,
+    germs.C8_GERMS,
+    key=jax.random.fold_in(key, 2),
+    directions=p.directions,
+)
 print(survey8.radii_table())
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -310,11 +315,7 @@ walk8 = next(r for r in fd8 if r.germ == "bn8" and r.path == "straight")
 walk8_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, 2), 7), 0)
 forgot = bugs.plant("bn_forget_gamma", net8)
 forgot_walk = germs.germ(
-    net8,
-    params8,
-    x8,
-    targets,
-    cfg8,
+    Point.of(net8, params8, x8, targets, cfg8),
     germs.rendered_nodes(net8, params8, x8, targets, cfg8, chain=forgot),
     "bn8",
     key=walk8_key,
@@ -345,11 +346,7 @@ near_params = germs.near_kink(
 )
 near_census = census.smoothness(net8, near_params, x8, cfg8)
 near = germs.germ(
-    net8,
-    near_params,
-    x8,
-    targets,
-    cfg8,
+    Point.of(net8, near_params, x8, targets, cfg8),
     germs.rendered_nodes(net8, near_params, x8, targets, cfg8),
     "bn8",
     key=near_key,
@@ -414,11 +411,7 @@ flat_census = census.smoothness(net8, params8, flat8, cfg8)
 twins_by_pool = {pc.pool: pc.counts["twin tie"] for pc in flat_census.pools}
 grads_flat = germs.rendered_nodes(net8, params8, flat8, targets, cfg8)
 twin_walks = germs.survey(
-    net8,
-    params8,
-    flat8,
-    targets,
-    cfg8,
+    Point.of(net8, params8, flat8, targets, cfg8),
     grads_flat,
     {k: germs.C8_GERMS[k] for k in ("c8Z1", "c8Z2", "c8Z3", "c8Z4")},
     key=jax.random.fold_in(key, 5),
@@ -492,11 +485,7 @@ planted = census.planted_tie(net8, params8)
 tie_census = census.smoothness(net8, planted, flat8, cfg8)
 grads_tie = germs.rendered_nodes(net8, planted, flat8, targets, cfg8)
 at_tie = germs.germ(
-    net8,
-    planted,
-    flat8,
-    targets,
-    cfg8,
+    Point.of(net8, planted, flat8, targets, cfg8),
     grads_tie,
     "bn1",
     key=jax.random.fold_in(key, 2),

@@ -86,18 +86,18 @@ alpha = p.label_smoothing
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=p.num_classes)
 params8 = {
     k: v.astype(jnp.float64)
-    for k, v in cifar8.init(key, cfg8, weights=p.weights).items()
+    for k, v in cifar8.NET.init(key, cfg8, weights=p.weights).items()
 }
 params34 = {
     k: v.astype(jnp.float64)
-    for k, v in resnet34.init(key, cfg34, weights=p.weights).items()
+    for k, v in resnet34.NET.init(key, cfg34, weights=p.weights).items()
 }
 x8 = images("photos", p.batch, 32, seed=p.seed)  # float64 photo crops in [0, 1]
 # the statements' 224 px
 x224 = images("randn", p.statement_batch, resnet34.SUITE_IMAGE_SIZE, seed=p.seed)
 randn8 = images("randn", p.batch, 32, seed=p.seed)  # N(0, 1) pixels: no twins
 # pool-feeding β raised: no dead window
-lifted8 = census.lift_dead_windows(cifar8, params8, randn8, cfg8)
+lifted8 = census.lift_dead_windows(cifar8.NET, params8, randn8, cfg8)
 flat34 = images("flat", 2, 32, seed=p.seed)  # the M = 2 point: 32 px, batch 2
 t8 = targets_matrix((jnp.arange(p.batch) * 3 + 1) % 10, 10, jnp.float64)
 t224 = targets_matrix(
@@ -119,10 +119,10 @@ betas = np.concatenate(
 # the census of every point this chapter ties at (section "Which hypothesis holds
 # where")
 points = {
-    ("cifar8", "photos"): census.smoothness(cifar8, params8, x8, cfg8),
-    ("cifar8", "randn, β lifted"): census.smoothness(cifar8, lifted8, randn8, cfg8),
-    ("ResNet-34", "randn, 224 px"): census.smoothness(resnet34, params34, x224, cfg34),
-    ("ResNet-34", "flat, 32 px"): census.smoothness(resnet34, params34, flat34, cfg34),
+    ("cifar8", "photos"): census.smoothness(cifar8.NET, params8, x8, cfg8),
+    ("cifar8", "randn, β lifted"): census.smoothness(cifar8.NET, lifted8, randn8, cfg8),
+    ("ResNet-34", "randn, 224 px"): census.smoothness(resnet34.NET, params34, x224, cfg34),
+    ("ResNet-34", "flat, 32 px"): census.smoothness(resnet34.NET, params34, flat34, cfg34),
 }
 smooth8 = points["cifar8", "photos"]
 lifted_smooth8 = points["cifar8", "randn, β lifted"]
@@ -179,18 +179,18 @@ assert (
 # widens the limits (section [The M = 2 point](#the-m--2-point-limits-widen-float32-cannot-tell)).
 
 # %%
-point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1))
+point8 = reference_at(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1))
 point34 = reference_at(
-    resnet34, params34, x224, t224, cfg34, label_smoothing=alpha, key=fold(2)
+    resnet34.NET, params34, x224, t224, cfg34, label_smoothing=alpha, key=fold(2)
 )
 tie8, tie34 = tie(point8), tie(point34)
 # cifar8's own α
 tie8_ce = tie(
-    Point.of(cifar8, params8, x8, t8, cfg8, label_smoothing=0.0, key=fold(18))
+    Point.of(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=0.0, key=fold(18))
 )
 # the M = 2 point (section below)
 flat_point = Point.of(
-    resnet34, params34, flat34, t_flat, cfg34, label_smoothing=alpha, key=fold(4)
+    resnet34.NET, params34, flat34, t_flat, cfg34, label_smoothing=alpha, key=fold(4)
 )
 flat_tie = tie(flat_point)
 
@@ -318,16 +318,16 @@ assert flat_smooth34.hypothesis(census.R34_INPUT).first.kind == "twin tie"
 # %% tags=["nbval-check-output", "hide-input"]
 abstract = {
     "cifar8 (d = 512)": jax.eval_shape(
-        lambda: cifar8.init(jax.random.key(0), cifar8.Config())
+        lambda: cifar8.NET.init(jax.random.key(0), cifar8.Config())
     ),
     "ResNet-34, K = 1000": jax.eval_shape(
-        lambda: resnet34.init(jax.random.key(0), resnet34.Config())
+        lambda: resnet34.NET.init(jax.random.key(0), resnet34.Config())
     ),
     "ResNet-34, K = 1000, conv biases": jax.eval_shape(
-        lambda: resnet34.init(jax.random.key(0), resnet34.Config(conv_bias=True))
+        lambda: resnet34.NET.init(jax.random.key(0), resnet34.Config(conv_bias=True))
     ),
     "ResNet-34, K = 10": jax.eval_shape(
-        lambda: resnet34.init(jax.random.key(0), resnet34.Config(num_classes=10))
+        lambda: resnet34.NET.init(jax.random.key(0), resnet34.Config(num_classes=10))
     ),
 }
 counts = {name: protocol.census(s) for name, s in abstract.items()}
@@ -373,13 +373,13 @@ print(
 
 # %% tags=["nbval-check-output", "hide-input", "hide-output"]
 x34 = images("photos", 4, 32, seed=p.seed)
-small34 = protocol.resolution_note(resnet34, 32)
-named = resnet34.stages(params34, cfg34)
+small34 = protocol.resolution_note(resnet34.NET, 32)
+named = resnet34.NET.stages(params34, cfg34)
 h = x34
 for _, stage in named:
     h = stage(h)
-logits34, _ = resnet34.forward(params34, x34, cfg34)
-rows34 = resnet34.summary(params34, cfg34, x34.shape)
+logits34, _ = resnet34.NET.forward(params34, x34, cfg34)
+rows34 = resnet34.NET.summary(params34, cfg34, x34.shape)
 kinds = [r.kind for r in rows34]
 print(f"{small34 or 'at the literal resolution'}:")
 print(protocol.format_summary(rows34))
@@ -486,7 +486,7 @@ print(
 
 # %%
 point_lifted = reference_at(
-    cifar8,
+    cifar8.NET,
     lifted8,
     randn8,
     t8,
@@ -579,14 +579,14 @@ print(
 # %%
 flat_f32 = float32_view(
     Point.of(
-        resnet34, params34, flat34, t_flat, cfg34, label_smoothing=alpha, key=fold(5)
+        resnet34.NET, params34, flat34, t_flat, cfg34, label_smoothing=alpha, key=fold(5)
     )
 )
 
 # %% tags=["nbval-check-output", "hide-input"]
 small = flat_tie.smallest_bn()
 widened = flat_tie.widened()
-print(protocol.resolution_note(resnet34, 32))
+print(protocol.resolution_note(resnet34.NET, 32))
 print(
     f"float64: {sum(r.ok for r in flat_tie.nodes)}/{len(flat_tie.nodes)} nodes tied,"
     f" input {'tied' if flat_tie.row('input').ok else 'FAILED'} (model:"
@@ -713,9 +713,9 @@ pages.fd(fd34)
 # control: `drop_batch_divisor` (the head cotangent without its ÷N) in float32.
 
 # %%
-f32_point = Point.of(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(8))
+f32_point = Point.of(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(8))
 f32_8 = float32_view(f32_point)
-f32_ctl = float32_view(f32_point, bugs.plant("head_no_batch_divisor", cifar8))
+f32_ctl = float32_view(f32_point, bugs.plant("head_no_batch_divisor", cifar8.NET))
 
 # %% tags=["nbval-check-output", "hide-input"]
 for v in (f32_8, f32_ctl):

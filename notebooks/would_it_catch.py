@@ -80,11 +80,11 @@ alpha = 0.1  # label smoothing on: the head entry α/(K−1) plants nothing at �
 cfg8, cfg34 = cifar8.Config(), resnet34.Config(num_classes=10)
 params8 = {
     k: jnp.asarray(np.asarray(v, np.float64))
-    for k, v in cifar8.init(key, cfg8, weights="drawn").items()
+    for k, v in cifar8.NET.init(key, cfg8, weights="drawn").items()
 }
 params34 = {
     k: jnp.asarray(np.asarray(v, np.float64))
-    for k, v in resnet34.init(key, cfg34, weights="drawn").items()
+    for k, v in resnet34.NET.init(key, cfg34, weights="drawn").items()
 }
 x8 = jnp.asarray(data.photos(p.batch, 32, seed=p.seed), jnp.float64)
 x34 = jnp.asarray(
@@ -111,8 +111,8 @@ print(
 # %% tags=["nbval-check-output", "hide-input"]
 display(pages.bugs())
 print(
-    f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8))} apply to cifar8,"
-    f" {len(bugs.entries(resnet34))} to ResNet-34, {len(bugs.entries(replicas=True))}"
+    f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8.NET))} apply to cifar8,"
+    f" {len(bugs.entries(resnet34.NET))} to ResNet-34, {len(bugs.entries(replicas=True))}"
     " through the data-parallel step"
 )
 assert len(bugs.CATALOGUE) >= 20
@@ -125,8 +125,8 @@ assert len(bugs.CATALOGUE) >= 20
 # envelope widens most limits past the 1e-10 floor, and the chain still ties.
 
 # %% tags=["nbval-check-output", "hide-input"]
-point8 = reference_at(cifar8, params8, x8, t8, cfg8, label_smoothing=alpha)
-point34 = reference_at(resnet34, params34, x34, t34, cfg34, label_smoothing=alpha)
+point8 = reference_at(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha)
+point34 = reference_at(resnet34.NET, params34, x34, t34, cfg34, label_smoothing=alpha)
 real8 = tie(point8)
 real34 = tie(point34)
 for r in (real8, real34):
@@ -255,9 +255,9 @@ assert sync8.ok
 # %% tags=["nbval-check-output"]
 init8 = {
     k: jnp.asarray(np.asarray(v, np.float64))
-    for k, v in cifar8.init(key, cfg8, weights="init").items()
+    for k, v in cifar8.NET.init(key, cfg8, weights="init").items()
 }
-point_init = reference_at(cifar8, init8, x8, t8, cfg8, label_smoothing=alpha)
+point_init = reference_at(cifar8.NET, init8, x8, t8, cfg8, label_smoothing=alpha)
 hidden = bugs.run(point_init, names=("bn_forget_gamma", "bn_dgamma_from_y"))
 for c in hidden.caught:
     drawn = next(d for d in caught8.caught if d.bug == c.bug)
@@ -294,8 +294,8 @@ print(
 )
 assert sens8[0] < 1e-9 < sens34[1]
 row = real34.row("layer3.0.conv1.weight")
-at2 = tie(point34, bugs.scaled_node(resnet34, row.name, 2 * row.sensitivity))
-at_half = tie(point34, bugs.scaled_node(resnet34, row.name, 0.5 * row.sensitivity))
+at2 = tie(point34, bugs.scaled_node(resnet34.NET, row.name, 2 * row.sensitivity))
+at_half = tie(point34, bugs.scaled_node(resnet34.NET, row.name, 0.5 * row.sensitivity))
 print(
     f"{row.name} scaled by 1 + 2δ*: {at2.row(row.name).verdict}; by 1 + δ*/2:"
     f" {at_half.row(row.name).verdict}"

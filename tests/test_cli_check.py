@@ -102,7 +102,7 @@ def test_init_weights_and_a_checkpoint_path(capsys, tmp_path):
     import jax
     import numpy as np
     from gradtie.nets import cifar8
-    params = cifar8.init(jax.random.key(5), cifar8.Config(), weights="drawn")
+    params = cifar8.NET.init(jax.random.key(5), cifar8.Config(), weights="drawn")
     np.savez(tmp_path / "checkpoint.npz", **{f"params/{k}": np.asarray(v) for k, v in params.items()})
     assert cli.main(QUICK + ["--weights", "init", "--no-fd"]) == EXIT_TIED
     assert "[weights init]" in capsys.readouterr().out

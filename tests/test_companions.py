@@ -45,8 +45,7 @@ def test_exact_conv_is_the_kit_conv_in_float64_and_a_planted_padding_is_not(op):
     case = next(c for c in bf16.kind_cases(1, n=1, c=3, o=2, size=7) if c.op == op and c.stride == 2)
     a, b = (np.asarray(v, np.float64) for v in (case.a, case.b))
     exact, mag = C.exact_conv(op, a, b, stride=2, kernel_size=3, out_shape=case.node.shape)
-    kit = np.asarray(bf16.kinds.apply(op, jnp.asarray(a), jnp.asarray(b), stride=2, kernel_size=3,
-                                      out_shape=case.node.shape))
+    kit = np.asarray(bf16.kinds.apply(op, jnp.asarray(a), jnp.asarray(b), stride=2, out_shape=case.node.shape))
     n = bf16.contraction_length(op, a.shape, b.shape, 3)
     assert np.all(np.abs(kit - exact) <= 2 * C.gamma(n, 2.0 ** -53) * mag)
     # 'SAME'-style padding (one extra row at the end, none at the start) reads other windows
@@ -74,7 +73,7 @@ def test_pool_backward_equals_vjp_of_gather_model_with_controls_red(spec):
     assert np.array_equal(sigma, np.asarray(maxpool.select(r, spec)))
     last = C.pool_vjp_tie("pool", r, dy, spec, sigma=np.asarray(maxpool.last_max(r, spec)))
     shifted = C.pool_vjp_tie("pool", r, dy, spec, sigma=C.shifted_selection(sigma, spec))
-    kit = bugs.plant("pool_window_offset", cifar8).kit
+    kit = bugs.plant("pool_window_offset", cifar8.NET).kit
     planted = C.pool_vjp_tie("pool", r, dy, spec, backward=lambda s, d: kit.pool_backward("pool", s, d))
     assert not last.ok and not shifted.ok and not planted.ok
 
@@ -82,11 +81,11 @@ def test_pool_backward_equals_vjp_of_gather_model_with_controls_red(spec):
 # ---- node ties at a non-twin tie ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("net, bug, nodes", [
-    (cifar8, "bn_forget_gamma", 38),
-    pytest.param(resnet34, "projection_bn_reads_dn2", 110, marks=pytest.mark.slow),   # a whole-net stage tie
+    (cifar8.NET, "bn_forget_gamma", 38),
+    pytest.param(resnet34.NET, "projection_bn_reads_dn2", 110, marks=pytest.mark.slow),   # a whole-net stage tie
 ], ids=["cifar8", "resnet34"])
 def test_node_ties_hold_at_a_non_twin_tie_and_a_planted_bug_parts(net, bug, nodes):
-    cfg = net.Config(num_classes=10) if net is resnet34 else net.Config()
+    cfg = net.config(num_classes=10)
     params = {k: v.astype(jnp.float64) for k, v in net.init(KEY, cfg, weights="drawn").items()}
     planted = census.planted_tie(net, params)
     x = images("flat", 2, 32, seed=0)
@@ -102,12 +101,12 @@ def test_node_ties_hold_at_a_non_twin_tie_and_a_planted_bug_parts(net, bug, node
 
 def test_fold_matches_numpy_resnet34_and_controls_go_red():
     cfg = resnet34.Config(num_classes=10)
-    params = {k: v.astype(jnp.float64) for k, v in resnet34.init(KEY, cfg, weights="drawn").items()}
+    params = {k: v.astype(jnp.float64) for k, v in resnet34.NET.init(KEY, cfg, weights="drawn").items()}
     x = images("photos", 2, 32, seed=0)
     ref = rn.resnet34_forward(params, np.asarray(x))
     assert C.forward_tie(params, x, cfg, reference_forward=ref).ok
     assert not C.forward_tie(params, x, cfg, ops=rn.PLANTED["flipped_kernel"], reference_forward=ref).ok
-    names = [n for n, _ in resnet34.stages(params, cfg)]
+    names = [n for n, _ in resnet34.NET.stages(params, cfg)]
     swapped = [names[0], names[2], names[1], *names[3:]]
     assert not C.forward_tie(params, x, cfg, order=swapped, reference_forward=ref).ok
 
@@ -116,7 +115,7 @@ def test_fold_matches_numpy_resnet34_and_controls_go_red():
 
 def test_head_zero_is_shared_arithmetic_and_the_control_fails():
     cfg = resnet34.Config(num_classes=4)
-    params = {k: v.astype(jnp.float64) for k, v in resnet34.init(KEY, cfg, weights="drawn").items()}
+    params = {k: v.astype(jnp.float64) for k, v in resnet34.NET.init(KEY, cfg, weights="drawn").items()}
     h = prng.normal(KEY, (2, 512, 3, 3), jnp.float64)
     dz = prng.normal(jax.random.fold_in(KEY, 1), (2, 4), jnp.float64)
     rep = C.head_exact(params, h, dz, cfg)
@@ -157,14 +156,14 @@ def test_stem_head_net_takes_sixteen_slots():
 
 def test_input_gradient_tied_at_lifted_point_and_photos_not_judged():
     cfg = cifar8.Config()
-    params = {k: v.astype(jnp.float64) for k, v in cifar8.init(KEY, cfg, weights="drawn").items()}
-    (row,) = C.input_sweep(cifar8, params, cfg, lambda n: images("randn", n, 32, seed=0), [1], key=KEY)
+    params = {k: v.astype(jnp.float64) for k, v in cifar8.NET.init(KEY, cfg, weights="drawn").items()}
+    (row,) = C.input_sweep(cifar8.NET, params, cfg, lambda n: images("randn", n, 32, seed=0), [1], key=KEY)
     assert row.holds and row.verdict == "tied"
     x = images("photos", 1, 32, seed=0)
     t = targets_matrix(jnp.asarray([1]), 10, jnp.float64)
-    photo = C.input_row(cifar8, params, x, t, cfg, point="photos")
+    photo = C.input_row(cifar8.NET, params, x, t, cfg, point="photos")
     assert not photo.holds and photo.verdict == "not judged" and photo.report is None
-    lifted = census.lift_dead_windows(cifar8, params, images("randn", 1, 32, seed=0), cfg)
-    red = C.input_row(cifar8, lifted, images("randn", 1, 32, seed=0), t, cfg, point="randn, β lifted",
-                      chain=bugs.plant("bn_forget_gamma", cifar8), key=KEY)
+    lifted = census.lift_dead_windows(cifar8.NET, params, images("randn", 1, 32, seed=0), cfg)
+    red = C.input_row(cifar8.NET, lifted, images("randn", 1, 32, seed=0), t, cfg, point="randn, β lifted",
+                      chain=bugs.plant("bn_forget_gamma", cifar8.NET), key=KEY)
     assert red.holds and red.verdict == "FAILED"

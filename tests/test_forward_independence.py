@@ -221,7 +221,7 @@ def test_planted_forward_mistake_goes_red(net, mistake, request):
 
 def test_cifar8_per_example_logits_match_numpy_forward_f64(cifar8_point):
     cfg = cifar8.Config(num_classes=K, bn="example")
-    forward = jax.jit(lambda p, x: cifar8.forward(p, x, cfg)[0], compiler_options=QUICK)
+    forward = jax.jit(lambda p, x: cifar8.NET.forward(p, x, cfg)[0], compiler_options=QUICK)
     logits = forward(cifar8_point.params, jnp.asarray(cifar8_point.x))
     ref = rn.cifar8_forward(cifar8_point.params, cifar8_point.x, bn="example")
     limit = tol.FORWARD_NET_SIGMAS * np.sqrt(2.0) * ref.envelope

@@ -293,6 +293,6 @@ def test_two_processes_give_the_single_device_gradient(tmp_path):
     grads = {k[len("grad:"):]: v for k, v in first.items() if k.startswith("grad:")}
     point = reference_at(cifar8.NET, params, jnp.asarray(first["x"]), jnp.asarray(first["labels"]), cfg)
     rep = report("cifar8 on 4 replicas in 2 processes", params, (first["loss"], grads, first["dx"]), point)
-    assert len(rep.nodes) == 38 and list(params) == list(cifar8.init(jax.random.key(0), cfg))
+    assert len(rep.nodes) == 38 and list(params) == list(cifar8.NET.init(jax.random.key(0), cfg))
     assert rep.ok, rep.summary()
     assert rep.row("loss").ok and rep.row("input").ok, rep.summary()

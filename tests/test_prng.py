@@ -79,10 +79,10 @@ def test_under_a_trace_it_is_part_of_the_callers_program():
     assert same(closed(), jax.random.uniform(KEY, (2, 3), jnp.float32))
     assert jax.eval_shape(lambda: prng.randint(KEY, (4, 5), 0, 9)).shape == (4, 5)
     # the nets' initial weights, traced or not, are the same values
-    eager = cifar8.init(KEY, cifar8.Config(), weights="drawn")
-    traced = jax.jit(lambda k: cifar8.init(k, cifar8.Config(), weights="drawn"))(KEY)
+    eager = cifar8.NET.init(KEY, cifar8.Config(), weights="drawn")
+    traced = jax.jit(lambda k: cifar8.NET.init(k, cifar8.Config(), weights="drawn"))(KEY)
     assert all(same(eager[k], traced[k]) for k in eager)
-    assert jax.eval_shape(lambda: cifar8.init(KEY, cifar8.Config()))["conv1.weight"].shape == (16, 3, 3, 3)
+    assert jax.eval_shape(lambda: cifar8.NET.init(KEY, cifar8.Config()))["conv1.weight"].shape == (16, 3, 3, 3)
 
 
 def test_initial_weights_are_the_flat_draw_cut_into_tensors():
@@ -90,7 +90,7 @@ def test_initial_weights_are_the_flat_draw_cut_into_tensors():
     weight is std · z[:size] of jax.random.normal's flat draw, std = √(2/(O·kh·kw)) (He fan-out)."""
     key = jax.random.key(0)
     cfg = cifar8.Config()
-    params = cifar8.init(key, cfg, weights="drawn")
+    params = cifar8.NET.init(key, cfg, weights="drawn")
     specs = [s for s in cifar8.NET.param_specs(cfg) if s.init in ("conv", "dense")]
     total = sum(math.prod(s.shape) for s in specs)
     z = jax.random.normal(key, (total,), jnp.float32)

@@ -546,8 +546,8 @@ def test_nudge_ulp_moves_each_nonzero_entry_one_ulp():
 def c8():
     cfg = cifar8.Config(head_width=64)
     split = data.digits(seed=0)
-    stats = jax.jit(lambda p, x: cifar8.batch_stats(cifar8.forward(p, x, cfg)[1]))
-    return SimpleNamespace(net=cifar8, cfg=cfg, x=split.x_train[:16], y=split.y_train[:16], stats=stats)
+    stats = jax.jit(lambda p, x: cifar8.NET.batch_stats(cifar8.NET.forward(p, x, cfg)[1]))
+    return SimpleNamespace(net=cifar8.NET, cfg=cfg, x=split.x_train[:16], y=split.y_train[:16], stats=stats)
 
 
 def test_cifar8_rendered_steps_decrease_the_loss_on_digits_f32(c8):

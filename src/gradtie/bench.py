@@ -608,7 +608,8 @@ def _abstract_fn(w: Workload):
         return fold, (s((w.batch, 512, 7, 7), dtype), s((w.num_classes, 512), dtype), s((w.num_classes,), dtype),
                       s((w.batch, w.num_classes), dtype))
     config = BenchConfig(w.net, w.batch, w.image_size, w.bf16, w.replicas, num_classes=w.num_classes)
-    kw = {"head_width": w.head_width} if w.net == "cifar8" else {}
+    fields = {f.name for f in dataclasses.fields(nets.load(w.net).config)}
+    kw = {"head_width": w.head_width} if "head_width" in fields else {}
     net, cfg = net_config(config, conv_formulation="conv", **kw)
     pair = mesh_grad_fns(net, cfg, parallel.data_mesh(w.replicas)) if w.replicas > 1 else grad_fns(net, cfg)
     fn = pair[0] if w.side == "rendered" else pair[1]

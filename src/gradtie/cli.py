@@ -308,6 +308,8 @@ def _train(args: argparse.Namespace) -> int:
     import jax
     if o.dtype == "float64":
         jax.config.update("jax_enable_x64", True)
+    import dataclasses
+
     from . import data, folder, nets, train
     net = nets.load(o.net)
     path = folder.parse_spec(o.data)
@@ -318,7 +320,7 @@ def _train(args: argparse.Namespace) -> int:
         dataset = data.load(o.data, size=o.image_size, n_train=o.n_train, n_test=o.n_test, seed=o.seed)
         num_classes = dataset.num_classes
     kwargs = {"num_classes": num_classes}
-    if o.net == "cifar8":
+    if "head_width" in {f.name for f in dataclasses.fields(net.config)}:
         kwargs["head_width"] = o.head_width
     if o.policy != "tie" and o.dtype != "float32":
         raise ValueError(f"--policy {o.policy} trains float32 parameters (its activations are the policy's); "

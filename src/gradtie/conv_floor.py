@@ -62,19 +62,17 @@ class ConvSite:
                 f"{'' if self.input_grad else ' (no dx)'}")
 
 
-def sites(net: str, batch: int, image_size: int) -> list[ConvSite]:
-    """Every conv shape of cifar8-BN or ResNet-34 at (batch, image_size), in forward order, with the
-    number of convs of that shape."""
+def _cifar8_sites(batch: int, image_size: int) -> list[ConvSite]:
+    out, cin, h = [], 3, image_size
+    for width in (16, 16, 32, 32):   # cifar8.WIDTHS: two 3×3 convs per stage, then a 2×2 pool
+        out.append(ConvSite(batch, cin, width, h, 3, 1, input_grad=cin != 3))
+        out.append(ConvSite(batch, width, width, h, 3, 1))
+        cin, h = width, h // 2
+    return out
+
+
+def _resnet34_sites(batch: int, image_size: int) -> list[ConvSite]:
     from .ops import conv, maxpool
-    if net == "cifar8":
-        out, cin, h = [], 3, image_size
-        for width in (16, 16, 32, 32):   # cifar8.WIDTHS: two 3×3 convs per stage, then a 2×2 pool
-            out.append(ConvSite(batch, cin, width, h, 3, 1, input_grad=cin != 3))
-            out.append(ConvSite(batch, width, width, h, 3, 1))
-            cin, h = width, h // 2
-        return out
-    if net != "resnet34":
-        raise ValueError(f"conv floor: net must be cifar8 or resnet34, got {net!r}")
     stem = ConvSite(batch, 3, 64, image_size, 7, 2, input_grad=False)
     h = maxpool.out_size(stem.out_size(), maxpool.POOL3S2)
     out, cin = [stem], 64
@@ -86,6 +84,17 @@ def sites(net: str, batch: int, image_size: int) -> list[ConvSite]:
         out.append(ConvSite(batch, width, width, h, 3, 1, count=same))
         cin = width
     return out
+
+
+SITES = {"cifar8": _cifar8_sites, "resnet34": _resnet34_sites}
+
+
+def sites(net: str, batch: int, image_size: int) -> list[ConvSite]:
+    """Every conv shape of cifar8-BN or ResNet-34 at (batch, image_size), in forward order, with the
+    number of convs of that shape."""
+    if net not in SITES:
+        raise ValueError(f"conv floor: net must be cifar8 or resnet34, got {net!r}")
+    return SITES[net](batch, image_size)
 
 
 # ---- one side in this process ------------------------------------------------------------------

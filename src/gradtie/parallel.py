@@ -40,7 +40,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from . import rendered, tolerances, train
 from .kit import KIT, Kit
-from .nets.protocol import as_net
+from .nets.protocol import require_net
 from .ops import batchnorm, head
 
 AXIS = "data"
@@ -296,7 +296,7 @@ def forward_backward(net, params, x, targets, cfg, *, mesh: Mesh, kit: Kit = KIT
     off (`rendered.QUICK`), for a step evaluated once (a check).
     """
     op = "parallel.forward_backward"
-    net = as_net(net)
+    require_net(net, "parallel.forward_backward")
     if counts is not None and valid is not None:
         raise ValueError(f"{op}: give counts (a concatenated valid batch) or valid (a padded batch), not both")
     if counts is not None:
@@ -342,7 +342,7 @@ def loss_and_grads(net, params, x, targets, cfg, *, mesh: Mesh, label_smoothing:
     per-replica BatchNorm. `counts`: uneven replica batches (see `forward_backward`). `cfg.bf16`
     selects the bf16 conv kinds; the all-reduces stay in the parameters' dtype.
     """
-    out = forward_backward(as_net(net), params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
+    out = forward_backward(net, params, x, targets, cfg, mesh=mesh, label_smoothing=label_smoothing,
                            sync_bn=sync_bn, with_dx=False, counts=counts)
     return out.loss, out.grads
 
@@ -381,7 +381,7 @@ def make_step(net, cfg, opt: train.Optimizer, *, mesh: Mesh, label_smoothing: fl
     replica mean of per-replica statistics without it). `counts`: an uneven last batch (x is the
     concatenated valid batch, replica r holding n_r of it). bf16 convs: `cfg.bf16`.
     """
-    net = as_net(net)
+    require_net(net, "parallel.make_step")
     if not isinstance(opt, train.Optimizer):
         raise ValueError(f"parallel.make_step: opt must be a train.Optimizer (train.make_optimizer"
                          f"(name)), got {type(opt).__name__}")
@@ -405,7 +405,6 @@ def single_device(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
     """The rendered step on one device at the whole batch: what the mesh step must reproduce (a
     train step's running statistics and accuracy included). The tie itself is
     `checks.tie.tie` on R replicas, against the float64 oracle."""
-    net = as_net(net)
     t = _targets("parallel.single_device", targets, int(jnp.shape(x)[0]), cfg.num_classes,
                  jnp.result_type(x))
     out = rendered.compiled(net, kit, dict(params), x, t, replica_config(cfg, False), alpha=float(label_smoothing))

@@ -61,6 +61,8 @@ PEER_SUITE = ([PeerConfig("cifar8", b, 32, repeats=7) for b in (32, 64, 128)]
 PEER_QUICK = [PeerConfig("cifar8", 32, 32, repeats=3), PeerConfig("resnet34", 8, 64, repeats=2)]
 # The GPU run (benchmarks/gpu.sh): ImageNet shapes for ResNet-34, a large cifar8 batch.
 PEER_GPU = [PeerConfig("resnet34", 64, 224, num_classes=1000, repeats=10), PeerConfig("cifar8", 256, 32, repeats=20)]
+# where each net's peer is checked against the oracle: (batch, image side)
+AGREEMENT_POINT = {"cifar8": (4, 32), "resnet34": (2, 64)}
 PEER_SUITES = {"peers": PEER_SUITE, "peers-quick": PEER_QUICK, "peers-gpu": PEER_GPU}
 
 
@@ -138,8 +140,8 @@ def _check_here(peer: str, net: str) -> dict[str, Any]:
     ok, reason = peers.available(peer)
     if not ok:
         return {"peer": peer, "net": net, "skipped": reason}
-    size = 32 if net == "cifar8" else 64
-    a = peers.agreement(peer, net, batch=4 if net == "cifar8" else 2, image_size=size, num_classes=10, seed=0)
+    batch, size = AGREEMENT_POINT[net]
+    a = peers.agreement(peer, net, batch=batch, image_size=size, num_classes=10, seed=0)
     return {"peer": peer, "net": net, "ok": bool(a.ok), "describe": a.describe()}
 
 

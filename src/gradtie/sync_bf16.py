@@ -101,7 +101,8 @@ class ExactReport:
 def _single_device_node(x, dy, stride: int, kernel_size: int, rnd):
     """The bf16 weight-gradient kind over the whole batch on one device: one float32 contraction of
     every example at the rounded operands, rounded once (the formulation by the kit's shape rule)."""
-    return apply("grad_weight", x, dy, stride=stride, kernel_size=kernel_size, rnd=rnd)
+    return apply("grad_weight", x, dy, stride=stride, out_shape=(dy.shape[1], x.shape[1], kernel_size, kernel_size),
+                 rnd=rnd)
 
 
 def _ulp_bf16(v: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ import jax
 from . import data, parallel
 from .checks import census as census_
 from .checks.tie import TieReport, bn_cells, degenerate, reference_at, tie
-from .nets.protocol import as_net
+from .nets.protocol import require_net
 from .progress import bar
 
 
@@ -67,7 +67,7 @@ def sweep(net, params, cfg, shapes, *, image_size: int = 32, seed: int = 0, labe
     single-device float64 oracle at R·N (photo crops, one reference, envelope and smoothness census
     per global batch). A global batch where a BatchNorm layer averages M = 1 cell is degenerate:
     reported, not tied. devices: the mesh's devices (default `jax.devices()`)."""
-    net = as_net(net)
+    require_net(net, "sync_sweep.sweep")
     points, smooth_at, ties, flat = {}, {}, [], {}
     for r, n in bar(list(shapes), desc="R·N sweep", enabled=progress):
         b = r * n

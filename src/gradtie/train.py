@@ -55,7 +55,8 @@ from . import tolerances as tol
 from .host import to_device
 from .kit import KIT, Kit
 from .nets.layers import zero_in_reals
-from .nets.protocol import Net, as_net
+from .nets.protocol import Net, require_net
+from .nets.protocol import fingerprint as value_key
 from .ops import head, maxpool
 from .progress import bar
 
@@ -77,12 +78,23 @@ RUN = "run.json"
 @dataclass(frozen=True, eq=False)
 class Optimizer:
     """A named update rule: init(params) -> state; update(params, grads, state, lr) -> (params, state).
-    Hashed by identity (a static argument of `jax.jit`); the factories below hand out one object
-    per setting."""
+    Hashed by value (`protocol.fingerprint`: its name, hyper-parameters and the code and closure of
+    its functions): a static argument of `jax.jit`, so equal rules built separately share compiled
+    steps and rules that differ never do."""
     name: str
     init: Callable[[Params], OptState]
     update: Callable[..., tuple[Params, OptState]]
     hyper: dict
+
+    @functools.cached_property
+    def _fingerprint(self):
+        return value_key((self.name, self.init, self.update, self.hyper))
+
+    def __eq__(self, other) -> bool:
+        return self is other or (isinstance(other, Optimizer) and self._fingerprint == other._fingerprint)
+
+    def __hash__(self) -> int:
+        return hash(self._fingerprint)
 
 
 def _map(f, *trees: Mapping) -> Params:
@@ -285,7 +297,7 @@ def make_step(net, cfg, opt: Optimizer, *, grads: str = "rendered", label_smooth
     optimisation off (a control taken a step or two). The compiled step is found again by JAX's
     own cache: the net, kit, config, optimizer, grads and α are its static arguments.
     """
-    net = as_net(net)
+    require_net(net, "train.make_step")
     if grads not in ("rendered", "autodiff"):
         raise ValueError(f"make_step: grads must be 'rendered' or 'autodiff', got {grads!r}")
     if not 0.0 <= label_smoothing <= 1.0:
@@ -358,7 +370,6 @@ def precise_statistics(net, cfg, params: Params, x, *, batch: int, batches: int 
         raise ValueError(f"{op}: {n} training images make no full batch of {batch}")
     order = np.asarray(jax.random.permutation(
         jax.random.fold_in(jax.random.key(seed), _PRECISE_STREAM), n))[:k * batch]
-    net = as_net(net)
     dtype = next(iter(params.values())).dtype
     per_batch = [_batch_stats(net, cfg, params, jnp.asarray(x[order[i * batch:(i + 1) * batch]], dtype))
                  for i in range(k)]
@@ -412,7 +423,6 @@ def evaluate_topk(net, cfg, state: TrainState, x, labels, batch: int = 256, *,
     if n == 0 or len(x) != n:
         raise ValueError(f"train.evaluate: need as many labels as images (and at least one), "
                          f"got {len(x)} images and {n} labels")
-    net = as_net(net)
     stats = state.running if running is None else running
     dtype = next(iter(state.params.values())).dtype
     chunk = min(batch, n)
@@ -470,7 +480,6 @@ def checkpoint_params(path, net) -> tuple[dict, dict]:
     """(params, Config overrides) from a training checkpoint (`gradtie train`'s checkpoint.npz, or a
     folder holding one, or a run folder of orbax checkpoints: the latest; or an .npz of state_dict
     names). One-line errors name the file and what is wrong."""
-    net = as_net(net)
     file = Path(path)
     if file.is_dir() and not (file / CHECKPOINT).is_file() and (file / "checkpoints").is_dir():
         from . import checkpoints   # a run's orbax checkpoints: the latest one's parameters
@@ -503,13 +512,7 @@ def tensor_distances(a: Mapping, b: Mapping, skip=()) -> dict[str, float]:
 
 def _named_params(net, file: Path, params: dict) -> tuple[dict, dict]:
     """A checkpoint's tensors in the net's signature order, and the Config its shapes imply."""
-    overrides = {}
-    if net.suite is not None:   # the book's nets: their Config read off the tensors
-        overrides["conv_bias"] = "conv1.bias" in params
-        if net.name == "cifar8" and "fc1.weight" in params and "fc3.weight" in params:
-            overrides.update(head_width=int(params["fc1.weight"].shape[0]), num_classes=int(params["fc3.weight"].shape[0]))
-        elif "fc.weight" in params:
-            overrides.update(num_classes=int(params["fc.weight"].shape[0]))
+    overrides = net.config_overrides(params)   # the Config the tensors imply (`Net.config_of_params`)
     names = [spec.name for spec in net.param_specs(net.config(**overrides))]
     missing = [n for n in names if n not in params]
     if missing:
@@ -636,8 +639,9 @@ class FitConfig:
 
 
 def default_label_smoothing(net) -> float:
-    """α = 0.1 for ResNet-34 (the ImageNet recipe), 0 for cifar8 (the book's convention)."""
-    return 0.1 if as_net(net).name == "resnet34" else 0.0
+    """The net's own α (`Net.label_smoothing`): 0.1 for ResNet-34 (the ImageNet recipe), 0 for
+    cifar8 (the book's convention) and by default."""
+    return float(net.label_smoothing)
 
 
 class _Plan(NamedTuple):
@@ -912,7 +916,7 @@ def fit(net, cfg, dataset, config: FitConfig = FitConfig(), *,
     per epoch and with notes (a skipped file); the CLI prints them.
     """
     op = "train.fit"
-    net = as_net(net)
+    require_net(net, "train.fit")
     if isinstance(extend_epochs, bool) or not isinstance(extend_epochs, int) or extend_epochs < 0:
         raise ValueError(f"{op}: extend_epochs must be a non-negative integer, got {extend_epochs!r}")
     if stop_after is not None:
@@ -1707,7 +1711,6 @@ def side_by_side(net, cfg, dataset: Union[data_.Dataset, data_.Split],
     real run. Shown in: Training with the rendered step.
     """
     op = "train.side_by_side"
-    net = as_net(net)
     steps = data_._positive_int(op, "steps", steps)
     draws = data_._positive_int(op, "draws", tol.TRAIN_TRACK_DRAWS if draws is None else draws)
     factor = tol.TRAIN_TRACK_FACTOR if factor is None else float(factor)

@@ -21,7 +21,7 @@ import pytest
 from gradtie import cli, data, fake_devices, prng, reference
 from gradtie.checks import bf16, bugs
 from gradtie.checks.check import EXIT_FAILED, EXIT_TIED, run_check
-from gradtie.checks.tie import Chain, targets_matrix
+from gradtie.checks.tie import Chain, Point, targets_matrix
 from gradtie.nets import cifar8, resnet34
 from gradtie.nets.layers import rounding
 from gradtie.ops import conv
@@ -283,14 +283,14 @@ def test_the_f32_distance_cannot_judge_a_node(c8):
     """Why the verdict is per stage: the bf16 gradient's distance to the f32 one is of the order of
     the node (a zeroed node would sit about as far)."""
     net, cfg, params, x, t = c8
-    far = bf16.f32_distance(net, params, x, t, cfg)
+    far = bf16.f32_distance(Point.of(net, params, x, t, cfg))
     assert np.median([r.rel for r in far if not r.zero_in_reals]) > 0.01
 
 
 def test_stage_ties_refuse_a_custom_rounding(c8):
     net, cfg, params, x, t = c8
     with pytest.raises(ValueError, match="freeze a named rounding"):
-        bf16.stage_ties(net, params, x, t, dataclasses.replace(cfg, bf16_rounding=lambda a: a * 1.0))
+        bf16.stage_ties(Point.of(net, params, x, t, dataclasses.replace(cfg, bf16_rounding=lambda a: a * 1.0)))
 
 
 # ---- replica sums -----------------------------------------------------------------------------------

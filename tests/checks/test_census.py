@@ -84,7 +84,7 @@ CFG34 = resnet34.Config(num_classes=10)
 
 @pytest.fixture(scope="module")
 def params():
-    return {k: v.astype(jnp.float64) for k, v in cifar8.init(jax.random.key(0), CFG, weights="drawn").items()}
+    return {k: v.astype(jnp.float64) for k, v in cifar8.NET.init(jax.random.key(0), CFG, weights="drawn").items()}
 
 
 @pytest.fixture(scope="module")
@@ -109,22 +109,22 @@ def labels():
 
 @pytest.fixture(scope="module")
 def flat_report(params, flat):
-    return census.smoothness(cifar8, params, flat, CFG)
+    return census.smoothness(cifar8.NET, params, flat, CFG)
 
 
 @pytest.fixture(scope="module")
 def photo_report(params, photos):
-    return census.smoothness(cifar8, params, photos, CFG)
+    return census.smoothness(cifar8.NET, params, photos, CFG)
 
 
 @pytest.fixture(scope="module")
 def planted(params):
-    return census.planted_tie(cifar8, params)
+    return census.planted_tie(cifar8.NET, params)
 
 
 @pytest.fixture(scope="module")
 def planted_report(planted, flat):
-    return census.smoothness(cifar8, planted, flat, CFG)
+    return census.smoothness(cifar8.NET, planted, flat, CFG)
 
 
 def _total(report, cls):
@@ -151,8 +151,8 @@ def test_flat_images_hold_twin_ties_and_no_non_twin_tie(flat_report):
 
 def test_twin_tied_cells_are_bit_equal_on_flat_images(params, flat, flat_report):
     """Nearest-neighbour resampling keeps equal pixels bit-equal; so are the twins' pre-activations."""
-    _, saved = cifar8.forward(params, flat, CFG)
-    z = np.asarray(cifar8.preactivations(saved)["bn2"])
+    _, saved = cifar8.NET.forward(params, flat, CFG)
+    z = np.asarray(cifar8.NET.preactivations(saved)["bn2"])
     win = np.asarray(maxpool.windows(jnp.asarray(z), maxpool.POOL2))
     twin = flat_report.pools[0].classes == TWIN
     assert ((win == win.max(-1, keepdims=True)).sum(-1)[twin] >= 2).all()
@@ -193,8 +193,8 @@ def test_centre_tap_kernels_make_non_twin_ties(params, planted, planted_report, 
                             f"window {v.where}")
     assert r.summary().startswith(f"NOT smooth: {r.non_twin_ties} non-twin ties")
     # the named window really ties at the point, in the pool's input
-    _, saved = cifar8.forward(planted, flat, CFG)
-    win = np.asarray(maxpool.windows(cifar8.pool_inputs(saved)["pool1"], maxpool.POOL2))
+    _, saved = cifar8.NET.forward(planted, flat, CFG)
+    win = np.asarray(maxpool.windows(cifar8.NET.pool_inputs(saved)["pool1"], maxpool.POOL2))
     cells = win[v.example, v.channel, v.where[0], v.where[1]]
     assert cells.max() > 0 and (cells == cells.max()).sum() >= 2
 
@@ -206,7 +206,7 @@ def _zero_channel(params, bn, channel):
 
 
 def test_zero_pre_activations_are_violations(params, photos):
-    r = census.smoothness(cifar8, _zero_channel(params, "bn2", 3), photos, CFG)
+    r = census.smoothness(cifar8.NET, _zero_channel(params, "bn2", 3), photos, CFG)
     assert not r.ok and r.zeros == 2 * 32 * 32 and r.zero_counts["bn2"] == r.zeros
     zero = [v for v in r.violations if v.kind == "zero pre-activation"]
     assert zero and zero[0].layer == "bn2" and zero[0].channel == 3
@@ -226,7 +226,7 @@ def test_report_as_dict_round_trips_counts(planted_report):
 
 def test_smoothness_refuses_images_of_another_dtype(params, photos):
     with pytest.raises(ValueError, match="float64 or float32"):
-        census.smoothness(cifar8, params, photos.astype(jnp.bfloat16), CFG)
+        census.smoothness(cifar8.NET, params, photos.astype(jnp.bfloat16), CFG)
 
 
 # ---- three hypotheses, three verdicts: cifar8 ---------------------------------------------------
@@ -234,13 +234,13 @@ def test_smoothness_refuses_images_of_another_dtype(params, photos):
 def test_every_hypothesis_holds_where_no_window_is_dead(params, randn):
     """randn has no twins; lifting each pool-feeding β just above its lowest window maximum leaves no
     dead window, and then even MaxPool2Smooth (unique maxima only) holds."""
-    before = census.smoothness(cifar8, params, randn, CFG)
+    before = census.smoothness(cifar8.NET, params, randn, CFG)
     assert _total(before, "dead") > 0 and _verdicts(before) == {"parameters": True, "cifar8_input": False}
-    lifted = census.lift_dead_windows(cifar8, params, randn, CFG)
+    lifted = census.lift_dead_windows(cifar8.NET, params, randn, CFG)
     moved = {k for k in params if not np.array_equal(lifted[k], params[k])}
     assert moved and moved <= {f"bn{2 * k}.bias" for k in range(1, 5)}
     assert all(np.all(np.asarray(lifted[k]) >= np.asarray(params[k])) for k in moved)
-    r = census.smoothness(cifar8, lifted, randn, CFG)
+    r = census.smoothness(cifar8.NET, lifted, randn, CFG)
     assert _total(r, "dead") == 0 and _total(r, "twin tie") == 0 and r.zeros == 0
     assert _verdicts(r) == {"parameters": True, "cifar8_input": True}
     assert all(h.violated == 0 and h.first is None and h.violations == [] for h in r.hypotheses)
@@ -280,14 +280,14 @@ def test_a_non_twin_tie_breaks_every_hypothesis(planted_report):
 
 def test_zeros_break_the_clause_of_their_layer(params, photos):
     """A zero in a conv channel breaks c8Z₁…c8Z₈; a zero in a head unit breaks the head clause."""
-    r = census.smoothness(cifar8, _zero_channel(params, "bn5", 0), photos, CFG)
+    r = census.smoothness(cifar8.NET, _zero_channel(params, "bn5", 0), photos, CFG)
     param, c8 = r.hypotheses
     assert not param.holds and [c.holds for c in param.clauses] == [True, False]
     assert [c.violated for c in c8.clauses[1:]] == [2 * 8 * 8, 0]
     assert c8.clauses[1].listed[0].layer == "bn5"
     head_zero = dict(params, **{"fc1.weight": params["fc1.weight"].at[7].set(0.0),
                                 "fc1.bias": params["fc1.bias"].at[7].set(0.0)})
-    r = census.smoothness(cifar8, head_zero, photos, CFG)
+    r = census.smoothness(cifar8.NET, head_zero, photos, CFG)
     c8 = r.hypothesis("cifar8_input")
     assert [c.violated for c in c8.clauses[1:]] == [0, 2]
     assert c8.clauses[2].listed[0].describe() == "zero pre-activation at fc1, example 0, unit 7"
@@ -320,11 +320,11 @@ def test_a_report_without_per_layer_zeros_never_loses_them():
 
 @pytest.fixture(scope="module")
 def params34():
-    return {k: v.astype(jnp.float64) for k, v in resnet34.init(jax.random.key(0), CFG34, weights="drawn").items()}
+    return {k: v.astype(jnp.float64) for k, v in resnet34.NET.init(jax.random.key(0), CFG34, weights="drawn").items()}
 
 
 def _census34(params34, x):
-    return census.smoothness(resnet34, params34, x, CFG34, draws=2)
+    return census.smoothness(resnet34.NET, params34, x, CFG34, draws=2)
 
 
 @pytest.fixture(scope="module")
@@ -355,14 +355,14 @@ def test_resnet34_twin_ties_break_h_pool(params34):
 
 
 def test_resnet34_non_twin_tie_breaks_both(params34):
-    r = _census34(census.planted_tie(resnet34, params34), jnp.asarray(data.flat_images(2, 32, seed=0, dtype=np.float64)))
+    r = _census34(census.planted_tie(resnet34.NET, params34), jnp.asarray(data.flat_images(2, 32, seed=0, dtype=np.float64)))
     assert _verdicts(r) == {"parameters": False, "resnet34_input": False}
     assert r.violations[0].layer == "stem.pool" and r.hypothesis("parameters").first.kind == "non-twin tie"
 
 
 def test_resnet34_lifted_randn_point_holds_both(params34):
     x = prng.normal(jax.random.key(1), (2, 3, 32, 32), jnp.float64)
-    lifted = census.lift_dead_windows(resnet34, params34, x, CFG34)
+    lifted = census.lift_dead_windows(resnet34.NET, params34, x, CFG34)
     r = _census34(lifted, x)
     assert r.pools[0].counts["dead"] == 0 and r.pools[0].counts["twin tie"] == 0
     assert _verdicts(r) == {"parameters": True, "resnet34_input": True}
@@ -381,7 +381,7 @@ def test_resnet34_zeros_split_between_h_stem_and_the_blocks(params34):
 # ---- routing: which twin the backward picks -----------------------------------------------------
 
 def test_rendered_chain_is_the_gather_model_at_argmax(params, flat, labels, flat_report):
-    sigma, _ = census.rerouted(cifar8, params, flat, CFG, flat_report, "twin tie")
+    sigma, _ = census.rerouted(cifar8.NET, params, flat, CFG, flat_report, "twin tie")
     targets = targets_matrix(labels, 10, jnp.float64)
     loss, g, dx, _, _ = rendered.compiled(cifar8.NET, KIT, params, flat, targets, CFG, selections=sigma)
     loss_r, g_r, dx_r, _, _ = rendered.run(cifar8.NET, KIT, params, flat, targets, CFG)
@@ -394,7 +394,7 @@ def test_rendered_chain_is_the_gather_model_at_argmax(params, flat, labels, flat
 
 
 def test_twin_routing_keeps_the_parameter_gradient_not_the_input_gradient(params, flat, labels, flat_report):
-    r = census.routing(cifar8, params, flat, labels, CFG, flat_report, "twin tie")
+    r = census.routing(cifar8.NET, params, flat, labels, CFG, flat_report, "twin tie")
     assert r.rerouted["pool1"] > 100 and sum(r.rerouted.values()) == _total(flat_report, "twin tie")
     assert r.loss == r.loss_rerouted
     assert r.param_rel <= census.ROUTE_REL and r.same_parameter_gradient
@@ -404,13 +404,13 @@ def test_twin_routing_keeps_the_parameter_gradient_not_the_input_gradient(params
 
 def test_dead_windows_route_anywhere(params, flat, labels, flat_report):
     """The ReLU mask kills a dead window's cotangent wherever it lands: nothing changes at all."""
-    r = census.routing(cifar8, params, flat, labels, CFG, flat_report, "dead")
+    r = census.routing(cifar8.NET, params, flat, labels, CFG, flat_report, "dead")
     assert sum(r.rerouted.values()) > 1000
     assert r.param_rel == 0.0 and r.dx_rel == 0.0
 
 
 def test_non_twin_routing_moves_the_parameter_gradient_control(planted, flat, labels, planted_report):
-    r = census.routing(cifar8, planted, flat, labels, CFG, planted_report, "non-twin tie")
+    r = census.routing(cifar8.NET, planted, flat, labels, CFG, planted_report, "non-twin tie")
     assert sum(r.rerouted.values()) == planted_report.non_twin_ties
     assert r.loss == r.loss_rerouted
     assert r.param_rel > 1e-3 and not r.same_parameter_gradient
@@ -419,7 +419,7 @@ def test_non_twin_routing_moves_the_parameter_gradient_control(planted, flat, la
 
 def test_rerouted_rejects_an_unknown_class(params, flat, flat_report):
     with pytest.raises(ValueError, match="kind 'tied'"):
-        census.rerouted(cifar8, params, flat, CFG, flat_report, "tied")
+        census.rerouted(cifar8.NET, params, flat, CFG, flat_report, "tied")
 
 
 # ---- one-sided slopes -----------------------------------------------------------------------------
@@ -435,14 +435,14 @@ def test_direction_is_a_unit_vector_in_the_named_parameters(v):
 
 
 def test_one_sided_slopes_agree_at_a_twin_tie_point(params, flat, labels, v):
-    s = census.one_sided_slopes(cifar8, params, flat, labels, CFG, v)
+    s = census.one_sided_slopes(cifar8.NET, params, flat, labels, CFG, v)
     assert s.smooth
     assert s.right == pytest.approx(s.rendered, rel=census.SLOPE_REL)
     assert 0 < s.h < s.radius
 
 
 def test_one_sided_slopes_differ_at_a_non_twin_tie_control(planted, flat, labels, v):
-    s = census.one_sided_slopes(cifar8, planted, flat, labels, CFG, v)
+    s = census.one_sided_slopes(cifar8.NET, planted, flat, labels, CFG, v)
     assert not s.smooth
     assert abs(s.jump) > 1e-2 * max(abs(s.left), abs(s.right))
     assert s.summary().startswith("one-sided slopes DIFFER")

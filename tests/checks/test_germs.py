@@ -18,6 +18,7 @@ import pytest
 from gradtie import data
 from gradtie import tolerances
 from gradtie.checks import bugs, census, fd, germs
+from gradtie.checks.tie import Point
 from gradtie.nets import cifar8, resnet34
 from gradtie.nets.protocol import abstract_inputs
 from gradtie.ops import head
@@ -126,7 +127,7 @@ def point():
 @pytest.fixture(scope="module")
 def walks(point):
     params, x, targets, grads = point
-    return {kind: germs.germ(NET, params, x, targets, CFG, grads, "bn8", key=jax.random.key(4),
+    return {kind: germs.germ(Point.of(NET, params, x, targets, CFG), grads, "bn8", key=jax.random.key(4),
                              curved=kind == "curved") for kind in ("straight", "curved")}
 
 
@@ -137,11 +138,11 @@ def test_smooth_point_is_smooth(point):
 
 def test_germ_moves_the_pre_activations_own_weights():
     p = NET.init(jax.random.key(0), CFG)
-    assert germs.walk_parameters(cifar8, "bn3", p, CFG) == ("stage2", ("conv3.weight", "conv3.bias",
+    assert germs.walk_parameters(cifar8.NET, "bn3", p, CFG) == ("stage2", ("conv3.weight", "conv3.bias",
                                                                        "bn3.weight", "bn3.bias"))
     shapes, _ = abstract_inputs(resnet34.NET, CFG34)
     assert germs.walk_parameters(resnet34.NET, "bn1", shapes, CFG34)[0] == "stem"
-    assert germs.walk_parameters(resnet34, "layer2.0.bn1", shapes, CFG34) == (
+    assert germs.walk_parameters(resnet34.NET, "layer2.0.bn1", shapes, CFG34) == (
         "layer2.0", ("layer2.0.conv1.weight", "layer2.0.bn1.weight", "layer2.0.bn1.bias"))
 
 
@@ -164,7 +165,8 @@ def test_split_losses_bracket_delta(point, walks):
     straight_delta, _ = fd.radii(NET, params, x, CFG, path, sigma, everywhere=False)
     path = fd.make_path(params, r.params, jax.random.key(4), curved=True, curvature=1 / straight_delta)
     lo, hi = r.delta_bracket
-    real, gath = germs.split_losses(NET, params, x, targets, CFG, path, [lo, -lo, hi, -hi], sigma, stage="stage4")
+    at = Point.of(NET, params, x, targets, CFG)
+    real, gath = germs.split_losses(at, path, [lo, -lo, hi, -hi], sigma, stage="stage4")
     assert np.array_equal(real[:2], gath[:2])
     assert not np.array_equal(real[2:], gath[2:])
 
@@ -192,7 +194,7 @@ def test_a_planted_chains_nodes_fail_the_finite_differences(point, walks):
     params, x, targets, grads = point
     planted = germs.rendered_nodes(NET, params, x, targets, CFG, chain=bugs.plant("bn_forget_gamma", NET))
     assert not np.array_equal(planted["conv8.weight"], grads["conv8.weight"])
-    r = germs.germ(NET, params, x, targets, CFG, planted, "bn8", key=jax.random.key(4))
+    r = germs.germ(Point.of(NET, params, x, targets, CFG), planted, "bn8", key=jax.random.key(4))
     assert walks["straight"].fd_verdict == "converges"
     assert r.fd_verdict == "fails" and r.violations.any()
 
@@ -211,7 +213,7 @@ def test_close_kink_gives_no_evidence(point, walks):
     near = germs.near_kink(NET, params, x, CFG, "bn8", key=jax.random.key(4), radius=radius)
     assert census.smoothness(NET, near, x, CFG).ok
     grads = germs.rendered_nodes(NET, near, x, targets, CFG)
-    r = germs.germ(NET, near, x, targets, CFG, grads, "bn8", key=jax.random.key(4))
+    r = germs.germ(Point.of(NET, near, x, targets, CFG), grads, "bn8", key=jax.random.key(4))
     assert r.kink_radius == pytest.approx(radius, rel=0.05)
     assert r.judged.any() and not r.evidence.any()
     assert r.fd_verdict == "no evidence"
@@ -223,7 +225,7 @@ def test_twin_ties_keep_the_germ_bit_for_bit(point):
     flat = jnp.asarray(data.flat_images(2, 32, seed=0), jnp.float64)
     smooth = census.smoothness(NET, params, flat, CFG)
     assert smooth.ok and smooth.pools[1].counts["twin tie"] > 0     # twins at pool 2
-    r = germs.germ(NET, params, flat, targets, CFG, None, "bn4", key=jax.random.key(2))
+    r = germs.germ(Point.of(NET, params, flat, targets, CFG), None, "bn4", key=jax.random.key(2))
     assert r.holds and r.prediction_consistent
 
 
@@ -233,7 +235,7 @@ def at_tie(point):
     planted = census.planted_tie(NET, params)
     flat = jnp.asarray(data.flat_images(2, 32, seed=0), jnp.float64)
     grads = germs.rendered_nodes(NET, planted, flat, targets, CFG)
-    return germs.germ(NET, planted, flat, targets, CFG, grads, "bn1", key=jax.random.key(1))
+    return germs.germ(Point.of(NET, planted, flat, targets, CFG), grads, "bn1", key=jax.random.key(1))
 
 
 @pytest.mark.slow
@@ -250,7 +252,9 @@ def test_germ_refuses_bad_input(point):
     with pytest.raises(ValueError, match="unknown walk"):
         germs.walk_parameters(NET, "stage9", params, CFG)
     with pytest.raises(ValueError, match="float32"):
-        germs.germ(NET, params, x.astype(jnp.float32), targets, CFG, None, "bn8", key=jax.random.key(0))
+        germs.germ(Point.of(NET, params, x.astype(jnp.float32), targets, CFG), None, "bn8", key=jax.random.key(0))
+    with pytest.raises(ValueError, match="x is float32 but the parameters are float64"):   # built directly
+        germs.germ(Point(NET, CFG, params, x.astype(jnp.float32), targets), None, "bn8", key=jax.random.key(0))
     with pytest.raises(ValueError, match="BatchNorm layer"):
         germs.near_kink(NET, params, x, CFG, "stage4", key=jax.random.key(0), radius=1e-3)
 
@@ -264,4 +268,4 @@ def test_plan_runs_op_by_op_through_the_last_pool(point):
     params, x, _, _ = point
     assert census.pool_stages(NET, CFG, _saved(NET, CFG)) == [0, 1, 2, 3]
     assert [germs._plan(NET, params, x, CFG, f"stage{k}")[1] for k in (1, 4)] == [4, 4]
-    assert census.pool_stages(resnet34, CFG34, _saved(resnet34.NET, CFG34)) == [0]   # the stem holds the only pool
+    assert census.pool_stages(resnet34.NET, CFG34, _saved(resnet34.NET, CFG34)) == [0]   # the stem holds the only pool

@@ -14,10 +14,10 @@ from gradtie.nets import cifar8, resnet34
 @pytest.fixture(scope="module")
 def point8():
     cfg = cifar8.Config()
-    params = {k: v.astype(jnp.float64) for k, v in cifar8.init(jax.random.key(0), cfg, weights="drawn").items()}
+    params = {k: v.astype(jnp.float64) for k, v in cifar8.NET.init(jax.random.key(0), cfg, weights="drawn").items()}
     x = data.images("photos", 2, 32, seed=0)
     t = targets_matrix(jnp.arange(2) * 3 % 10, 10, jnp.float64)
-    point = reference_at(cifar8, params, x, t, cfg)
+    point = reference_at(cifar8.NET, params, x, t, cfg)
     return params, x, t, cfg, point, tie(point)
 
 
@@ -28,7 +28,7 @@ def test_a_node_off_by_twice_its_threshold_is_caught_and_by_half_is_not(point8, 
     assert 0 < row.sensitivity < 1e-8          # the 1e-10 floor: a tiny error is seen
     verdicts = {}
     for factor in (2.0, 0.5):
-        rep = tie(point, bugs.scaled_node(cifar8, name, factor * row.sensitivity))
+        rep = tie(point, bugs.scaled_node(cifar8.NET, name, factor * row.sensitivity))
         verdicts[factor] = rep.row(name).ok
         assert all(r.ok for r in rep.rows if r.name != name)     # only the scaled node moves
     assert verdicts == {2.0: False, 0.5: True}

@@ -189,3 +189,11 @@ def test_bad_input_is_a_clear_error(c8_reference, c8_batches):
         step.control(cifar8.NET, "sgd", "decoupled_weight_decay")
     with pytest.raises(ValueError, match="shared reference"):
         step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe="sgd", reference=c8_reference("nesterov"))
+    with pytest.raises(ValueError, match="shared reference"):      # the rule's lr or α is not the reference's
+        step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe=step.Recipe("nesterov", lr=0.5),
+                      reference=c8_reference("nesterov"))
+    with pytest.raises(ValueError, match="shared reference"):
+        step.tie_step(cifar8.NET, c8_params(), c8_batches, C8, recipe=step.Recipe("nesterov", label_smoothing=0.3),
+                      reference=c8_reference("nesterov"))
+    with pytest.raises(ValueError, match="lr must be positive"):
+        step.reference_run(cifar8.NET, c8_params(), c8_batches, C8, recipe=step.Recipe("nesterov", lr=-1.0))

@@ -37,7 +37,7 @@ def _torchvision_resnet34_names(conv_bias=False):
     (cifar8.Config(conv_bias=False), 30, 374_010 - 2 * (16 + 16 + 32 + 32)),
 ])
 def test_cifar8_census(cfg, tensors, floats):
-    c = cifar8.census(_shapes(cifar8.NET, cfg))
+    c = protocol.census(_shapes(cifar8.NET, cfg))
     assert (c.tensors, c.floats) == (tensors, floats)
     assert c.table().endswith(f"{tensors} tensors, {floats:,} floats")
 
@@ -49,7 +49,7 @@ def test_cifar8_census(cfg, tensors, floats):
 ])
 def test_resnet34_census(cfg, tensors, floats):
     shapes = _shapes(resnet34.NET, cfg)
-    c = resnet34.census(shapes)
+    c = protocol.census(shapes)
     assert (c.tensors, c.floats) == (tensors, floats)
     assert [spec.name for spec in resnet34.param_specs(cfg)] == _torchvision_resnet34_names(conv_bias=cfg.conv_bias)
     assert str(c).endswith(f"{tensors} tensors, {floats:,} floats")
@@ -70,7 +70,7 @@ def test_resnet34_layouts():
 
 def test_resnet34_summary_at_imagenet_shapes():
     cfg = resnet34.Config()
-    rows = resnet34.summary(_shapes(resnet34.NET, cfg), cfg, (8, 3, 224, 224))
+    rows = resnet34.NET.summary(_shapes(resnet34.NET, cfg), cfg, (8, 3, 224, 224))
     by_name = {r.name: r for r in rows}
     assert len(rows) == 18
     assert by_name["stem"].output_shape == (8, 64, 56, 56)
@@ -86,6 +86,6 @@ def test_resnet34_summary_at_imagenet_shapes():
 def test_census_control_goes_red():
     """A missing tensor or a wrong head width shows in the counts."""
     shapes = _shapes(resnet34.NET, resnet34.Config())
-    c = resnet34.census({k: v for k, v in shapes.items() if k != "layer3.4.bn1.bias"})
+    c = protocol.census({k: v for k, v in shapes.items() if k != "layer3.4.bn1.bias"})
     assert (c.tensors, c.floats) == (109, 21_797_672 - 256)
-    assert cifar8.census(_shapes(cifar8.NET, cifar8.Config(head_width=256))).floats != 374_010
+    assert protocol.census(_shapes(cifar8.NET, cifar8.Config(head_width=256))).floats != 374_010

@@ -27,7 +27,7 @@ NET = cifar8.NET
 
 @pytest.fixture(scope="module")
 def params():
-    return th.f64(cifar8.init(jax.random.PRNGKey(0), cifar8.Config(), weights="drawn"))
+    return th.f64(cifar8.NET.init(jax.random.PRNGKey(0), cifar8.Config(), weights="drawn"))
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +61,9 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_loss_and_grads_equal_autodiff_f64(case):
     cfg, images, targets, alpha = CASES[case]
-    p = th.f64(cifar8.init(jax.random.PRNGKey(3), cfg, weights="drawn"))
+    p = th.f64(cifar8.NET.init(jax.random.PRNGKey(3), cfg, weights="drawn"))
     x, t = _images(images), _targets(targets)
-    loss, grads = cifar8.loss_and_grads(p, x, t, cfg, label_smoothing=alpha)
+    loss, grads = cifar8.NET.loss_and_grads(p, x, t, cfg, label_smoothing=alpha)
     loss_ref, grads_ref = th.oracle_loss_and_grads(NET, p, x, t, cfg, alpha)
     assert th.loss_tied(loss, loss_ref)
     assert list(grads) == list(p)
@@ -74,9 +74,9 @@ def test_loss_and_grads_equal_autodiff_f64(case):
 def test_backward_equals_vjp_at_any_cotangent(params, x, bn):
     cfg = cifar8.Config(bn=bn)
     dlogits = th.randn(7, (N, K))
-    logits, saved = cifar8.forward(params, x, cfg)
-    grads, dx = cifar8.backward(params, saved, dlogits, cfg)
-    grads_ref, dx_ref = th.reference.vjp(lambda p_, x_: cifar8.forward(p_, x_, cfg)[0], params, x,
+    logits, saved = cifar8.NET.forward(params, x, cfg)
+    grads, dx = cifar8.NET.backward(params, saved, dlogits, cfg)
+    grads_ref, dx_ref = th.reference.vjp(lambda p_, x_: cifar8.NET.forward(p_, x_, cfg)[0], params, x,
                                          cotangent=dlogits)
     th.assert_tied(grads, grads_ref, params)
     assert dx.shape == x.shape
@@ -86,8 +86,8 @@ def test_backward_equals_vjp_at_any_cotangent(params, x, bn):
 def test_input_cotangent_equals_vjp_of_the_loss(params, x):
     cfg = cifar8.Config()
     t = th.soft_targets(N, K)
-    logits, saved = cifar8.forward(params, x, cfg)
-    _, dx = cifar8.backward(params, saved, head.cotangent(logits, t, 0.1), cfg)
+    logits, saved = cifar8.NET.forward(params, x, cfg)
+    _, dx = cifar8.NET.backward(params, saved, head.cotangent(logits, t, 0.1), cfg)
     _, _, dx_ref = th.reference.oracle(NET, params, x, t, cfg, 0.1)
     assert th.input_tied(dx, dx_ref)
 
@@ -95,18 +95,18 @@ def test_input_cotangent_equals_vjp_of_the_loss(params, x):
 # ---- the gather model ------------------------------------------------------------------------------
 
 def _argmax_selections(saved):
-    return {name: maxpool.select(r, NET.pools[name]) for name, r in cifar8.pool_inputs(saved).items()}
+    return {name: maxpool.select(r, NET.pools[name]) for name, r in cifar8.NET.pool_inputs(saved).items()}
 
 
 def test_gather_model_at_argmax_is_the_net_bit_for_bit(params, x):
     cfg = cifar8.Config()
-    logits, saved = cifar8.forward(params, x, cfg)
+    logits, saved = cifar8.NET.forward(params, x, cfg)
     selections = _argmax_selections(saved)
-    logits_g, saved_g = cifar8.forward(params, x, cfg, selections=selections)
+    logits_g, saved_g = cifar8.NET.forward(params, x, cfg, selections=selections)
     assert jnp.array_equal(logits, logits_g)
     dlogits = th.randn(2, (N, K))
-    grads, dx = cifar8.backward(params, saved, dlogits, cfg)
-    grads_g, dx_g = cifar8.backward(params, saved_g, dlogits, cfg)
+    grads, dx = cifar8.NET.backward(params, saved, dlogits, cfg)
+    grads_g, dx_g = cifar8.NET.backward(params, saved_g, dlogits, cfg)
     assert all(jnp.array_equal(grads[k], grads_g[k]) for k in grads)
     assert jnp.array_equal(dx, dx_g)
 
@@ -114,25 +114,25 @@ def test_gather_model_at_argmax_is_the_net_bit_for_bit(params, x):
 def _random_selections(saved, seed=5):
     keys = jax.random.split(jax.random.PRNGKey(seed), 4)
     return {name: prng.randint(k, maxpool.select(r, NET.pools[name]).shape, 0, 4)
-            for k, (name, r) in zip(keys, cifar8.pool_inputs(saved).items())}
+            for k, (name, r) in zip(keys, cifar8.NET.pool_inputs(saved).items())}
 
 
 @pytest.fixture(scope="module")
 def gather_point(params, x):
     """A random σ (not the argmax): the gather-model net is linear in each pool input, so smooth."""
     cfg = cifar8.Config()
-    _, saved = cifar8.forward(params, x, cfg)
+    _, saved = cifar8.NET.forward(params, x, cfg)
     selections = _random_selections(saved)
     dlogits = th.randn(4, (N, K))
     grads_ref, dx_ref = th.reference.vjp(
-        lambda p_, x_: cifar8.forward(p_, x_, cfg, selections=selections)[0], params, x, cotangent=dlogits)
+        lambda p_, x_: cifar8.NET.forward(p_, x_, cfg, selections=selections)[0], params, x, cotangent=dlogits)
     return cfg, saved, selections, dlogits, grads_ref, dx_ref
 
 
 def test_gather_model_backward_is_selscatter_at_any_selection(params, x, gather_point):
     cfg, _, selections, dlogits, grads_ref, dx_ref = gather_point
-    _, saved_g = cifar8.forward(params, x, cfg, selections=selections)
-    grads, dx = cifar8.backward(params, saved_g, dlogits, cfg)
+    _, saved_g = cifar8.NET.forward(params, x, cfg, selections=selections)
+    grads, dx = cifar8.NET.backward(params, saved_g, dlogits, cfg)
     th.assert_tied(grads, grads_ref, params)
     assert th.input_tied(dx, dx_ref)
 
@@ -140,7 +140,7 @@ def test_gather_model_backward_is_selscatter_at_any_selection(params, x, gather_
 def test_max_pool_backward_on_the_gather_model_control_goes_red(params, gather_point):
     """The real pools' routing against the gather model's vjp at a random σ: must not tie."""
     cfg, saved, _, dlogits, grads_ref, _ = gather_point
-    grads_max, _ = cifar8.backward(params, saved, dlogits, cfg)
+    grads_max, _ = cifar8.NET.backward(params, saved, dlogits, cfg)
     assert th.untied(grads_max, grads_ref, params)
 
 
@@ -150,7 +150,7 @@ def test_max_pool_backward_on_the_gather_model_control_goes_red(params, gather_p
 def tie_point(params, x):
     cfg = cifar8.Config()
     t = th.soft_targets(N, K)
-    logits, saved = cifar8.forward(params, x, cfg)
+    logits, saved = cifar8.NET.forward(params, x, cfg)
     dlogits = head.cotangent(logits, t, 0.1)
     _, grads_ref = th.oracle_loss_and_grads(NET, params, x, t, cfg, 0.1)
     return cfg, saved, dlogits, grads_ref
@@ -158,19 +158,19 @@ def tie_point(params, x):
 
 def test_tie_point_is_tied(params, tie_point):
     cfg, saved, dlogits, grads_ref = tie_point
-    grads, _ = cifar8.backward(params, saved, dlogits, cfg)
+    grads, _ = cifar8.NET.backward(params, saved, dlogits, cfg)
     th.assert_tied(grads, grads_ref, params)
 
 
 def test_doubled_cotangent_control_goes_red(params, tie_point):
     cfg, saved, dlogits, grads_ref = tie_point
-    grads, _ = cifar8.backward(params, saved, 2 * dlogits, cfg)
+    grads, _ = cifar8.NET.backward(params, saved, 2 * dlogits, cfg)
     assert set(th.untied(grads, grads_ref, params)) >= {n for n in params if not th.zero_in_reals(n, params)}
 
 
 def test_swap_gamma_beta_control_goes_red(params, tie_point):
     cfg, saved, dlogits, grads_ref = tie_point
-    grads, _ = cifar8.backward(params, saved, dlogits, cfg)
+    grads, _ = cifar8.NET.backward(params, saved, dlogits, cfg)
     grads["bn3.weight"], grads["bn3.bias"] = grads["bn3.bias"], grads["bn3.weight"]
     assert sorted(th.untied(grads, grads_ref, params)) == ["bn3.bias", "bn3.weight"]
 
@@ -178,14 +178,14 @@ def test_swap_gamma_beta_control_goes_red(params, tie_point):
 def test_conv_bias_floor_still_sees_a_wrong_node(params, tie_point):
     """The absolute floor for zero-in-ℝ nodes is not blind: β's node in conv1.bias's place fails."""
     cfg, saved, dlogits, grads_ref = tie_point
-    grads, _ = cifar8.backward(params, saved, dlogits, cfg)
+    grads, _ = cifar8.NET.backward(params, saved, dlogits, cfg)
     grads["conv1.bias"] = grads["bn1.bias"]
     assert th.untied(grads, grads_ref, params) == ["conv1.bias"]
 
 
 def test_missing_node_control_goes_red(params, tie_point):
     cfg, saved, dlogits, grads_ref = tie_point
-    grads, _ = cifar8.backward(params, saved, dlogits, cfg)
+    grads, _ = cifar8.NET.backward(params, saved, dlogits, cfg)
     assert list(grads) == list(params)  # signature order
     del grads["fc2.bias"]
     assert th.untied(grads, grads_ref, params) == ["fc2.bias"]
@@ -194,8 +194,8 @@ def test_missing_node_control_goes_red(params, tie_point):
 def test_doubled_cotangent_input_control_goes_red(params, x):
     cfg = cifar8.Config()
     dlogits = th.randn(7, (N, K))
-    _, saved = cifar8.forward(params, x, cfg)
-    _, dx = cifar8.backward(params, saved, 2 * dlogits, cfg)
+    _, saved = cifar8.NET.forward(params, x, cfg)
+    _, dx = cifar8.NET.backward(params, saved, 2 * dlogits, cfg)
     dx_ref = th.oracle_input_cotangent(NET, params, x, cfg, dlogits)
     assert not th.input_tied(dx, dx_ref)
 
@@ -212,14 +212,14 @@ def test_backward_makes_every_op_call_through_its_kit(params, tie_point):
     recording changes no bit (a kit is all the chain reads besides the saved record)."""
     cfg, saved, dlogits, _ = tie_point
     log = []
-    grads, dx = cifar8.backward(params, saved, dlogits, cfg, kit=kit.recording(kit.KIT, log))
+    grads, dx = cifar8.NET.backward(params, saved, dlogits, cfg, kit=kit.recording(kit.KIT, log))
     assert Counter(c.op for c in log) == KIT_CALLS
     assert sorted(c.args[0] for c in log if c.op == "bn_nodes") == [f"bn{j}" for j in range(1, 9)]
-    grads_real, dx_real = cifar8.backward(params, saved, dlogits, cfg)
+    grads_real, dx_real = cifar8.NET.backward(params, saved, dlogits, cfg)
     assert all(jnp.array_equal(grads[k], grads_real[k]) for k in params) and jnp.array_equal(dx, dx_real)
     # control: a kit with one op left out of the recording is not seen making that call
     log_without = []
-    cifar8.backward(params, saved, dlogits, cfg,
+    cifar8.NET.backward(params, saved, dlogits, cfg,
                     kit=kit.recording(kit.KIT, log_without, ops=[op for op in kit.OPS if op != "bn_nodes"]))
     assert Counter(c.op for c in log_without) == {k: v for k, v in KIT_CALLS.items() if k != "bn_nodes"}
 
@@ -233,7 +233,7 @@ def test_planted_kit_breaks_exactly_the_nodes_it_replaces(params, tie_point):
     grads, _ = chain.net.backward(params, saved, dlogits, cfg, kit=chain.kit)
     assert sorted(th.untied(grads, grads_ref, params)) == sorted(f"bn{j}.{w}" for j in range(1, 9)
                                                                 for w in ("weight", "bias"))
-    th.assert_tied(cifar8.backward(params, saved, dlogits, cfg, kit=kit.KIT)[0], grads_ref, params)
+    th.assert_tied(cifar8.NET.backward(params, saved, dlogits, cfg, kit=kit.KIT)[0], grads_ref, params)
 
 
 # ---- padded batches: the validity mask is an argument --------------------------------------------
@@ -245,22 +245,22 @@ def test_padded_batch_is_the_batch_of_its_valid_rows(params, x):
     cfg = cifar8.Config()
     valid = jnp.asarray([1.0, 1.0, 1.0, 0.0])
     junk = x.at[3].set(5 * th.randn(9, SHAPE[1:]))
-    logits, saved = cifar8.forward(params, junk, cfg, valid=valid)
-    layers = cifar8.bn_layers(saved)
+    logits, saved = cifar8.NET.forward(params, junk, cfg, valid=valid)
+    layers = cifar8.NET.bn_layers(saved)
     assert len(layers) == 8 and all(jnp.array_equal(layer.valid, valid) for layer in layers.values())
-    logits0, saved0 = cifar8.forward(params, x[:3], cfg)
-    stats, stats0 = cifar8.batch_stats(saved), cifar8.batch_stats(saved0)
+    logits0, saved0 = cifar8.NET.forward(params, x[:3], cfg)
+    stats, stats0 = cifar8.NET.batch_stats(saved), cifar8.NET.batch_stats(saved0)
     assert max(th.rel_err(stats[k], stats0[k]) for k in stats0) <= 1e-12
     assert th.rel_err(logits[:3], logits0) <= 1e-12
     dlogits = th.randn(7, (N, K)) * valid[:, None]
-    grads, dx = cifar8.backward(params, saved, dlogits, cfg)
-    grads0, dx0 = cifar8.backward(params, saved0, dlogits[:3], cfg)
+    grads, dx = cifar8.NET.backward(params, saved, dlogits, cfg)
+    grads0, dx0 = cifar8.NET.backward(params, saved0, dlogits[:3], cfg)
     assert th.rel_err(dx[:3], dx0) <= 1e-12 and jnp.all(dx[3] == 0)
     th.assert_tied(grads, grads0, params)
     # control: the same batch without the mask keeps no mask and moves every statistic and logit
-    logits1, saved1 = cifar8.forward(params, junk, cfg)
-    assert all(layer.valid is None for layer in cifar8.bn_layers(saved1).values())
-    assert th.rel_err(cifar8.batch_stats(saved1)["bn1.running_var"], stats0["bn1.running_var"]) > 1e-2
+    logits1, saved1 = cifar8.NET.forward(params, junk, cfg)
+    assert all(layer.valid is None for layer in cifar8.NET.bn_layers(saved1).values())
+    assert th.rel_err(cifar8.NET.batch_stats(saved1)["bn1.running_var"], stats0["bn1.running_var"]) > 1e-2
     assert th.rel_err(logits1[:3], logits0) > 1e-3
 
 
@@ -268,8 +268,8 @@ def test_padded_batch_is_the_batch_of_its_valid_rows(params, x):
 
 def test_five_stages_compose_to_the_forward_bit_for_bit(params, x):
     cfg = cifar8.Config()
-    logits, _ = cifar8.forward(params, x, cfg)
-    pairs = cifar8.stages(params, cfg)
+    logits, _ = cifar8.NET.forward(params, x, cfg)
+    pairs = cifar8.NET.stages(params, cfg)
     assert [name for name, _ in pairs] == ["stage1", "stage2", "stage3", "stage4", "head"]
     assert [s.kind for s in NET.stage_list(cfg)] == ["conv"] * 4 + ["head"]
     a = x
@@ -279,7 +279,7 @@ def test_five_stages_compose_to_the_forward_bit_for_bit(params, x):
     # control: one stage read from parameters a single ulp away cannot give the same logits
     nudged = dict(params, **{"bn3.weight": jnp.nextafter(params["bn3.weight"], 2.0)})
     b = x
-    for (name, f), (_, g) in zip(pairs, cifar8.stages(nudged, cfg)):
+    for (name, f), (_, g) in zip(pairs, cifar8.NET.stages(nudged, cfg)):
         b = g(b) if name == "stage2" else f(b)
     assert not jnp.array_equal(b, logits)
 
@@ -313,17 +313,17 @@ def test_stages_own_every_parameter_once_in_order(params):
 
 
 def test_summary_rows(params):
-    rows = cifar8.summary(params, cifar8.Config(), (N, 3, 32, 32))
+    rows = cifar8.NET.summary(params, cifar8.Config(), (N, 3, 32, 32))
     assert [r.output_shape for r in rows] == [(N, 16, 16, 16), (N, 16, 8, 8), (N, 32, 4, 4), (N, 32, 2, 2), (N, 10)]
     assert sum(r.params for r in rows) == 374_010
     assert "374,010" in protocol.format_summary(rows)
 
 
 def test_saved_views(params, x):
-    _, saved = cifar8.forward(params, x, cifar8.Config())
-    pre = cifar8.preactivations(saved)
+    _, saved = cifar8.NET.forward(params, x, cifar8.Config())
+    pre = cifar8.NET.preactivations(saved)
     assert list(pre) == [f"bn{j}" for j in range(1, 9)] + ["fc1", "fc2"]
-    pools = cifar8.pool_inputs(saved)
+    pools = cifar8.NET.pool_inputs(saved)
     assert list(pools) == list(NET.pools) == ["pool1", "pool2", "pool3", "pool4"]
     for name, layer in NET.pool_preactivations.items():  # each pool reads the ReLU of that BN output
         assert jnp.array_equal(pools[name], jnp.maximum(pre[layer], 0))
@@ -333,25 +333,25 @@ def test_saved_views(params, x):
 
 def test_batch_stats_are_this_batch_and_drive_eval(params, x):
     cfg = cifar8.Config()
-    logits, saved = cifar8.forward(params, x, cfg)
-    running = cifar8.batch_stats(saved)
+    logits, saved = cifar8.NET.forward(params, x, cfg)
+    running = cifar8.NET.batch_stats(saved)
     assert list(running) == [f"bn{j}.running_{s}" for j in range(1, 9) for s in ("mean", "var")]
     c1 = saved["stage1"].layer1.c
     np.testing.assert_allclose(running["bn1.running_mean"], np.mean(np.asarray(c1), axis=(0, 2, 3)), rtol=1e-12)
     np.testing.assert_allclose(running["bn1.running_var"], np.var(np.asarray(c1), axis=(0, 2, 3)), rtol=1e-12)
     # eval mode with this batch's own statistics is the train-mode forward
-    assert th.rel_err(cifar8.forward_eval(params, running, x, cfg), logits) <= 1e-12
+    assert th.rel_err(cifar8.NET.forward_eval(params, running, x, cfg), logits) <= 1e-12
     # control: PyTorch's initial running statistics give other logits
-    assert th.rel_err(cifar8.forward_eval(params, cifar8.init_running(params, cfg), x, cfg), logits) > 1e-3
+    assert th.rel_err(cifar8.NET.forward_eval(params, cifar8.NET.init_running(params, cfg), x, cfg), logits) > 1e-3
 
 
 def test_per_example_bn_eval_is_train(params, x):
     cfg = cifar8.Config(bn="example")
-    logits, saved = cifar8.forward(params, x, cfg)
-    assert cifar8.batch_stats(saved)["bn1.running_mean"].shape == (16,)
-    assert jnp.array_equal(cifar8.forward_eval(params, cifar8.init_running(params, cfg), x, cfg), logits)
+    logits, saved = cifar8.NET.forward(params, x, cfg)
+    assert cifar8.NET.batch_stats(saved)["bn1.running_mean"].shape == (16,)
+    assert jnp.array_equal(cifar8.NET.forward_eval(params, cifar8.NET.init_running(params, cfg), x, cfg), logits)
     # per-example statistics: one example's logits do not depend on the others
-    logits_other, _ = cifar8.forward(params, x.at[1:].set(x[1:] ** 2), cfg)
+    logits_other, _ = cifar8.NET.forward(params, x.at[1:].set(x[1:] ** 2), cfg)
     assert th.rel_err(logits_other[0], logits[0]) <= 1e-12
     assert th.rel_err(logits_other[1], logits[1]) > 1e-3
 
@@ -360,7 +360,7 @@ def test_per_example_bn_eval_is_train(params, x):
 
 def test_init_names_layouts_and_rules():
     cfg = cifar8.Config()
-    p = cifar8.init(jax.random.PRNGKey(0), cfg)
+    p = cifar8.NET.init(jax.random.PRNGKey(0), cfg)
     assert list(p) == [s.name for s in NET.param_specs(cfg)]
     assert list(p)[:4] == ["conv1.weight", "conv1.bias", "bn1.weight", "bn1.bias"]
     assert list(p)[-6:] == ["fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "fc3.weight", "fc3.bias"]
@@ -373,9 +373,9 @@ def test_init_names_layouts_and_rules():
     assert abs(float(jnp.std(p["conv8.weight"])) / math.sqrt(2 / (32 * 9)) - 1) < 0.05
     assert abs(float(jnp.std(p["fc2.weight"])) / math.sqrt(2 / (512 + 512)) - 1) < 0.02
     assert abs(float(jnp.std(p["fc1.weight"])) / math.sqrt(2 / (128 + 512)) - 1) < 0.03
-    q = cifar8.init(jax.random.PRNGKey(1), cfg)
+    q = cifar8.NET.init(jax.random.PRNGKey(1), cfg)
     assert not jnp.array_equal(p["conv8.weight"], q["conv8.weight"])
-    assert "conv1.bias" not in cifar8.init(jax.random.PRNGKey(0), cifar8.Config(conv_bias=False))
+    assert "conv1.bias" not in cifar8.NET.init(jax.random.PRNGKey(0), cifar8.Config(conv_bias=False))
 
 
 # ---- bad input -------------------------------------------------------------------------------------
@@ -386,29 +386,29 @@ def _bad_calls(p, x):
     missing = {k: v for k, v in p.items() if k != "bn5.bias"}
     wrong = dict(p, **{"fc3.weight": jnp.zeros((9, 512))})
     return {
-        "size 28": (lambda: cifar8.forward(p, x[:, :, :28, :28], cfg), "32"),
-        "size 64": (lambda: cifar8.loss_and_grads(p, jnp.zeros((N, 3, 64, 64)), t, cfg), "32"),
-        "one channel": (lambda: cifar8.forward(p, x[:, :1], cfg), "3 channels"),
-        "NHWC": (lambda: cifar8.forward(p, jnp.transpose(x, (0, 2, 3, 1)), cfg), "3 channels"),
-        "rank 3": (lambda: cifar8.forward(p, x[0], cfg), "rank 4"),
-        "int pixels": (lambda: cifar8.forward(p, jnp.zeros(SHAPE, jnp.int32), cfg), "float"),
-        "targets width": (lambda: cifar8.loss_and_grads(p, x, jnp.ones((N, 9)) / 9, cfg), r"\(4, 10\)"),
-        "labels length": (lambda: cifar8.loss_and_grads(p, x, t[:3], cfg), "labels"),
-        "label range": (lambda: cifar8.loss_and_grads(p, x, t.at[0].set(10), cfg), "0…9"),
-        "rows not summing": (lambda: cifar8.loss_and_grads(p, x, jnp.full((N, K), 0.2), cfg), "sum to 1"),
-        "missing key": (lambda: cifar8.forward(missing, x, cfg), "bn5.bias"),
-        "extra key": (lambda: cifar8.forward(dict(p, extra=jnp.zeros(3)), x, cfg), "extra"),
-        "biases without conv_bias": (lambda: cifar8.forward(p, x, cifar8.Config(conv_bias=False)), "conv1.bias"),
-        "wrong shape": (lambda: cifar8.loss_and_grads(wrong, x, t, cfg), r"fc3.weight must have shape \(10, 512\)"),
-        "narrow cfg": (lambda: cifar8.forward(p, x, cifar8.Config(head_width=64)), "fc1.weight"),
-        "unknown pool": (lambda: cifar8.forward(p, x, cfg, selections={"pool5": jnp.zeros(1, int)}), "pool5"),
-        "selection shape": (lambda: cifar8.forward(p, x, cfg, selections={"pool2": jnp.zeros((N, 16, 4, 4), int)}),
+        "size 28": (lambda: cifar8.NET.forward(p, x[:, :, :28, :28], cfg), "32"),
+        "size 64": (lambda: cifar8.NET.loss_and_grads(p, jnp.zeros((N, 3, 64, 64)), t, cfg), "32"),
+        "one channel": (lambda: cifar8.NET.forward(p, x[:, :1], cfg), "3 channels"),
+        "NHWC": (lambda: cifar8.NET.forward(p, jnp.transpose(x, (0, 2, 3, 1)), cfg), "3 channels"),
+        "rank 3": (lambda: cifar8.NET.forward(p, x[0], cfg), "rank 4"),
+        "int pixels": (lambda: cifar8.NET.forward(p, jnp.zeros(SHAPE, jnp.int32), cfg), "float"),
+        "targets width": (lambda: cifar8.NET.loss_and_grads(p, x, jnp.ones((N, 9)) / 9, cfg), r"\(4, 10\)"),
+        "labels length": (lambda: cifar8.NET.loss_and_grads(p, x, t[:3], cfg), "labels"),
+        "label range": (lambda: cifar8.NET.loss_and_grads(p, x, t.at[0].set(10), cfg), "0…9"),
+        "rows not summing": (lambda: cifar8.NET.loss_and_grads(p, x, jnp.full((N, K), 0.2), cfg), "sum to 1"),
+        "missing key": (lambda: cifar8.NET.forward(missing, x, cfg), "bn5.bias"),
+        "extra key": (lambda: cifar8.NET.forward(dict(p, extra=jnp.zeros(3)), x, cfg), "extra"),
+        "biases without conv_bias": (lambda: cifar8.NET.forward(p, x, cifar8.Config(conv_bias=False)), "conv1.bias"),
+        "wrong shape": (lambda: cifar8.NET.loss_and_grads(wrong, x, t, cfg), r"fc3.weight must have shape \(10, 512\)"),
+        "narrow cfg": (lambda: cifar8.NET.forward(p, x, cifar8.Config(head_width=64)), "fc1.weight"),
+        "unknown pool": (lambda: cifar8.NET.forward(p, x, cfg, selections={"pool5": jnp.zeros(1, int)}), "pool5"),
+        "selection shape": (lambda: cifar8.NET.forward(p, x, cfg, selections={"pool2": jnp.zeros((N, 16, 4, 4), int)}),
                             "σ"),
-        "running missing": (lambda: cifar8.forward_eval(p, {}, x, cfg), "running"),
-        "saved of another net": (lambda: cifar8.backward(p, {"stem": None}, jnp.zeros((N, K)), cfg), "stage1"),
+        "running missing": (lambda: cifar8.NET.forward_eval(p, {}, x, cfg), "running"),
+        "saved of another net": (lambda: cifar8.NET.backward(p, {"stem": None}, jnp.zeros((N, K)), cfg), "stage1"),
         "bn kind": (lambda: cifar8.Config(bn="layer"), "'batch' or 'example'"),
-        "cfg of another net": (lambda: cifar8.forward(p, x, resnet34.Config()), "cfg must be a Config"),
-        "mask length": (lambda: cifar8.forward(p, x, cfg, valid=jnp.ones(N - 1)), r"valid must have shape \(4,\)"),
+        "cfg of another net": (lambda: cifar8.NET.forward(p, x, resnet34.Config()), "cfg must be a Config"),
+        "mask length": (lambda: cifar8.NET.forward(p, x, cfg, valid=jnp.ones(N - 1)), r"valid must have shape \(4,\)"),
     }
 
 
@@ -423,9 +423,9 @@ def test_bad_input_raises_value_error(params, x, case):
 
 def test_jit_loss_and_grads_equals_eager(params, x):
     cfg, t = cifar8.Config(), th.labels(N, K)
-    step = jax.jit(cifar8.loss_and_grads, static_argnames=("cfg", "label_smoothing"))
+    step = jax.jit(cifar8.NET.loss_and_grads, static_argnames=("cfg", "label_smoothing"))
     loss_j, grads_j = step(params, x, t, cfg=cfg, label_smoothing=0.1)
-    loss, grads = cifar8.loss_and_grads(params, x, t, cfg, label_smoothing=0.1)
+    loss, grads = cifar8.NET.loss_and_grads(params, x, t, cfg, label_smoothing=0.1)
     assert abs(float(loss_j) - float(loss)) <= 1e-12 * abs(float(loss))
     assert set(grads_j) == set(grads)
     assert all(th.rel_err(grads_j[k], grads[k]) <= 1e-12 for k in grads if not th.zero_in_reals(k, params))
@@ -433,15 +433,15 @@ def test_jit_loss_and_grads_equals_eager(params, x):
 
 def test_jit_forward_with_selections_and_backward(params, x):
     cfg = cifar8.Config()
-    logits, saved = cifar8.forward(params, x, cfg)
+    logits, saved = cifar8.NET.forward(params, x, cfg)
     selections = _argmax_selections(saved)
-    fwd = jax.jit(cifar8.forward, static_argnums=2)
+    fwd = jax.jit(cifar8.NET.forward, static_argnums=2)
     logits_j, saved_j = fwd(params, x, cfg, selections=selections)
     assert th.rel_err(logits_j, logits) <= 1e-12
     assert jnp.array_equal(saved_j["stage3"].sigma, selections["pool3"])
     # the saved pytree a jitted forward hands back feeds the rendered backward
-    grads_j, dx_j = cifar8.backward(params, saved_j, logits, cfg)
-    grads, dx = cifar8.backward(params, saved, logits, cfg)
+    grads_j, dx_j = cifar8.NET.backward(params, saved_j, logits, cfg)
+    grads, dx = cifar8.NET.backward(params, saved, logits, cfg)
     assert th.rel_err(dx_j, dx) <= 1e-10
     assert all(th.rel_err(grads_j[k], grads[k]) <= 1e-10 for k in params if not th.zero_in_reals(k, params))
 
@@ -478,7 +478,7 @@ def test_bf16_rounds_every_conv_site_and_nothing_else(params, x, bf16):
     control) has no bf16 conv."""
     cfg = cifar8.Config(bf16=bf16)
     p32 = {k: v.astype(jnp.float32) for k, v in params.items()}
-    closed = jax.make_jaxpr(lambda p, x_, t: cifar8.loss_and_grads(p, x_, t, cfg))(
+    closed = jax.make_jaxpr(lambda p, x_, t: cifar8.NET.loss_and_grads(p, x_, t, cfg))(
         p32, x.astype(jnp.float32), th.labels(N, K))
     sites = _conv_sites(closed.jaxpr)
     operand = "bfloat16" if bf16 else "float32"
@@ -492,5 +492,5 @@ def test_config_conv_formulation_pins_every_conv_site(params, x, formulation, si
     """cfg.conv_formulation reaches all 24 conv sites: each one XLA's convolution, or none left (each
     one patches · weights). The two configs are each other's control."""
     cfg = cifar8.Config(conv_formulation=formulation)
-    closed = jax.make_jaxpr(lambda p, x_, t: cifar8.loss_and_grads(p, x_, t, cfg))(params, x, th.labels(N, K))
+    closed = jax.make_jaxpr(lambda p, x_, t: cifar8.NET.loss_and_grads(p, x_, t, cfg))(params, x, th.labels(N, K))
     assert len(_conv_sites(closed.jaxpr)) == sites

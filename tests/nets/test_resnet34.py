@@ -25,7 +25,7 @@ NET = resnet34.NET
 
 @pytest.fixture(scope="module")
 def params():
-    return th.f64(resnet34.init(jax.random.PRNGKey(0), CFG, weights="drawn"))
+    return th.f64(resnet34.NET.init(jax.random.PRNGKey(0), CFG, weights="drawn"))
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def point(params):
     """Random images, mixup targets, α = 0.1: the forward, computed once."""
     x = th.randn(1, (N, 3, 32, 32))
     t = th.soft_targets(N, K)
-    logits, saved = resnet34.forward(params, x, CFG)
+    logits, saved = resnet34.NET.forward(params, x, CFG)
     return dict(x=x, t=t, logits=logits, saved=saved)
 
 
@@ -43,7 +43,7 @@ def tied_point(params, point):
     leaves them to the chapters, see tests/conftest.py)."""
     x, t = point["x"], point["t"]
     dlogits = head.cotangent(point["logits"], t, 0.1)
-    grads, dx = resnet34.backward(params, point["saved"], dlogits, CFG)
+    grads, dx = resnet34.NET.backward(params, point["saved"], dlogits, CFG)
     _, grads_ref, dx_ref = th.reference.oracle(NET, params, x, t, CFG, 0.1)
     return dict(point, dlogits=dlogits, grads=grads, dx=dx, grads_ref=grads_ref, dx_ref=dx_ref)
 
@@ -77,10 +77,10 @@ QUICK_CASES = ("randn-32px-conv-bias-labels-a0.1",)
 @pytest.mark.parametrize("case", [c if c in QUICK_CASES else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_loss_and_grads_equal_autodiff_f64(params, case):
     cfg, images, targets, alpha = CASES[case]
-    p = params if cfg == CFG else th.f64(resnet34.init(jax.random.PRNGKey(3), cfg, weights="drawn"))
+    p = params if cfg == CFG else th.f64(resnet34.NET.init(jax.random.PRNGKey(3), cfg, weights="drawn"))
     x = images()
     t = th.labels(N, K) if targets == "labels" else th.soft_targets(N, K)
-    loss, grads = resnet34.loss_and_grads(p, x, t, cfg, label_smoothing=alpha)
+    loss, grads = resnet34.NET.loss_and_grads(p, x, t, cfg, label_smoothing=alpha)
     loss_ref, grads_ref = th.oracle_loss_and_grads(NET, p, x, t, cfg, alpha)
     assert th.loss_tied(loss, loss_ref)
     assert list(grads) == list(p)
@@ -92,7 +92,7 @@ def test_loss_and_grads_equal_autodiff_f64(params, case):
 @pytest.mark.slow
 def test_doubled_cotangent_control_goes_red(params, tied_point):
     point = tied_point
-    grads, dx = resnet34.backward(params, point["saved"], 2 * point["dlogits"], CFG)
+    grads, dx = resnet34.NET.backward(params, point["saved"], 2 * point["dlogits"], CFG)
     assert set(th.untied(grads, point["grads_ref"], params)) == set(params)
     assert not th.input_tied(dx, point["dx_ref"])
 
@@ -118,7 +118,7 @@ def test_projection_bn_reads_da_control_goes_red(params, tied_point):
 # ---- the eighteen stages ---------------------------------------------------------------------------
 
 def test_eighteen_stages_compose_to_the_forward_bit_for_bit(params, point):
-    pairs = resnet34.stages(params, CFG)
+    pairs = resnet34.NET.stages(params, CFG)
     names = [name for name, _ in pairs]
     assert len(pairs) == 18
     assert names == (["stem"] + [f"layer{l}.{i}" for l, n in zip((1, 2, 3, 4), (3, 4, 6, 3)) for i in range(n)]
@@ -145,34 +145,34 @@ def test_stages_own_every_parameter_once_in_order(params):
 
 
 def test_stem_pool_gather_at_argmax_is_the_net_bit_for_bit(params, point):
-    r = resnet34.pool_inputs(point["saved"])["stem.pool"]
+    r = resnet34.NET.pool_inputs(point["saved"])["stem.pool"]
     assert list(NET.pools) == ["stem.pool"] and r.shape == (N, 64, 16, 16)
     assert NET.pool_preactivations == {"stem.pool": "bn1"}
     sigma = maxpool.select(r, NET.pools["stem.pool"])
-    logits_g, saved_g = resnet34.forward(params, point["x"], CFG, selections={"stem.pool": sigma})
+    logits_g, saved_g = resnet34.NET.forward(params, point["x"], CFG, selections={"stem.pool": sigma})
     assert jnp.array_equal(logits_g, point["logits"])
     assert jnp.array_equal(saved_g["stem"].sigma, sigma)
 
 
 def test_saved_views(point):
     saved = point["saved"]
-    pre = resnet34.preactivations(saved)
+    pre = resnet34.NET.preactivations(saved)
     assert len(pre) == 1 + 2 * 16
     assert list(pre)[:3] == ["bn1", "layer1.0.bn1", "layer1.0.add"]
-    assert jnp.array_equal(jnp.maximum(pre["bn1"], 0), resnet34.pool_inputs(saved)["stem.pool"])
+    assert jnp.array_equal(jnp.maximum(pre["bn1"], 0), resnet34.NET.pool_inputs(saved)["stem.pool"])
     assert pre["layer4.2.add"].shape == (N, 512, 1, 1)
 
 
 def test_batch_stats_are_this_batch_and_drive_eval(params, point):
-    running = resnet34.batch_stats(point["saved"])
+    running = resnet34.NET.batch_stats(point["saved"])
     assert len(running) == 2 * 36
     assert {"bn1.running_mean", "layer2.0.downsample.1.running_var", "layer4.2.bn2.running_mean"} <= set(running)
     assert list(running)[:2] == ["bn1.running_mean", "bn1.running_var"]
     c = point["saved"]["layer3.0"].proj.c
     assert th.rel_err(running["layer3.0.downsample.1.running_var"], jnp.var(c, axis=(0, 2, 3))) <= 1e-12
-    logits_eval = resnet34.forward_eval(params, running, point["x"], CFG)
+    logits_eval = resnet34.NET.forward_eval(params, running, point["x"], CFG)
     assert th.rel_err(logits_eval, point["logits"]) <= 1e-8
-    assert th.rel_err(resnet34.forward_eval(params, resnet34.init_running(params, CFG), point["x"], CFG),
+    assert th.rel_err(resnet34.NET.forward_eval(params, resnet34.NET.init_running(params, CFG), point["x"], CFG),
                       point["logits"]) > 1e-3
 
 
@@ -207,12 +207,12 @@ def test_backward_makes_every_op_call_through_its_kit(conv_bias):
 
 def test_loss_and_grads_traces_under_jit(params, point):
     """Tracing is where a check that needs concrete values would break; compiling it adds nothing."""
-    step = jax.jit(resnet34.loss_and_grads, static_argnames=("cfg", "label_smoothing"))
+    step = jax.jit(resnet34.NET.loss_and_grads, static_argnames=("cfg", "label_smoothing"))
     lowered = step.lower(params, point["x"], th.labels(N, K), cfg=CFG, label_smoothing=0.1)
-    loss, grads = jax.eval_shape(lambda p, x, t: resnet34.loss_and_grads(p, x, t, CFG, 0.1),
+    loss, grads = jax.eval_shape(lambda p, x, t: resnet34.NET.loss_and_grads(p, x, t, CFG, 0.1),
                                  params, point["x"], point["t"])
     assert lowered is not None and loss.shape == () and set(grads) == set(params)
-    logits, saved = jax.eval_shape(lambda p, x, s: resnet34.forward(p, x, CFG, selections={"stem.pool": s}),
+    logits, saved = jax.eval_shape(lambda p, x, s: resnet34.NET.forward(p, x, CFG, selections={"stem.pool": s}),
                                    params, point["x"], jnp.zeros((N, 64, 8, 8), jnp.int32))
     assert logits.shape == (N, K)
 
@@ -220,19 +220,20 @@ def test_loss_and_grads_traces_under_jit(params, point):
 def _bad_calls(p, x):
     t = th.labels(N, K)
     return {
-        "size 48": (lambda: resnet34.forward(p, jnp.zeros((N, 3, 48, 48)), CFG), "multiple of 32"),
-        "size 16": (lambda: resnet34.forward(p, jnp.zeros((N, 3, 16, 16)), CFG), "multiple of 32"),
-        "one channel": (lambda: resnet34.forward(p, x[:, :1], CFG), "3 channels"),
-        "rank 3": (lambda: resnet34.loss_and_grads(p, x[0], t, CFG), "rank 4"),
-        "targets width": (lambda: resnet34.loss_and_grads(p, x, jnp.ones((N, 1000)) / 1000, CFG), r"\(2, 10\)"),
-        "labels 2-D": (lambda: resnet34.loss_and_grads(p, x, t[:, None], CFG), "labels"),
-        "rows not summing": (lambda: resnet34.loss_and_grads(p, x, jnp.full((N, K), 0.2), CFG), "sum to 1"),
-        "K mismatch": (lambda: resnet34.forward(p, x, resnet34.Config()), r"fc.weight must have shape \(1000, 512\)"),
-        "conv_bias mismatch": (lambda: resnet34.forward(p, x, resnet34.Config(num_classes=K, conv_bias=True)),
+        "size 48": (lambda: resnet34.NET.forward(p, jnp.zeros((N, 3, 48, 48)), CFG), "multiple of 32"),
+        "size 16": (lambda: resnet34.NET.forward(p, jnp.zeros((N, 3, 16, 16)), CFG), "multiple of 32"),
+        "one channel": (lambda: resnet34.NET.forward(p, x[:, :1], CFG), "3 channels"),
+        "rank 3": (lambda: resnet34.NET.loss_and_grads(p, x[0], t, CFG), "rank 4"),
+        "targets width": (lambda: resnet34.NET.loss_and_grads(p, x, jnp.ones((N, 1000)) / 1000, CFG), r"\(2, 10\)"),
+        "labels 2-D": (lambda: resnet34.NET.loss_and_grads(p, x, t[:, None], CFG), "labels"),
+        "rows not summing": (lambda: resnet34.NET.loss_and_grads(p, x, jnp.full((N, K), 0.2), CFG), "sum to 1"),
+        "K mismatch": (lambda: resnet34.NET.forward(p, x, resnet34.Config()),
+                       r"fc.weight must have shape \(1000, 512\)"),
+        "conv_bias mismatch": (lambda: resnet34.NET.forward(p, x, resnet34.Config(num_classes=K, conv_bias=True)),
                                "conv1.bias"),
-        "missing key": (lambda: resnet34.forward({k: v for k, v in p.items() if "layer4.0.downsample" not in k},
+        "missing key": (lambda: resnet34.NET.forward({k: v for k, v in p.items() if "layer4.0.downsample" not in k},
                                                  x, CFG), "layer4.0.downsample.0.weight"),
-        "unknown pool": (lambda: resnet34.forward(p, x, CFG, selections={"pool1": jnp.zeros(1, int)}), "stem.pool"),
+        "unknown pool": (lambda: resnet34.NET.forward(p, x, CFG, selections={"pool1": jnp.zeros(1, int)}), "stem.pool"),
     }
 
 

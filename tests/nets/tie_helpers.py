@@ -16,8 +16,7 @@ from sklearn.datasets import load_digits
 
 from gradtie import prng, reference
 from gradtie import tolerances
-from gradtie.checks.tie import compare, zero_in_reals as zero_nodes
-from gradtie.nets.protocol import as_net
+from gradtie.checks.tie import Limit, compare, zero_in_reals as zero_nodes
 
 # These tests run both sides unjitted, op by op, where rendered and autodiff agree to round-off even
 # at a BatchNorm over M = 2 cells: every row is held to the float64 floor (
@@ -99,13 +98,13 @@ def f64(params):
 
 def oracle_loss_and_grads(net, params, x, targets, cfg, alpha):
     """(loss, parameter gradients) of `reference.oracle`: autodiff of the forward-based loss."""
-    loss, grads, _ = reference.oracle(as_net(net), params, x, as_rows(targets, cfg.num_classes), cfg, alpha)
+    loss, grads, _ = reference.oracle(net, params, x, as_rows(targets, cfg.num_classes), cfg, alpha)
     return loss, grads
 
 
 def oracle_input_cotangent(net, params, x, cfg, dlogits):
     """`reference.vjp` of the forward's logits with respect to the image."""
-    (dx,) = reference.vjp(lambda x_: as_net(net).forward(params, x_, cfg)[0], x, cotangent=dlogits)
+    (dx,) = reference.vjp(lambda x_: net.forward(params, x_, cfg)[0], x, cotangent=dlogits)
     return dx
 
 
@@ -117,7 +116,7 @@ def zero_in_reals(name: str, params) -> bool:
 def rows(rendered, oracle, params, dx=None, loss=None) -> list:
     """The tie kit's rows (`tie.compare`) at the float64 floor: nodes in the oracle's order, then
     the input cotangent (dx = (rendered, oracle)), the loss first (loss = (rendered, oracle))."""
-    return compare({k: rendered[k] for k in oracle}, oracle, floor=tolerances.REL_F64,
+    return compare({k: rendered[k] for k in oracle}, oracle, limit=Limit(floor=tolerances.REL_F64),
                        zero_nodes=zero_nodes(params), dx=dx, loss=loss)
 
 
@@ -141,11 +140,11 @@ def assert_tied(rendered, oracle, params):
 
 def input_tied(dx, dx_ref) -> bool:
     """The input cotangent tied at the float64 floor, relative to max|oracle|."""
-    return compare({}, {}, floor=tolerances.REL_F64, dx=(dx, dx_ref))[0].ok
+    return compare({}, {}, limit=Limit(floor=tolerances.REL_F64), dx=(dx, dx_ref))[0].ok
 
 
 def loss_tied(loss, loss_ref) -> bool:
-    return compare({}, {}, floor=tolerances.REL_F64, loss=(loss, loss_ref))[0].ok
+    return compare({}, {}, limit=Limit(floor=tolerances.REL_F64), loss=(loss, loss_ref))[0].ok
 
 
 def rel_err(a, b) -> float:

@@ -175,8 +175,7 @@ def _typed_numbers(site: Site):
     """(f32 peer, typed kernel's accumulator in float64, the nets' bf16 kind, Σ|a||b| in float64) at
     the site's float32 operands."""
     a32, b32 = site.a, site.b
-    kw = dict(stride=site.stride, kernel_size=site.kernel_size, formulation=site.formulation,
-              out_shape=site.node.shape if site.op == "backward" else None)
+    kw = dict(stride=site.stride, formulation=site.formulation, out_shape=site.out_shape)
     a64, b64 = a32.astype(jnp.float64), b32.astype(jnp.float64)
     return (conv_apply(site.op, a32, b32, **kw), conv_apply(site.op, a64, b64, rnd=typed_operands, **kw),
             conv_apply(site.op, a32, b32, rnd=conv.bf16_operand, **kw),
@@ -353,12 +352,12 @@ def fold(named: Sequence[tuple[str, Callable]], x, order: Optional[Sequence[str]
 
 @partial(jax.jit, static_argnums=(2, 3), compiler_options=rendered.QUICK)
 def _fold_logits(params, x, cfg, order):
-    return fold(resnet34.stages(params, cfg), x, order)
+    return fold(resnet34.NET.stages(params, cfg), x, order)
 
 
 def forward_tie(params, x, cfg, *, ops: rn.NumpyOps = rn.OPS, order: Optional[Sequence[str]] = None,
                 label: str = "eighteen-stage fold", reference_forward=None) -> ForwardTie:
-    """ResNet-34's eighteen stages (`resnet34.stages`) folded (in `order`) against the NumPy forward
+    """ResNet-34's eighteen stages (`resnet34.NET.stages`) folded (in `order`) against the NumPy forward
     (with `ops`) in float64, each logit within FORWARD_NET_SIGMAS·√2 standard deviations of the
     NumPy envelope (the two sides' round-off, independent). reference_forward: a NumPy `Forward`
     already computed with the real ops (its envelope is the limit's; the planted ops run without one)."""

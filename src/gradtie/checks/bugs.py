@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Callable, Optional, Sequence
+from typing import Callable, Mapping, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +32,7 @@ from jax import lax
 from .. import kit as kit_, nets
 from ..kit import KIT, Call
 from ..nets import protocol
-from ..nets.protocol import SMOOTHED_CE, Net, as_net
+from ..nets.protocol import SMOOTHED_CE, Net
 from ..ops import batchnorm, conv, head, maxpool
 from ..parallel import uneven_split
 from . import census
@@ -279,21 +279,32 @@ def _skip_dropped(d_branch_input, d_skip):
     return d_branch_input      # planted: the skip's cotangent never reaches the block input
 
 
-def _projection_reads_inner(real: Callable = KIT.bn_backward) -> Callable:
-    """A BN backward whose projection BN (`<block>.downsample.1`) reads the cotangent the block's
-    first main-branch BN returned (dn2 in a basic block) instead of the one that BN read (da)."""
-    state = {"block": None, "first": None}   # the block whose backward runs, and its first BN's output
+def _projection_reads_inner(projections: Mapping[str, str], real: Callable = KIT.bn_backward) -> Callable:
+    """A BN backward whose projection BN (a key of `Net.projections`) reads the cotangent its
+    main-branch partner (the value: bn2 of a basic block) returned, dn2, instead of the one that
+    partner read, da. The net declares both layers; nothing is read off their names."""
+    partners = set(projections.values())
+    returned: dict = {}   # each partner's output, as its block's backward computes it
 
     def backward(name, saved, weight, dy):
-        block, _, layer = name.partition(".downsample.")
-        if layer == "1" and block == state["block"]:
-            return real(name, saved, weight, state["first"])
+        if name in projections and projections[name] in returned:
+            return real(name, saved, weight, returned[projections[name]])
         out = real(name, saved, weight, dy)
-        prefix = name.rsplit(".", 1)[0]
-        if prefix != state["block"]:          # the first BN backward of the next block down
-            state.update(block=prefix, first=out)
+        if name in partners:
+            returned[name] = out
         return out
     return backward
+
+
+def _plants_projection(net: Net, cs) -> bool:
+    """Whether the chain runs a projection BN backward whose partner's backward runs before it."""
+    seen = set()
+    for c in cs:
+        if c.op == "bn_backward":
+            if net.projections.get(c.args[0]) in seen:
+                return True
+            seen.add(c.args[0])
+    return False
 
 
 # ---- one node off by a relative δ: the check's sensitivity, planted ----------------------------------
@@ -369,7 +380,7 @@ _ENTRIES = [
     Bug("relu_mask_from_conv_output", "conv and dense", "ReLU mask read from the conv output instead of the BN output",
         "the mask taken from the wrong saved tensor after fusing conv and BN",
         lambda net: Chain(protocol.with_backwards(net, _mask_from_conv_output, net.name)),
-        lambda net, cs: net.suite in ("cifar8", "resnet34")),
+        lambda net, cs: net.suite is not None),   # the saved records of the suite's nets
     Bug("conv_kernel_not_flipped", "conv and dense", "conv input gradient with the kernel not flipped",
         "correlation and convolution confused in the transpose", _kit_bug(conv_backward=_conv_input(flip=False)),
         _calls_op("conv_backward")),
@@ -396,8 +407,8 @@ _ENTRIES = [
         _kit_bug(residual_backward=_skip_dropped), _calls_op("residual_backward")),
     Bug("projection_bn_reads_dn2", "blocks", "the projection BN reading dn2 instead of da",
         "the skip branch wired to the main branch's cotangent one node too deep",
-        lambda net: Chain(net, KIT._replace(bn_backward=_projection_reads_inner())),
-        _calls_op("bn_backward", where=lambda c: c.args[0].endswith(".downsample.1"))),
+        lambda net: Chain(net, KIT._replace(bn_backward=_projection_reads_inner(net.projections))),
+        _plants_projection),
 ]
 CATALOGUE: dict[str, Bug] = {b.name: b for b in _ENTRIES}
 # The must-fail controls of the Whole-net tie, by their catalogue names
@@ -425,7 +436,7 @@ def chosen(net, names: Optional[Sequence[str]] = None, *, label_smoothing: float
     out = [b for b in entries(net, replicas=replicas > 1, cfg=cfg) if names is None or b.name in names]
     missing = [n for n in names or () if n not in {b.name for b in out}]
     if missing:
-        raise ValueError(f"{missing} plant nothing in {as_net(net).name} here (see `entries`)")
+        raise ValueError(f"{missing} plant nothing in {net.name} here (see `entries`)")
     for b in out:
         if why := b.refusal(label_smoothing, batch, replicas, uneven=True):
             raise ValueError(why)
@@ -554,7 +565,6 @@ def non_twin_tie(net, params, x_flat, targets, cfg, *, label_smoothing: float = 
     input gradient is the derivative at twin ties only, so here the input row is tied to the real
     net's autodiff: on flat images the parameter rows agree either way (tied cells see equal
     patches), and the input row is where the routing shows."""
-    net = as_net(net)
     point = census.planted_tie(net, params)
     smooth = census.smoothness(net, point, x_flat, cfg)
     rep = tie(Point.of(net, point, x_flat, targets, cfg, label_smoothing=label_smoothing, freeze_ties=False))

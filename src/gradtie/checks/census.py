@@ -26,7 +26,7 @@ does not name gets that one only. Node ties (`r34_net_tiedB`, …) carry none. S
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +37,7 @@ from ..host import to_device
 from ..kit import KIT
 from ..nets import protocol
 from ..nets.layers import zero_in_reals
-from ..nets.protocol import as_net
+from ..nets.protocol import require_net
 from ..ops import maxpool
 from ..tolerances import RADIUS_FRACTION, ROUTE_REL, SLOPE_REL, TWIN_REL
 from . import fd
@@ -166,6 +166,38 @@ class Hypothesis:
                 "violations": [v.__dict__ for v in self.violations]}
 
 
+def _r34_input(zeros, windows, layers) -> Hypothesis:
+    return Hypothesis(R34_INPUT, "ResNet-34 input gradient", "r34InputGradB_correct", (
+        zeros("h_stem (R34StemSmoothAt)", "the stem ReLU off its kink", [k for k in layers if k in ("bn1", "?")]),
+        windows("h_pool (StemPoolSmoothAt)", "each window's maximum at one position, or the window all zero",
+                (TWIN, NON_TWIN)),
+        zeros("hb₁…hb₁₆ (blocks' relu clauses)", "the ReLUs inside the sixteen HasVJPDiffAt witnesses off "
+              "their kinks", [k for k in layers if k != "bn1"])))
+
+
+def _c8_input(zeros, windows, layers) -> Hypothesis:
+    return Hypothesis(C8_INPUT, "cifar8 input gradient", "cifar8BbnInputGradB_correct", (
+        windows("MaxPool2Smooth (pools 1…4)", "every window's maximum attained once", (DEAD, TWIN, NON_TWIN)),
+        zeros("c8Z₁…c8Z₈ off zero", "the eight conv pre-activations off their kinks",
+              [k for k in layers if not k.startswith("fc")]),
+        zeros("head pre-activations off zero", "fc1 and fc2 off their kinks",
+              [k for k in layers if k.startswith("fc") or k == "?"])))
+
+
+class Suite(NamedTuple):
+    """A Lean suite's smooth-point hypotheses for its net: the parameter-gradient statement, where
+    its pool windows lie, and its input-gradient hypothesis (zeros, windows, layers) -> Hypothesis."""
+    lean: str
+    where: str = ""
+    input: Optional[Callable] = None
+
+
+GENERIC = Suite("the loss differentiable in every parameter")
+# the suite's nets, by `Net.suite`: a net of your own reads GENERIC
+SUITES = {"resnet34": Suite("r34_net_lossGrad", " (stem pool)", _r34_input),
+          "cifar8": Suite("cifar8Bbn_net_lossGrad", " (C8PoolTwin₁…₄)", _c8_input)}
+
+
 @dataclass
 class SmoothReport:
     pools: list[PoolCensus]
@@ -200,27 +232,13 @@ class SmoothReport:
                           tuple(listed))
 
         # the parameter-gradient hypothesis of each suite: its Lean statement, and where its windows lie
-        lean, where = {"resnet34": ("r34_net_lossGrad", " (stem pool)"), "cifar8": ("cifar8Bbn_net_lossGrad",
-                       " (C8PoolTwin₁…₄)")}.get(self.suite, ("the loss differentiable in every parameter", ""))
-        out = [Hypothesis(PARAMETERS, "parameter gradients", lean, (
-            windows(f"no non-twin tie{where}", "every window dead, strict or tied only between twins",
+        suite = SUITES.get(self.suite, GENERIC)
+        out = [Hypothesis(PARAMETERS, "parameter gradients", suite.lean, (
+            windows(f"no non-twin tie{suite.where}", "every window dead, strict or tied only between twins",
                     (NON_TWIN,)),
             zeros("no ReLU input exactly 0", "every ReLU off its kink", layers)))]
-        if self.suite == "resnet34":
-            out.append(Hypothesis(R34_INPUT, "ResNet-34 input gradient", "r34InputGradB_correct", (
-                zeros("h_stem (R34StemSmoothAt)", "the stem ReLU off its kink",
-                      [k for k in layers if k in ("bn1", "?")]),
-                windows("h_pool (StemPoolSmoothAt)", "each window's maximum at one position, or the window all zero",
-                        (TWIN, NON_TWIN)),
-                zeros("hb₁…hb₁₆ (blocks' relu clauses)", "the ReLUs inside the sixteen HasVJPDiffAt witnesses off "
-                      "their kinks", [k for k in layers if k != "bn1"]))))
-        elif self.suite == "cifar8":
-            out.append(Hypothesis(C8_INPUT, "cifar8 input gradient", "cifar8BbnInputGradB_correct", (
-                windows("MaxPool2Smooth (pools 1…4)", "every window's maximum attained once", (DEAD, TWIN, NON_TWIN)),
-                zeros("c8Z₁…c8Z₈ off zero", "the eight conv pre-activations off their kinks",
-                      [k for k in layers if not k.startswith("fc")]),
-                zeros("head pre-activations off zero", "fc1 and fc2 off their kinks",
-                      [k for k in layers if k.startswith("fc") or k == "?"]))))
+        if suite.input is not None:
+            out.append(suite.input(zeros, windows, layers))
         return out
 
     def hypothesis(self, key: str) -> Hypothesis:
@@ -274,23 +292,22 @@ def hypotheses_table(hyps: Sequence[Hypothesis]) -> str:
 
 def pool_inputs(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
     """Each pool's (post-ReLU) input at (params, x): {pool: [N,C,H,W]}."""
-    return as_net(net).pool_inputs(rendered.forward(as_net(net), params, x, cfg)[1])
+    return net.pool_inputs(rendered.forward(net, params, x, cfg)[1])
 
 
 def preactivations(net, params: dict, x: jax.Array, cfg) -> dict[str, np.ndarray]:
     """Every ReLU's input at (params, x): {layer: [N,C,H,W] or [N,d]}."""
-    saved = rendered.forward(as_net(net), params, x, cfg)[1]
-    return {k: np.asarray(v) for k, v in as_net(net).preactivations(saved).items()}
+    saved = rendered.forward(net, params, x, cfg)[1]
+    return {k: np.asarray(v) for k, v in net.preactivations(saved).items()}
 
 
 def selections(net, params: dict, x: jax.Array, cfg) -> dict[str, jax.Array]:
     """σ = argmax (the first maximal cell) of every pool window at (params, x): {pool: [N,C,H',W']}."""
-    return piece_of(as_net(net), rendered.forward(as_net(net), params, x, cfg)[1])[1]
+    return piece_of(net, rendered.forward(net, params, x, cfg)[1])[1]
 
 
 def pool_stages(net, cfg, saved) -> list[int]:
     """The indices of the stages holding a pool. saved: the forward's record (arrays or shapes)."""
-    net = as_net(net)
     return [i for i, st in enumerate(net.stage_list(net.cfg(cfg))) if st.pool_inputs(saved[st.name])]
 
 
@@ -330,7 +347,7 @@ def smoothness(net, params: dict, x: jax.Array, cfg, *, key: Optional[jax.Array]
     if dtype not in TWIN_REL:
         raise ValueError(f"smoothness: images must be {' or '.join(TWIN_REL)} (twins are told apart at that dtype's "
                          f"round-off), got {dtype}")
-    net = as_net(net)
+    require_net(net, "census.smoothness")
     key = jax.random.key(0) if key is None else key
     pre = preactivations(net, params, x, cfg)
     # fresh draws of every weight (init's drawn weights: γ ~ U(0.5, 1.5), β and biases nonzero), in
@@ -369,7 +386,7 @@ def lift_dead_windows(net, params: dict, x: jax.Array, cfg, *, margin: float = L
     every window has a cell at least margin·γ above 0 (β moves a channel's cells alike: strict windows
     stay strict), pools in forward order. At images without twins (randn) all three hypotheses then
     hold: the constructed point where even `MaxPool2Smooth` holds."""
-    net, out = as_net(net), dict(params)
+    net, out = net, dict(params)
     for pool, spec in net.pools.items():
         layer = net.pool_preactivations[pool]
         z = preactivations(net, out, x, cfg)[layer]
@@ -385,7 +402,6 @@ def planted_tie(net, params: dict) -> dict:
     to 0. They then read one pixel, so on flat images many cells of the first pool's input share a
     value because they share a PIXEL, not a receptive field: the off-centre taps are 0, not absent,
     and tell them apart once they move."""
-    net = as_net(net)
     shapes, x = protocol.abstract_inputs(net)
     pooling = pool_stages(net, None, jax.eval_shape(lambda p, a: net.forward(p, a)[1], shapes, x))
     if not pooling:
@@ -406,7 +422,6 @@ def rerouted(net, params: dict, x: jax.Array, cfg, report: SmoothReport, kind: s
     ("dead", "twin tie" or "non-twin tie") routes to its last maximal cell on the pool input."""
     if kind not in CLASSES:
         raise ValueError(f"kind {kind!r}: expected one of {', '.join(CLASSES)}")
-    net = as_net(net)
     inputs, sigma = pool_inputs(net, params, x, cfg), selections(net, params, x, cfg)
     return sigma, {pool: jnp.where(jnp.asarray(p.classes == CLASSES.index(kind)),
                                    maxpool.last_max(inputs[pool], net.pools[pool]), sigma[pool])
@@ -451,7 +466,6 @@ def routing(net, params: dict, x: jax.Array, targets: jax.Array, cfg, report: Sm
     """The rendered gradients at σ = argmax against those at σ' (windows of class `kind` routed to
     their last maximal cell), node by node as a tie compares them (`tie.compare`), with the gather
     model and its transpose selScatter frozen at each. targets: labels [N] or rows [N,K]."""
-    net = as_net(net)
     targets = targets_matrix(targets, cfg.num_classes, x.dtype)
     sigma, sigma_alt = rerouted(net, params, x, cfg, report, kind)
     at, alt = (rendered.compiled(net, KIT, params, x, targets, cfg, selections=s) for s in (sigma, sigma_alt))
@@ -493,7 +507,6 @@ def one_sided_slopes(net, params: dict, x: jax.Array, targets: jax.Array, cfg, v
     figure) and its one-sided slopes at t = 0 (`fd.one_sided`) at h = RADIUS_FRACTION × the
     first-order radius to the nearest kink not already at the point (`fd.radii`), capped at span/10:
     each side sees one smooth piece. At a smooth point both equal ⟨∇L, v⟩; at a non-twin tie they part."""
-    net = as_net(net)
     path = fd.Path(v, jax.tree.map(jnp.zeros_like, v), tuple(v))
     radius = min(fd.radii(net, params, x, cfg, path, selections(net, params, x, cfg), order=1))
     h = min(RADIUS_FRACTION * radius, span / 10)

@@ -357,7 +357,7 @@ def requested_point(net: Net, req: CheckRequest) -> tuple[Point, dict]:
                          f"this machine has {have / 2**30:.1f} GiB available; use a smaller --batch or --image-size")
     key = jax.random.key(req.seed)
     if req.weights in WEIGHTS:
-        cfg = net.config(bf16=req.bf16, policy=req.policy, **({"num_classes": 10} if net.name == "resnet34" else {}))
+        cfg = net.check_config(bf16=req.bf16, policy=req.policy)
         params = net.init(key, cfg, weights=req.weights)
     else:
         loaded, overrides = train.checkpoint_params(req.weights, net)

@@ -28,10 +28,10 @@ import numpy as np
 from .. import prng, reference, rendered
 from .. import tolerances as tol
 from ..host import to_device
-from ..nets.protocol import Net, Pass, as_net, fold_forward
+from ..nets.protocol import Net, Pass, fold_forward
 from ..ops import maxpool
 from ..progress import bar
-from .tie import piece_of, targets_matrix
+from .tie import Point, piece_of, targets_matrix
 
 
 # ---- the step: central differences inside the point's smooth piece -------------------------------
@@ -347,19 +347,27 @@ def _moved(params, v, w, t) -> dict:
 def path_losses(net, params, x, targets, cfg, path: Path, ts, *, label_smoothing: float = 0.0) -> np.ndarray:
     """S(t), the net's own loss (`loss.value` of its forward), at θ(t) for each t: one compiled
     program (`taylor` to order 0), shared by every path and every t. targets: labels [N] or rows [N,K]."""
-    net = as_net(net)
-    targets = targets_matrix(targets, net.cfg(cfg).num_classes, x.dtype)
-    alpha = jnp.asarray(label_smoothing, x.dtype)
-    return np.array([float(taylor(net, params, x, cfg, path.v, path.w, 0, "loss", targets, alpha,
-                                  jnp.asarray(t, x.dtype))[0]) for t in ts])
+    cfg = net.cfg(cfg)
+    at = Point(net, cfg, params, x, targets_matrix(targets, cfg.num_classes, x.dtype), label_smoothing)
+    return np.array([float(taylor(at, path, 0, "loss", jnp.asarray(t, x.dtype))[0]) for t in ts])
+
+
+def taylor(point: Point, path: Path, order: int, read: str, t0=0.0) -> list:
+    """[f(t0), f'(t0), …] to the `order`-th derivative along θ(t) = `path` from the point's
+    parameters, f the loss at the point's x, targets and α (read="loss"), every ReLU input ("relu")
+    or those feeding pools ("pool relu"): `order` nested forward-mode passes through the forward
+    (never a backward), in one program. The point may be built directly (`tie.Point(net, cfg,
+    params, x, targets)`: no validation); its targets are read only for the loss."""
+    alpha = jnp.asarray(point.alpha, point.x.dtype) if read == "loss" else None
+    return _taylor(point.net, point.cfg, order, read,
+                   (point.params, point.x, path.v, path.w, point.targets if read == "loss" else None, alpha, t0))
 
 
 # S(t) runs ~130 times per walk, the nested forward-mode programs once: compiled with full optimisation
-@partial(jax.jit, static_argnums=(0, 3, 6, 7))
-def taylor(net: Net, params, x, cfg, v, w, order: int, read: str, targets=None, alpha=None, t0=0.0) -> list:
-    """[f(t0), f'(t0), …] to the `order`-th derivative along θ(t), f the loss from the forward
-    (read="loss"), every ReLU input ("relu") or those feeding pools ("pool relu"): `order` nested
-    forward-mode passes through the forward (never a backward), in one program."""
+@partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _taylor(net: Net, cfg, order: int, read: str, args: tuple) -> list:
+    params, x, v, w, targets, alpha, t0 = args
+
     def f(t):
         p = _moved(params, v, w, t0 + t)
         if read == "loss":
@@ -409,9 +417,8 @@ def radii(net, params, x, cfg, path: Path, sigma: dict, *, everywhere: bool = Tr
     one (z < 0 everywhere) its 0 until a cell other than σ and its twins crosses 0. δ is the smallest
     |t| at which one of these gaps closes; `kinks` the smallest at which a ReLU input crosses 0
     (everywhere=False: those feeding pools only); min(δ, kinks) is the smooth piece's radius."""
-    net = as_net(net)
     z = [jax.tree.map(np.asarray, a) for a in
-         taylor(net, params, x, net.cfg(cfg), path.v, path.w, order, "relu" if everywhere else "pool relu")]
+         taylor(Point(net, net.cfg(cfg), params, x, None), path, order, "relu" if everywhere else "pool relu")]
     z0, z1, z2 = z[0], z[1], jax.tree.map(lambda a: a / 2 if order > 1 else np.zeros_like(a), z[-1])
     kinks = min((first_crossing(np.abs(z0[k]), np.sign(z0[k]) * z1[k], np.sign(z0[k]) * z2[k]) for k in z0),
                 default=np.inf)

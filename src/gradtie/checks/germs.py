@@ -31,13 +31,13 @@ import numpy as np
 
 from .. import prng, rendered
 from ..host import to_device
-from ..nets.protocol import Net, Pass, as_net, fold_forward
+from ..nets.protocol import Net, Pass, fold_forward
 from ..progress import bar
 from ..tolerances import (GERM_EVIDENCE_REL, GERM_KINK_FRACTION, GERM_KINK_STEPS, GERM_MIN_WINDOW,
                           GERM_PREDICTION_SPAN, GERM_ROUNDOFF_DRAWS, GERM_ROUNDOFF_SIGMAS, GERM_ROUNDOFF_NUDGE,
                           GERM_SHARP_REL, GERM_SLOPE_TOL, GERM_TRUNCATION_REL, GERM_WINDOW_MARGIN)
 from . import census, fd
-from .tie import Chain, targets_matrix
+from .tie import Chain, Point, targets_matrix
 
 # |t| grid for S vs G: decades, ±t each, in one vectorised pass (a fixed size: the programs compile once)
 T_GRID = np.logspace(-8, 0, 9)
@@ -242,7 +242,6 @@ def walk_parameters(net, where: str, params: dict, cfg=None) -> tuple[str, tuple
     """(stage, names) for a walk: `where` is a stage ("stage2", "stem": all its weights) or a
     pre-activation ("bn3": the conv→BN pair that writes it, conv3.* and bn3.*, as `c8_germ_stage₃`
     moves; "layer2.0.bn1": layer2.0.conv1.* and layer2.0.bn1.*)."""
-    net = as_net(net)
     stages = net.stage_list(net.cfg(cfg))
     if where in [st.name for st in stages]:
         return where, tuple(n for st in stages if st.name == where for n in st.params if n in params)
@@ -260,21 +259,23 @@ def rendered_nodes(net, params, x, targets, cfg, label_smoothing: float = 0.0, *
                    chain: Optional[Chain] = None) -> dict:
     """The rendered parameter nodes at θ: `gradtie.rendered`'s step of `chain` (default: the net's
     own, through the real kit; a planted one, `checks.bugs.plant`, gives nodes FD must reject)."""
-    chain = chain or Chain(as_net(net))
-    return rendered.run(chain.net, chain.kit, params, x, targets, as_net(net).cfg(cfg), alpha=label_smoothing,
+    chain = chain or Chain(net)
+    return rendered.run(chain.net, chain.kit, params, x, targets, net.cfg(cfg), alpha=label_smoothing,
                         how="quick").grads
 
 
-def loss_roundoff(net, params, x, targets, cfg, path: fd.Path, *, key, label_smoothing: float = 0.0,
-                  draws: int = GERM_ROUNDOFF_DRAWS, nudge: float = GERM_ROUNDOFF_NUDGE) -> float:
+def loss_roundoff(point: Point, path: fd.Path, *, key, draws: int = GERM_ROUNDOFF_DRAWS,
+                  nudge: float = GERM_ROUNDOFF_NUDGE) -> float:
     """ε_L, the spread of one evaluation's round-off in S (S's own round-off at θ, which a central
     difference divides by h; not `checks.envelope`'s distance from a float64 reference), from draws
     of δ, the path's own parameters nudged by nudge·ξ (ξ standard normal on the host), of
     d = (S(θ + δ) + S(θ − δ))/2 − S(θ): the first order cancels, the second sits far below round-off,
     and every rounding downstream re-rolls, as between S(±h). Read on the program the finite
-    differences use, with no reference to the node they judge."""
+    differences use, with no reference to the node they judge. The point's targets are rows."""
+    net, params, x, targets, cfg = point.net, point.params, point.x, point.targets, point.cfg
+
     def s(p):
-        return float(fd.path_losses(net, p, x, targets, cfg, path, [0.0], label_smoothing=label_smoothing)[0])
+        return float(fd.path_losses(net, p, x, targets, cfg, path, [0.0], label_smoothing=point.alpha)[0])
 
     s0, rng = s(params), prng.host_rng(key)
     host = {n: np.asarray(params[n]) for n in path.names}
@@ -318,12 +319,11 @@ def _tail_losses(net: Net, start: int, params, cfg, moved, ys, targets, alpha):
     return jax.vmap(one)(moved, ys)
 
 
-def split_losses(net, params, x, targets, cfg, path: fd.Path, ts, sigma: dict, *, stage: Optional[str] = None,
-                 plan: Optional[tuple] = None, label_smoothing: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+def split_losses(point: Point, path: fd.Path, ts, sigma: dict, *, stage: Optional[str] = None,
+                 plan: Optional[tuple] = None) -> tuple[np.ndarray, np.ndarray]:
     """(S(t), G(t)) for each t, the real loss and the gather model's at σ, comparable bit for bit.
     The path moves the parameters of `stage` (or of the `plan` a previous call made) and later ones."""
-    net = as_net(net)
-    cfg = net.cfg(cfg)
+    net, params, x, targets, cfg = point.net, point.params, point.x, point.targets, point.net.cfg(point.cfg)
     start, stop, y0 = plan or _plan(net, params, x, cfg, stage)
     stage_list = net.stage_list(cfg)
     if any(n in st.params for st in stage_list[:start] for n in path.names):
@@ -343,7 +343,7 @@ def split_losses(net, params, x, targets, cfg, path: fd.Path, ts, sigma: dict, *
         with jax.disable_jit():
             ys = jax.vmap(lambda t: middle(t, sel))(ts)
         out.append(np.asarray(_tail_losses(net, stop, params, cfg, moved, ys, targets,
-                                           jnp.asarray(label_smoothing, x.dtype))))
+                                           jnp.asarray(point.alpha, x.dtype))))
     return out[0], out[1]
 
 
@@ -367,22 +367,23 @@ def _bracket(ts, diff, diff_at) -> tuple[float, float]:
     return lo, hi
 
 
-def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key, curved: bool = False,
-         ts: Optional[np.ndarray] = None, hs: Optional[np.ndarray] = None, label_smoothing: float = 0.0,
-         label: Optional[str] = None) -> GermReport:
+def germ(point: Point, grads: Optional[dict], where: str, *, key, curved: bool = False,
+         ts: Optional[np.ndarray] = None, hs: Optional[np.ndarray] = None, label: Optional[str] = None) -> GermReport:
     """Walk a random path through one germ's weights (`walk_parameters`): S vs G, δ found and
     predicted, FD convergence. Straight: θ + t·v, v a random unit direction; curved: θ + t·v + t²·w,
     |w| = 1/δ₀ with δ₀ the straight walk's predicted radius (the path bends as much as it moves at
     the germ's own scale). FD compares against ⟨grads, v⟩, grads the rendered nodes at θ
-    (`rendered_nodes`; None skips the finite differences). targets: int labels [N] or rows [N,K]."""
-    net, cfg = as_net(net), as_net(net).cfg(cfg)
+    (`rendered_nodes`; None skips the finite differences). The point (`tie.Point.of`) carries the
+    net, its config, the parameters, x, the targets and α; `key` draws the walk's direction."""
+    net, params, x, cfg, label_smoothing = point.net, point.params, point.x, point.net.cfg(point.cfg), point.alpha
     stage, names = walk_parameters(net, where, params, cfg)
     ts = T_GRID if ts is None else np.asarray(ts, np.float64)
     hs = H_GRID if hs is None else np.asarray(hs, np.float64)
     if x.dtype != params[names[0]].dtype:
         raise ValueError(f"germ: x is {x.dtype} but the parameters are {params[names[0]].dtype}; "
                          f"cast both to one dtype")
-    targets = targets_matrix(targets, cfg.num_classes, x.dtype)
+    targets = targets_matrix(point.targets, cfg.num_classes, x.dtype)
+    point = replace(point, cfg=cfg, targets=targets)
     sigma = census.selections(net, params, x, cfg)
     path = fd.make_path(params, names, key)
     if curved:
@@ -391,8 +392,7 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key
     plan = _plan(net, params, x, cfg, stage)
 
     def diff_at(tt):     # max over ±t of |S(t) − G(t)| for each t (2·len(tt) rows in one pass)
-        real, gath = split_losses(net, params, x, targets, cfg, path, np.concatenate([tt, -tt]), sigma, plan=plan,
-                                  label_smoothing=label_smoothing)
+        real, gath = split_losses(point, path, np.concatenate([tt, -tt]), sigma, plan=plan)
         return np.max(np.abs(real - gath).reshape(2, -1), axis=0)
 
     diff = diff_at(ts)
@@ -406,9 +406,8 @@ def germ(net, params, x, targets, cfg, grads: Optional[dict], where: str, *, key
         return GermReport(*head, empty, empty, np.nan, np.nan, (np.nan,) * 3, empty, empty, np.nan)
     s0, plus, minus = (fd.path_losses(net, params, x, targets, cfg, path, tt, label_smoothing=label_smoothing)
                        for tt in ([0.0], hs, -hs))
-    derivs = fd.taylor(net, params, x, cfg, path.v, path.w, 3, "loss", targets, jnp.asarray(label_smoothing, x.dtype))
-    eps_l = loss_roundoff(net, params, x, targets, cfg, path, key=jax.random.fold_in(key, 20_000),
-                          label_smoothing=label_smoothing)
+    derivs = fd.taylor(point, path, 3, "loss")
+    eps_l = loss_roundoff(point, path, key=jax.random.fold_in(key, 20_000))
     return GermReport(*head, hs, (plus - minus) / (2 * hs), float(sum(jnp.vdot(grads[n], path.v[n]) for n in names)),
                       float(s0[0]), tuple(float(d) for d in derivs[1:]), (plus - s0[0]) / hs, (s0[0] - minus) / hs,
                       eps_l)
@@ -418,13 +417,13 @@ def near_kink(net, params, x, cfg, where: str, *, key, radius: float) -> dict:
     """params with one BN shift β moved so that the ReLU input of `where` ("bn3") nearest its kink
     along the straight walk `germ(..., where, key=key)` reaches 0 at |t| ≈ `radius`. A control: with
     the first kink closer than round-off allows a step, the finite differences say "no evidence"."""
-    net, cfg = as_net(net), as_net(net).cfg(cfg)
+    net, cfg = net, net.cfg(cfg)
     _, names = walk_parameters(net, where, params, cfg)
     if f"{where}.bias" not in params:
         raise ValueError(f"near_kink: {where!r} must name a BatchNorm layer of {net.name} (its shift "
                          f"{where}.bias moves)")
     path = fd.make_path(params, names, key)
-    z0, z1, _ = fd.taylor(net, params, x, cfg, path.v, path.w, 2, "relu")   # the walk's own program
+    z0, z1, _ = fd.taylor(Point(net, cfg, params, x, None), path, 2, "relu")   # the walk's own program
     z, dz = np.asarray(z0[where]), np.asarray(z1[where])
     with np.errstate(divide="ignore", invalid="ignore"):
         cell = np.unravel_index(np.argmin(np.where(dz != 0, np.abs(z) / np.abs(dz), np.inf)), z.shape)
@@ -482,15 +481,15 @@ class GermSurvey:
                 f"converge to the rendered node; {len(self.windows)} with an O(h²) window")
 
 
-def survey(net, params, x, targets, cfg, grads: Optional[dict], germs: dict[str, str], *, key,
-           directions: int = 3, progress: bool = False, **kwargs) -> GermSurvey:
+def survey(point: Point, grads: Optional[dict], germs: dict[str, str], *, key, directions: int = 3,
+           progress: bool = False, **kwargs) -> GermSurvey:
     """`germ` for each {label: where} and `directions` paths (cycling straight, curved, straight; keys
     folded from `key`). progress: a bar on a terminal's stderr (never in a chapter's output)."""
     reports = []
     jobs = [(i, label, where, d) for i, (label, where) in enumerate(germs.items()) for d in range(directions)]
     for i, label, where, d in bar(jobs, desc="germ walks", enabled=progress):
         kind = DIRECTION_KINDS[d % len(DIRECTION_KINDS)]
-        reports.append(germ(net, params, x, targets, cfg, grads, where, curved=kind == "curved",
+        reports.append(germ(point, grads, where, curved=kind == "curved",
                             key=jax.random.fold_in(jax.random.fold_in(key, i), d), label=f"{label} {kind} {d}",
                             **kwargs))
     return GermSurvey(reports)

@@ -21,7 +21,7 @@ import numpy as np
 from .. import data, prng, reference
 from .. import tolerances as tol
 from ..ops import dense, gap, head
-from .tie import NodeRow, TieReport, compare
+from .tie import Limit, NodeRow, TieReport, compare
 
 # ---- the fold, step by step ---------------------------------------------------------------------
 
@@ -102,7 +102,7 @@ class HeadTies(TieReport):
 
 def _row(label: str, got, oracle, limit: float = tol.REL_F64) -> NodeRow:
     """max |got − oracle| relative to max |oracle| (to 1 where the oracle is 0), held to `limit`."""
-    return compare({label: got}, {label: oracle}, floor=limit)[0]
+    return compare({label: got}, {label: oracle}, limit=Limit(floor=limit))[0]
 
 
 def _ties(rows: list[NodeRow], **meta) -> HeadTies:

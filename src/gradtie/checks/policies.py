@@ -40,11 +40,10 @@ from .. import policy as policy_
 from .. import rendered
 from .. import tolerances as tol
 from ..host import tree_to_device
-from ..nets.protocol import as_net
 from ..ops import maxpool
 from . import bugs, stages
 from . import envelope as env_
-from .tie import Chain, TieReport, bn_cells, compare, need_x64, node_cells, targets_matrix, zero_in_reals
+from .tie import Chain, Limit, Point, TieReport, bn_cells, compare, need_x64, node_cells, targets_matrix, zero_in_reals
 
 
 def _cast_like(tree, like):
@@ -64,15 +63,17 @@ def _selections(net, params, x, cfg) -> Optional[dict]:
     return {name: maxpool.select(r, net.pools[name]) for name, r in net.pool_inputs(saved).items()}
 
 
-def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
-               key: Optional[jax.Array] = None, factor: float = tol.POLICY_ENVELOPE_FACTOR,
+def stage_ties(point: Point, *, chain: Optional[Chain] = None, factor: float = tol.POLICY_ENVELOPE_FACTOR,
                nudges: int = tol.POLICY_NUDGES) -> stages.StageReport:
     """Every stage of the chain (`chain`, default the net's own) run under `cfg.policy` at float32
     parameters, tied to its float64 VJP at the chain's own stage input and cotangent, each row within
     `factor` × the policy's envelope at the point (the module docstring), and the loss cotangent
-    (float32 under every policy) to autodiff of the loss within float32's."""
+    (float32 under every policy) to autodiff of the loss within float32's. The point (`tie.Point`,
+    built directly: its parameters, x and targets are read at float32 here) carries the net, its
+    config (`cfg.policy`), α and the key of the envelope's draws (None: key(0))."""
+    net, params, x, targets, cfg = point.net, point.params, point.x, point.targets, point.cfg
+    label_smoothing, key = point.alpha, point.key
     need_x64("the policy stage ties")
-    net = as_net(net)
     pol = policy_.get(cfg.policy)
     unit = policy_.unit_roundoff_here(pol)   # measured where it runs: a CPU has no TF32 units
     chain = chain or Chain(net)
@@ -85,8 +86,8 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
     stage_list = net.stage_list(cfg)
     names = tuple(s.name for s in stage_list)
     exact = replace(cfg, policy="tie")
-    ref = stages._stage_vjps(net, exact, names, None, *tree_to_device((params, rec.inputs, rec.cotangents), np.float64),
-                             sel, (None, None))
+    ref = stages._stage_vjps(net, exact, names, None,
+                             (*tree_to_device((params, rec.inputs, rec.cotangents), np.float64), sel, (None, None)))
     # each stage's VJP reads its cotangent in the dtype of the stage's output (the next stage's input;
     # the head's logits are float32): the head hands the last conv stage a float32 cotangent
     outputs_dtype = [rec.inputs[n].dtype for n in names[1:]] + [rec.logits.dtype]
@@ -96,18 +97,18 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
     for s in env_.samples(values, dtype="float32", key=key, nudged=("dys",),
                           batched=("inputs", "dys", "selections"), nudges=nudges, unit=unit):
         v = _cast_like(s.values, values)
-        out = stages._stage_vjps(net, cfg, names, None, *tree_to_device((v["params"], v["inputs"], v["dys"])),
-                                 v["selections"], (None, None))
+        out = stages._stage_vjps(net, cfg, names, None,
+                                 (*tree_to_device((v["params"], v["inputs"], v["dys"])), v["selections"], (None, None)))
         outputs.append({k: (g, env_.unorder(dx, s.order)) for k, (g, dx) in out.items()})
         labels.append(s.label)
     worst = env_.spread(ref, outputs)
-    cells = node_cells(params, bn_cells(net, *tree_to_device((params, x), np.float64), replace(exact, bf16=False)))
+    cells = node_cells(net, exact, bn_cells(net, *tree_to_device((params, x), np.float64), replace(exact, bf16=False)))
     zero = zero_in_reals(params)
     ties = []
     for stage in stage_list:
         (g_o, dx_o), (g_w, dx_w) = ref[stage.name], worst[stage.name]
         rows = compare({k: rec.grads[k] for k in stage.params}, {k: g_o[k] for k in stage.params},
-                       envelope={**g_w, "input": dx_w}, factor=factor, floor=tol.F32_FLOOR,
+                       limit=Limit({**g_w, "input": dx_w}, factor, tol.F32_FLOOR),
                        zero_nodes=zero & set(stage.params), dx=(rec.handed_on(stage.name), dx_o),
                        cells={k: cells[k] for k in stage.params if k in cells})
         ties.append(TieReport(stage.name, pol.name, rows, 0.0, 0.0, meta={
@@ -144,10 +145,9 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
               key: Optional[jax.Array] = None) -> list[PolicyCaught]:
     """Every single-device catalogue entry that applies to `net` (or those of `names`) planted in the
     chain under `cfg.policy` and tied stage by stage at the same point."""
-    net = as_net(net)
     chosen = bugs.chosen(net, names, label_smoothing=label_smoothing, batch=np.shape(x)[0], cfg=cfg)
-    return [PolicyCaught(b.name, b.family, stage_ties(net, params, x, targets, cfg, chain=bugs.plant(b.name, net, cfg),
-                                                      label_smoothing=label_smoothing, key=key))
+    return [PolicyCaught(b.name, b.family, stage_ties(Point(net, cfg, params, x, targets, label_smoothing, key),
+                                                      chain=bugs.plant(b.name, net, cfg)))
             for b in chosen]
 
 
@@ -216,8 +216,7 @@ def check(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_
         raise ValueError("policies.check ties the fast policies (tf32, bf16); the tie policy is checks.tie's")
     if pol.activations == "bfloat16":
         return bf16.check(net, params, x, targets, cfg, chain=chain, label_smoothing=label_smoothing, key=key)
-    return PolicyReport(stage_ties(net, params, x, targets, cfg, chain=chain, label_smoothing=label_smoothing,
-                                   key=key))
+    return PolicyReport(stage_ties(Point(net, cfg, params, x, targets, label_smoothing, key), chain=chain))
 
 
 def caught(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, names: Optional[Sequence[str]] = None,

@@ -31,10 +31,10 @@ from .. import prng, reference, rendered
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
 from ..kit import KIT
-from ..nets.protocol import Net, Pass, as_net
+from ..nets.protocol import Net, Pass
 from . import census, envelope as env_
-from .tie import (Chain, NodeRow, Point, TieReport, bn_cells, checked_dtype, compare, degenerate, degenerate_text,
-                  frozen_selections, node_cells, reference_at, report, targets_matrix, tie, zero_in_reals)
+from .tie import (Chain, Limit, NodeRow, Point, TieReport, bn_cells, checked_dtype, compare, degenerate,
+                  degenerate_text, frozen_selections, node_cells, reference_at, report, targets_matrix, tie, zero_in_reals)
 
 LEVELS = ("stages", "layers")
 LOSS_COTANGENT = "loss cotangent"
@@ -76,7 +76,6 @@ def record(net, params, x, cfg, *, targets=None, label_smoothing: float = 0.0, d
            chain: Optional[Chain] = None) -> Record:
     """Run the rendered chain (`chain`, default the net's own) at (params, x) from the loss's
     cotangent (`targets`) or from any cotangent at the logits (`dlogits` [N,K]), with a tape."""
-    net = as_net(net)
     chain = chain or Chain(net)
     if (targets is None) == (dlogits is None):
         raise ValueError("record: give targets (the loss's own cotangent) or dlogits (any cotangent), not both")
@@ -100,7 +99,9 @@ def record(net, params, x, cfg, *, targets=None, label_smoothing: float = 0.0, d
 # ---- the oracle: each stage's VJP alone, and its envelope -------------------------------------------
 
 @partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _stage_vjps(net: Net, cfg, names: tuple, kit_at, params, inputs, dys, selections, kit_args):
+def _stage_vjps(net: Net, cfg, names: tuple, kit_at, args: tuple):
+    """Each named stage's float64 VJP alone; args = (params, inputs, dys, selections, kit_args)."""
+    params, inputs, dys, selections, kit_args = args
     how = Pass(kit=KIT if kit_at is None else kit_at(*kit_args), selections=selections)
     return {s.name: reference.vjp(lambda p, a, s=s: s.forward(p, a, cfg, how)[0], {k: params[k] for k in s.params},
                                   inputs[s.name], cotangent=dys[s.name])
@@ -130,8 +131,8 @@ def _tie_stages(net: Net, cfg, side: StageSide, *, dtype: str, key, factor: floa
     values = {"params": side.params, "inputs": {k: side.inputs[k] for k in names},
               "dys": {k: side.dys[k] for k in names}, "selections": side.selections,
               "kit_batched": kit_args[0], "kit_fixed": kit_args[1]}
-    vjps = lambda v: _stage_vjps(net, cfg, names, kit_at, v["params"], v["inputs"], v["dys"],  # noqa: E731
-                                 v["selections"], (v["kit_batched"], v["kit_fixed"]))
+    vjps = lambda v: _stage_vjps(net, cfg, names, kit_at, (v["params"], v["inputs"], v["dys"],  # noqa: E731
+                                                           v["selections"], (v["kit_batched"], v["kit_fixed"])))
     ref = vjps({k: tree_to_device(v, None if k == "selections" else np.float64) for k, v in values.items()})
     outputs, labels = [], []
     for s in env_.samples(values, dtype=dtype, key=key, nudged=("params", "inputs", "dys"),
@@ -145,7 +146,7 @@ def _tie_stages(net: Net, cfg, side: StageSide, *, dtype: str, key, factor: floa
         name = stage.name
         (g_r, dx_r), (g_o, dx_o), (g_w, dx_w) = side.got[name], ref[name], worst[name]
         rows = compare({k: g_r[k] for k in stage.params}, {k: g_o[k] for k in stage.params},
-                       envelope={**g_w, "input": dx_w}, factor=factor, floor=floor,
+                       limit=Limit({**g_w, "input": dx_w}, factor, floor),
                        zero_nodes=zero_nodes & set(stage.params), dx=(dx_r, dx_o),
                        cells={k: cells[k] for k in stage.params if k in cells})
         cot = float(np.max(np.abs(np.asarray(side.dys[name], np.float64))))
@@ -155,14 +156,17 @@ def _tie_stages(net: Net, cfg, side: StageSide, *, dtype: str, key, factor: floa
     return reports
 
 
-def _ties(net: Net, cfg, rec: Record, *, dtype: str, key, factor: float, selections, cells: dict,
-          kit_at: Optional[Callable] = None, kit_args: tuple = (None, None)):
+def _ties(cfg, rec: Record, *, dtype: str, key, factor: float, selections, cells: dict,
+          kit: tuple = (None, (None, None))):
     """Every stage of a recorded chain tied at the cotangent it was handed (`_tie_stages`), and its
-    loss cotangent when it starts from the loss -> (stage reports, loss-cotangent report or None)."""
+    loss cotangent when it starts from the loss -> (stage reports, loss-cotangent report or None).
+    The oracle is the record's net (`rec.net`, never a planted chain's); kit = (kit_at, kit_args) as
+    in `_tie_stages`."""
+    net = rec.net
     stage_list = net.stage_list(cfg)
     got = {s.name: ({k: rec.grads[k] for k in s.params}, rec.handed_on(s.name)) for s in stage_list}
     reports = _tie_stages(net, cfg, StageSide(rec.params, rec.inputs, rec.cotangents, got, selections, cells),
-                          dtype=dtype, key=key, factor=factor, kit=(kit_at, kit_args))
+                          dtype=dtype, key=key, factor=factor, kit=kit)
     return reports, None if rec.loss is None else _cotangent_report(net, rec, dtype=dtype, factor=factor,
                                                                     key=jax.random.fold_in(key, 1))
 
@@ -181,8 +185,8 @@ def _cotangent_report(net: Net, rec: Record, *, dtype: str, key, factor: float) 
     for s in env_.samples({"z": z64, "t": t64}, dtype=dtype, key=key, nudged=("z",), batched=("z", "t")):
         d = grad(jnp.asarray(s.values["z"]), jnp.asarray(s.values["t"]))
         outputs.append(env_.unorder(d, s.order))
-    rows = compare({"dlogits": rec.dlogits}, {"dlogits": ref}, envelope={"dlogits": env_.spread(ref, outputs)},
-                   factor=factor, floor=tol.FLOORS[np.dtype(dtype).name])
+    rows = compare({"dlogits": rec.dlogits}, {"dlogits": ref},
+                   limit=Limit({"dlogits": env_.spread(ref, outputs)}, factor, tol.FLOORS[np.dtype(dtype).name]))
     return TieReport(LOSS_COTANGENT, np.dtype(dtype).name, rows, 0.0, 0.0,
                      meta={"kind": "loss cotangent", "factor": factor,
                            "lean": "the six-op head fold (SmoothedLossCot)" if net.loss.name.startswith("label") else ""})
@@ -292,20 +296,20 @@ def _point(net: Net, point) -> tuple[Optional[dict], int, dict]:
     (the point's net or its finer stages) at the point's exact widening."""
     p64, x64, _ = point.wide
     sel, ties = frozen_selections(net, p64, x64, point.cfg)
-    return sel, ties, node_cells(point.params, bn_cells(net, p64, x64, point.cfg))
+    return sel, ties, node_cells(net, point.cfg, bn_cells(net, p64, x64, point.cfg))
 
 
 def _composition(rec: Record, fine: Record, cfg) -> list[NodeRow]:
     """The finer stages composed against the stages: each stage's nodes and the cotangent it hands on."""
     dtype = np.dtype(rec.x.dtype).name
-    rows = compare(fine.grads, rec.grads, floor=tol.FLOORS[dtype], zero_nodes=zero_in_reals(rec.params))
+    rows = compare(fine.grads, rec.grads, limit=Limit(floor=tol.FLOORS[dtype]), zero_nodes=zero_in_reals(rec.params))
     fine_names = [s.name for s in fine.chain.net.stage_list(cfg)]
     for stage in rec.chain.net.stage_list(cfg):
         given = rec.inputs[stage.name]
         first = next(n for n in fine_names if fine.inputs[n].shape == given.shape
                      and bool(jnp.all(fine.inputs[n] == given)))
         rows += compare({f"{stage.name}.input": fine.handed_on(first).reshape(given.shape)},
-                        {f"{stage.name}.input": rec.handed_on(stage.name)}, floor=tol.FLOORS[dtype])
+                        {f"{stage.name}.input": rec.handed_on(stage.name)}, limit=Limit(floor=tol.FLOORS[dtype]))
     return rows
 
 
@@ -337,7 +341,7 @@ def stage_ties(point: Point, *, chain: Optional[Chain] = None, level: str = "sta
         composition = _composition(rec, fine, cfg)
         rec = fine
     sel, ties, cells = _point(fine_net, point)
-    reports, cot = _ties(fine_net, cfg, rec, dtype=dtype, key=key, factor=factor, selections=sel, cells=cells)
+    reports, cot = _ties(cfg, rec, dtype=dtype, key=key, factor=factor, selections=sel, cells=cells)
     return StageReport(rec.chain.label, dtype, level, reports, cot, composition,
                        meta={"input_model": "frozen" if sel is not None else "real", "tied_windows": ties})
 
@@ -372,8 +376,9 @@ def cotangent_tie(point: Point, dlogits, *, chain: Optional[Chain] = None, facto
     p64, x64, d64 = at_dy.wide
     ref = _net_vjp(net, p64, x64, d64, point.cfg, 0.0, sel)
     envelope = env_.measure(at_dy, ref, selections=sel, oracle=_net_vjp, nudged=("params", "x", "targets"))
-    rows = compare(rec.grads, {k: ref[1][k] for k in params}, envelope=envelope.nodes, factor=factor,
-                   floor=tol.FLOORS[dtype], zero_nodes=zero_in_reals(params), dx=(rec.dx, ref[2]), cells=cells)
+    rows = compare(rec.grads, {k: ref[1][k] for k in params},
+                   limit=Limit(envelope.nodes, factor, tol.FLOORS[dtype]), zero_nodes=zero_in_reals(params),
+                   dx=(rec.dx, ref[2]), cells=cells)
     return TieReport(f"{rec.chain.label} at a given cotangent", dtype, rows, 0.0, 0.0,
                      meta={"input_model": "frozen" if sel is not None else "real", "tied_windows": ties,
                            "factor": factor})
@@ -389,20 +394,20 @@ _stage_at = jax.jit(_stage_alone, static_argnums=(0, 1, 5, 6))
 
 
 def tie_at(net, params, stage: str, h, dy, cfg, *, key: Optional[jax.Array] = None,
-           factor: float = tol.ENVELOPE_FACTOR, rendered_side: Optional[tuple] = None) -> TieReport:
+           rendered_side: Optional[tuple] = None) -> TieReport:
     """One stage of `net` tied alone at ANY input h and cotangent dy at its output (not necessarily
     a point the net reaches): the stage's rendered backward, after its own forward at h, against
     the stage's VJP there. The head (GAP, fc) needs no hypothesis at all: `r34HeadBHasVJP` is
     global, so its tie holds wherever it is asked, even where the body sits at a kink.
-    rendered_side: (grads, dx) computed elsewhere, in place of the net's own stage backward."""
-    net = as_net(net)
+    rendered_side: (grads, dx) computed elsewhere, in place of the net's own stage backward. Each row
+    is held to tolerances.ENVELOPE_FACTOR × the stage's envelope, as the whole-net tie's."""
     dtype = checked_dtype("tie_at", h)
     names = [s.name for s in net.stage_list(cfg)]
     if stage not in names:
         raise ValueError(f"tie_at: stage {stage!r}: expected one of {', '.join(names)}")
     got = rendered_side if rendered_side is not None else _stage_at(net, stage, params, h, dy, cfg)
     (rep,) = _tie_stages(net, cfg, StageSide(params, {stage: h}, {stage: dy}, {stage: got}), dtype=dtype, key=key,
-                         factor=factor)
+                         factor=tol.ENVELOPE_FACTOR)
     return rep
 
 
@@ -484,7 +489,6 @@ def sweep(net, params, cfg, images: Callable[[int], jax.Array], ns: Sequence[int
     """The whole-net tie at every batch size N in `ns`: the census's hypotheses at each point, and
     the tie wherever the parameter-gradient hypothesis holds. images(N) -> x [N,C,S,S] (its dtype is
     the chain's); labels(N) -> int labels or target rows (default (3n + 1) mod K)."""
-    net = as_net(net)
     ns = [int(n) for n in ns]
     if not ns or min(ns) < 1:
         raise ValueError(f"sweep: ns must be positive batch sizes, got {ns}")

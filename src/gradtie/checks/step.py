@@ -42,11 +42,11 @@ import optax
 from .. import reference, train
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
-from ..nets.protocol import Net, as_net
+from ..nets.protocol import Net, require_net
 from ..ops import head
 from ..progress import bar
 from . import envelope as env_
-from .tie import NodeRow, bn_cells, bn_of, compare, is_beta, need_x64, zero_in_reals
+from .tie import Limit, NodeRow, bn_cells, compare, is_beta, need_x64, node_cells, zero_in_reals
 
 RECIPES = ("sgd", "nesterov", "heavy-ball")
 # The book's convention, written out here apart from `gradtie.train`: running ← 0.99·running + 0.01·batch, and
@@ -202,7 +202,6 @@ def control(net, recipe: str, name: str, *, skip: Optional[str] = None) -> StepC
     hand-written optimizer or BatchNorm commonly has. `skip`: the tensor skip_tensor leaves out
     (default: a BatchNorm β in the middle of the net)."""
     ours = _check_recipe(recipe)
-    net = as_net(net)
     names = [n for n, (recipes, _) in CONTROLS.items() if recipe in recipes]
     if name not in names:
         raise ValueError(f"control {name!r} for {recipe}: expected one of {', '.join(names)}")
@@ -233,18 +232,32 @@ def _reference_running(running, bn_inputs, count, per_example: bool):
     return out
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3, 4))
-def _reference_step(net: Net, cfg, recipe: str, lr: float, alpha: float, params, at, opt_state, running, count,
-                    x, targets):
+@dataclass(frozen=True)
+class Recipe:
+    """An update rule the step tie runs: optax's `name` ("sgd", "nesterov", "heavy-ball", "adamw") at
+    `lr` (None: train.DEFAULT_LR[name]) with label smoothing α (None: the net's default)."""
+    name: str = "heavy-ball"
+    lr: Optional[float] = None
+    label_smoothing: Optional[float] = None
+
+    @classmethod
+    def of(cls, recipe: "str | Recipe") -> "Recipe":
+        return recipe if isinstance(recipe, Recipe) else cls(recipe)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _reference_step(net: Net, cfg, rule: tuple, carry: tuple, batch: tuple):
     """-> (params, opt_state, running, loss): the oracle's gradient (`reference.oracle`) at `at` (the
     parameters, or an envelope's evaluation point), optax's update applied to `params`, the running
-    statistics from the forward's BatchNorm inputs at `at`."""
+    statistics from the forward's BatchNorm inputs at `at`. rule = (recipe, lr, α); carry = (params,
+    at, opt_state, running, count); batch = (x, targets)."""
+    (recipe, lr, alpha), (params, at, opt_state, running, count), (x, targets) = rule, carry, batch
     loss, g, _ = reference.oracle(net, at, x, targets, cfg, alpha)
     _, saved = net.forward(at, x, cfg)
     bn_inputs = {name: layer.c for name, layer in net.bn_layers(saved).items()}
     updates, opt_state = _optax_rule(recipe, lr)[0].update(g, opt_state, params)
     return (optax.apply_updates(params, updates), opt_state,
-            _reference_running(running, bn_inputs, count, getattr(cfg, "bn", "batch") == "example"), loss)
+            _reference_running(running, bn_inputs, count, cfg.per_example_bn), loss)
 
 
 def _evaluation(label: Optional[str], params, x, targets, key):
@@ -284,16 +297,17 @@ class StepReference:
     start: dict                                # θ₀, float64
 
 
-def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "heavy-ball",
-                  lr: Optional[float] = None, label_smoothing: Optional[float] = None,
+def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: "str | Recipe" = "heavy-ball",
                   key: Optional[jax.Array] = None, nudges: int = tol.STEP_TIE_NUDGES,
                   progress: bool = False) -> StepReference:
-    """optax's `recipe` on autodiff gradients from `params`, one step per (x, targets) in `batches`
-    (float64, the parameters widened exactly), and the envelope of every row at every step: the
-    same run with each gradient taken on the batch reversed, and `nudges` runs with each gradient
-    taken at parameters and images nudged by one unit roundoff (fresh every step)."""
+    """optax's `recipe` (a name, or a `Recipe` with its lr and α) on autodiff gradients from
+    `params`, one step per (x, targets) in `batches` (float64, the parameters widened exactly), and
+    the envelope of every row at every step: the same run with each gradient taken on the batch
+    reversed, and `nudges` runs with each gradient taken at parameters and images nudged by one unit
+    roundoff (fresh every step)."""
     op = "step.reference_run"
-    net = as_net(net)
+    rule = Recipe.of(recipe)
+    recipe, lr, label_smoothing = rule.name, rule.lr, rule.label_smoothing
     need_x64(op)
     if cfg.bf16:
         raise ValueError(f"{op}: the step tie is float64; cfg.bf16 must be False")
@@ -316,8 +330,8 @@ def reference_run(net, params: Mapping, batches: Sequence, cfg, *, recipe: str =
         q, s, running, out = p64, tx.init(p64), dict(net.init_running(p64, cfg)), []
         for t, (x, targets) in enumerate(batches):
             at, xs, ts = _evaluation(label, q, x, targets, jax.random.fold_in(jax.random.fold_in(key, r), t))
-            q, s, running, loss = _reference_step(net, cfg, recipe, lr, alpha, q, at, s, running, jnp.asarray(t),
-                                                  xs, ts)
+            q, s, running, loss = _reference_step(net, cfg, (recipe, lr, alpha), (q, at, s, running, jnp.asarray(t)),
+                                                  (xs, ts))
             q, trace = {k: q[k] for k in p64}, optax_trace(s)
             out.append(StepState(q, None if trace is None else {k: trace[k] for k in p64}, dict(running),
                                  float(loss)))
@@ -423,26 +437,28 @@ class StepTieReport:
                 f"loss {'yes' if s.within('loss')[0] else 'NO'}" for s in self.steps]
 
 
-def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "heavy-ball",
-             lr: Optional[float] = None, label_smoothing: Optional[float] = None,
+def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: "str | Recipe" = "heavy-ball",
              reference: Optional[StepReference] = None, control: Optional[StepControl] = None,
-             key: Optional[jax.Array] = None, factor: float = tol.STEP_TIE_FACTOR,
-             progress: bool = False) -> StepTieReport:
+             factor: float = tol.STEP_TIE_FACTOR) -> StepTieReport:
     """The rendered train step (`train.make_step`) taken `len(batches)` times from `params`, tied after
-    every step to optax's `recipe` on autodiff gradients (`reference_run`, or `reference` when the
-    controls of one run share it): every updated tensor, the momentum buffer, the running statistics
-    and the loss. `control`: a `StepControl` whose net and update rule replace the real ones.
+    every step to optax's `recipe` (a name, or a `Recipe` with its lr and α) on autodiff gradients
+    (`reference_run`, or `reference` when the controls of one run share it, or to choose the
+    envelope's key, its nudges or a progress bar): every updated tensor, the momentum buffer, the
+    running statistics and the loss. `control`: a `StepControl` whose net and update rule replace
+    the real ones.
 
     Lean: `r34_net_tiedB` (110 tensors; 146 at convBias := true), `cifar8Bbn_train_step_tiedB` (38).
     Shown in: Training with the rendered step.
     """
-    net = as_net(net)
+    require_net(net, "step.tie_step")
+    rule = Recipe.of(recipe)
+    recipe, lr = rule.name, rule.lr
     if reference is None:
-        reference = reference_run(net, params, batches, cfg, recipe=recipe, lr=lr,
-                                  label_smoothing=label_smoothing, key=key, progress=progress)
-    elif reference.recipe != recipe or (lr is not None and float(lr) != reference.lr):
-        raise ValueError(f"step.tie_step: the shared reference ran {reference.recipe} at lr {reference.lr}, "
-                         f"not {recipe} at lr {lr}")
+        reference = reference_run(net, params, batches, cfg, recipe=rule)
+    elif (reference.recipe != recipe or (lr is not None and float(lr) != reference.lr)
+          or (rule.label_smoothing is not None and float(rule.label_smoothing) != reference.label_smoothing)):
+        raise ValueError(f"step.tie_step: the shared reference ran {reference.recipe} at lr {reference.lr} "
+                         f"(α {reference.label_smoothing}), not {recipe} at lr {lr} (α {rule.label_smoothing})")
     ours = train.make_optimizer(recipe)
     opt, stepper = (ours, net) if control is None else (control.optimizer, control.net)
     # a control's step runs once per batch: LLVM's optimisation off halves its compile (rendered.QUICK)
@@ -450,23 +466,26 @@ def tie_step(net, params: Mapping, batches: Sequence, cfg, *, recipe: str = "hea
                            quick=control is not None)
     state = train.init_state(stepper, cfg, reference.start, opt)
     start, cells = reference.start, reference.bn_cells
-    cells_of = {name: cells[b] for name in start if (b := bn_of(name, cells)) is not None}
+    cells_of = node_cells(net, cfg, cells)
     conv_biases = zero_in_reals(start)
     # a conv bias behind BatchNorm has gradient 0 in ℝ: it moves only by weight decay, if it is not 0
     decay = ours.hyper.get("weight_decay", 0.0)
     movers = [n for n in start if n not in conv_biases or (decay and bool(np.any(np.asarray(start[n]) != 0)))]
-    judge = functools.partial(compare, factor=factor, floor=tol.REL_F64)
+
+    def judge(got, want, envelope, **rows):
+        return compare(got, want, limit=Limit(envelope, factor, tol.REL_F64), **rows)
+
     steps = []
     for t, ((x, targets), ref, env) in enumerate(zip(reference.batches, reference.states, reference.envelopes)):
         before = state.params
         state, metrics = step(state, x, targets, reference.lr)
-        params_rows = judge(state.params, ref.params, envelope=env.params, zero_nodes=reference.zero_at_start,
-                            cells=cells_of, loss=(metrics["loss"], ref.loss), loss_envelope=env.loss)
+        params_rows = judge(state.params, ref.params, {**env.params, "loss": env.loss},
+                            zero_nodes=reference.zero_at_start, cells=cells_of, loss=(metrics["loss"], ref.loss))
         # a conv bias's buffer is wd·θ plus a gradient that is 0 in ℝ: its round-off is on the scale
         # of the net's gradient, not of itself
         momentum_rows = [] if ref.momentum is None else judge(
-            state.opt_state["v"], ref.momentum, envelope=env.momentum, zero_nodes=conv_biases, cells=cells_of)
-        running_rows = judge(state.running, ref.running, envelope=env.running,
+            state.opt_state["v"], ref.momentum, env.momentum, zero_nodes=conv_biases, cells=cells_of)
+        running_rows = judge(state.running, ref.running, env.running,
                              cells={name: cells[name.rsplit(".", 1)[0]] for name in ref.running})
         moved = sum(bool(np.any(np.asarray(state.params[n]) != np.asarray(before[n]))) for n in movers)
         steps.append(StepRows(t + 1, {"loss": params_rows[:1], "momentum": momentum_rows,

@@ -9,7 +9,6 @@ every row is held to the point's own round-off envelope (`checks.envelope`). Sho
 
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field, replace
 from functools import cached_property, partial
 from typing import Any, NamedTuple, Optional
@@ -22,7 +21,7 @@ from .. import parallel, reference as reference_, rendered
 from .. import tolerances as tol
 from ..host import to_device, tree_to_device
 from ..nets.layers import zero_in_reals
-from ..nets.protocol import Net, as_net
+from ..nets.protocol import Net, require_net
 from ..ops import maxpool
 from ..ops.head import as_targets, targets_matrix  # noqa: F401 (targets_matrix: the checks read it here)
 from ..rendered import Chain
@@ -255,7 +254,7 @@ def frozen_selections(net: Net, params, x, cfg) -> tuple[Optional[dict], int]:
 def bn_cells(net: Net, params, x, cfg) -> dict[str, int]:
     """M per BatchNorm layer: the cells each channel's statistics average over (N·H·W; H·W per example)."""
     _, saved = jax.eval_shape(lambda p, a: net.forward(p, a, cfg), params, x)
-    per_ex = getattr(cfg, "bn", "batch") == "example"
+    per_ex = cfg.per_example_bn
     return {name: (1 if per_ex else layer.c.shape[0]) * layer.c.shape[2] * layer.c.shape[3]
             for name, layer in net.bn_layers(saved).items()}
 
@@ -273,16 +272,10 @@ def degenerate_text(where: tuple[str, int]) -> str:
             f"every node upstream of it is 0 in ℝ")
 
 
-def bn_of(name: str, bn_names) -> Optional[str]:
-    """The BatchNorm layer a node belongs to: its own (γ, β) or the one its conv feeds."""
-    prefix = name.rsplit(".", 1)[0]
-    return next((c for c in (prefix, re.sub(r"conv(\d*)$", r"bn\1", prefix),
-                             re.sub(r"downsample\.0$", "downsample.1", prefix)) if c in bn_names), None)
-
-
-def node_cells(names, cells: dict[str, int]) -> dict[str, int]:
-    """M per node: that of its BatchNorm layer (`bn_of`; cells: M per layer); nodes without one left out."""
-    return {name: cells[b] for name in names if (b := bn_of(name, cells)) is not None}
+def node_cells(net: Net, cfg, cells: dict[str, int]) -> dict[str, int]:
+    """M per node: that of the BatchNorm layer it belongs to or feeds, as the net's parameter specs
+    declare (`Net.bn_of`; cells: M per layer); nodes of no BatchNorm left out."""
+    return {name: cells[bn] for name, bn in net.bn_of(cfg).items() if bn in cells}
 
 
 # ---- the verdict -----------------------------------------------------------------------------------
@@ -294,20 +287,30 @@ def _mismatch(got, want_shape, want_dtype) -> str:
     return f"dtype {dtype}, the checked dtype is {want_dtype}" if want_dtype not in (None, dtype) else ""
 
 
-def compare(rendered_grads: dict, oracle_grads: dict, *, envelope: Optional[dict] = None,
-            factor: float = tol.ENVELOPE_FACTOR, floor: float = tol.REL_F64, zero_nodes: set[str] = frozenset(),
-            dx: Optional[tuple] = None, loss: Optional[tuple] = None, loss_envelope: float = 0.0,
-            cells: Optional[dict] = None, dtype: Optional[str] = None) -> list[NodeRow]:
-    """One row per node: max error relative to max|oracle|, held to max(factor · envelope, floor).
+@dataclass(frozen=True)
+class Limit:
+    """How `compare` holds each row: to max(factor · envelope/scale, floor). `envelope`: node ->
+    max |spread| (the point's round-off, `checks.envelope`; the key "loss" for the loss row);
+    without it every limit is the floor."""
+    envelope: Optional[dict] = None
+    factor: float = tol.ENVELOPE_FACTOR
+    floor: float = tol.REL_F64
+
+
+def compare(rendered_grads: dict, oracle_grads: dict, *, limit: Limit = Limit(), zero_nodes: set[str] = frozenset(),
+            dx: Optional[tuple] = None, loss: Optional[tuple] = None, cells: Optional[dict] = None,
+            dtype: Optional[str] = None) -> list[NodeRow]:
+    """One row per node: max error relative to max|oracle|, held to `limit` (max(factor · envelope,
+    floor)).
 
     A node that is 0 in ℝ, or whose oracle is exactly 0, is measured against the net's largest
-    gradient (tolerances.ZERO_NODE_SCALE), never against 1.0. `envelope`: node -> max |spread| (the
-    point's round-off, `checks.envelope`); without it every limit is the floor. `loss`: (rendered,
-    oracle) losses, judged the same way (a row "loss" first). `cells`: node -> M of its BatchNorm
-    layer. A rendered node whose shape is not its oracle's (its parameter's), or whose dtype is not
-    `dtype` (the checked one), fails whatever its values (nothing is broadcast).
+    gradient (tolerances.ZERO_NODE_SCALE), never against 1.0. `loss`: (rendered, oracle) losses,
+    judged the same way (a row "loss" first). `cells`: node -> M of its BatchNorm layer. A rendered
+    node whose shape is not its oracle's (its parameter's), or whose dtype is not `dtype` (the
+    checked one), fails whatever its values (nothing is broadcast).
     """
-    envelope = dict(envelope or {}, loss=loss_envelope)
+    envelope, factor, floor = dict(limit.envelope or {}), limit.factor, limit.floor
+    envelope.setdefault("loss", 0.0)
     cells = cells or {}
     gmax = max((float(np.max(np.abs(np.asarray(g)))) for g in oracle_grads.values()), default=0.0)
     net_scale = tol.ZERO_NODE_SCALE * gmax if gmax > 0 else 1.0
@@ -369,7 +372,7 @@ class Point:
         jax_enable_x64: the oracle is float64); every parameter a float array in x's dtype;
         targets int labels [N] or rows [N,K] summing to 1 (None: no loss at this point);
         0 ≤ label_smoothing < 1. A clear ValueError names what is wrong."""
-        net = as_net(net)
+        require_net(net, "tie.Point.of")
         cfg = net.cfg(cfg)
         dtype = checked_dtype(net.name, x)
         if not isinstance(params, dict) or not params:
@@ -493,9 +496,9 @@ def report(label: str, params, rendered_side: tuple, point: Point, *, factor: fl
     if missing:
         raise ValueError(f"tie: the rendered chain returns no node for {missing[:4]}")
     g_r, g_o = ({name: g[name] for name in params} for g in (g_r, g_o))
-    rows = compare(g_r, g_o, envelope=point.envelope.nodes, factor=factor, floor=tol.FLOORS[point.dtype],
-                   zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
-                   loss_envelope=point.envelope.loss, cells=node_cells(params, point.bn_cells), dtype=point.dtype)
+    limit = Limit({**point.envelope.nodes, "loss": point.envelope.loss}, factor, tol.FLOORS[point.dtype])
+    rows = compare(g_r, g_o, limit=limit, zero_nodes=zero_in_reals(params), dx=(dx_r, dx_o), loss=(loss_r, loss_o),
+                   cells=node_cells(point.net, point.cfg, point.bn_cells), dtype=point.dtype)
     meta = {"input_model": point.input_model, "tied_windows": point.tied_windows,
             "bn_cells": point.bn_cells, "envelope_evaluations": list(point.envelope.evaluations),
             "factor": factor, **(meta or {})}

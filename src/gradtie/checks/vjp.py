@@ -35,7 +35,7 @@ from .. import prng, reference
 from .. import tolerances as tol
 from ..host import to_device
 from . import envelope as env_, fd as fd_
-from .tie import NodeRow, compare, need_x64
+from .tie import Limit, NodeRow, compare, need_x64
 
 KINK_STEPS = (1e-6, 1e-7, 1e-8)
 
@@ -209,8 +209,8 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
                            key=jax.random.fold_in(key, 1), nudged=("args", "ct"))
     outputs = [list(reference.vjp(primal, *map(to_device, s.values["args"]), cotangent=to_device(s.values["ct"], out.dtype)))
                for s in samples]
-    rows = compare(dict(zip(names, got)), dict(zip(names, ref)), factor=factor, floor=tol.FLOORS[point.dtype],
-                   envelope=dict(zip(names, env_.spread(list(ref), outputs))), dtype=point.dtype)
+    rows = compare(dict(zip(names, got)), dict(zip(names, ref)), dtype=point.dtype,
+                   limit=Limit(dict(zip(names, env_.spread(list(ref), outputs))), factor, tol.FLOORS[point.dtype]))
     if any(r.mismatch for r in rows):
         raise VJPMismatch("check_vjp: the hand VJP's cotangents are not its arguments': "
                           + "; ".join(r.describe() for r in rows if r.mismatch))

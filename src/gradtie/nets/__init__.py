@@ -1,9 +1,10 @@
 """The nets: cifar8-BN and ResNet-34 at batch BatchNorm, each a `Net` value of named stages.
 
 `protocol` defines what a net is (`Net`, `Stage`, `Config`, `Loss`, `Pass`); `layers` the pieces
-both nets (and a net of your own) are composed from. Each net module offers `NET`, `Config`,
-`init`, `forward`, `backward` (the rendered chain), `loss_and_grads`, `forward_eval`, `stages`,
-`census` and `summary`.
+both nets (and a net of your own) are composed from. Each net module offers `NET` (its `Net`:
+`NET.init`, `NET.forward`, `NET.backward` (the rendered chain), `NET.loss_and_grads`,
+`NET.forward_eval`, `NET.stages`, `NET.summary`) and `Config`; `protocol.census` counts a params
+dict.
 """
 
 import importlib
@@ -20,8 +21,10 @@ NETS = {"cifar8": cifar8.NET, "resnet34": resnet34.NET}
 def load(spec) -> Net:
     """A net by name ("cifar8", "resnet34"), or `path/to/file.py:NAME` or `package.module:NAME`
     naming a `Net` value (a net of your own, built from `gradtie.nets.protocol`)."""
-    if isinstance(spec, Net) or hasattr(spec, "NET"):
-        return protocol.as_net(spec)
+    if isinstance(spec, Net):
+        return spec
+    if not isinstance(spec, str):
+        protocol.require_net(spec, "nets.load")
     if spec in NETS:
         return NETS[spec]
     where, sep, name = str(spec).rpartition(":")

@@ -22,8 +22,8 @@ import jax
 
 from ..ops import maxpool, relu
 from . import protocol
-from .layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, bn_specs, conv_bn, conv_input, conv_nodes,
-                     conv_specs, dense_forward, dense_input, dense_nodes, dense_specs, pool, pool_input)
+from .layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, conv_bn, conv_bn_specs, conv_input,
+                     conv_nodes, dense_forward, dense_input, dense_nodes, dense_specs, pool, pool_input)
 from .protocol import Net, Pass, Stage
 
 NAME = "cifar8"
@@ -43,6 +43,10 @@ class Config(protocol.Config):
     bn: str = "batch"
     conv_bias: bool = True
 
+    @property
+    def bn_mode(self) -> str:
+        return self.bn
+
     def __post_init__(self):
         super().__post_init__()
         if self.bn not in ("batch", "example"):
@@ -60,8 +64,8 @@ def _stage_specs(k: int, cfg: Config):
     in_ch = 3 if k == 1 else WIDTHS[k - 2]
     width = WIDTHS[k - 1]
     a, b = _layers(k)
-    return (conv_specs(f"conv{a}", in_ch, width, 3, cfg.conv_bias) + bn_specs(f"bn{a}", width)
-            + conv_specs(f"conv{b}", width, width, 3, cfg.conv_bias) + bn_specs(f"bn{b}", width))
+    return (conv_bn_specs(f"conv{a}", f"bn{a}", in_ch, width, 3, cfg.conv_bias)
+            + conv_bn_specs(f"conv{b}", f"bn{b}", width, width, 3, cfg.conv_bias))
 
 
 def _head_specs(cfg: Config):
@@ -251,24 +255,19 @@ def layer_list(cfg: Config = Config()) -> list[Stage]:
     return out
 
 
-_SIZE = dict(size_rule=f"{IMAGE_SIZE}", size_ok=lambda s: s == IMAGE_SIZE, default_size=IMAGE_SIZE, suite=NAME)
+def config_of_params(shapes) -> dict:
+    """The config a checkpoint's tensors imply: conv biases, the head's width and classes."""
+    out = {"conv_bias": "conv1.bias" in shapes}
+    if "fc1.weight" in shapes and "fc3.weight" in shapes:
+        out.update(head_width=int(shapes["fc1.weight"][0]), num_classes=int(shapes["fc3.weight"][0]))
+    return out
+
+
+_SIZE = dict(size_rule=f"{IMAGE_SIZE}", size_ok=lambda s: s == IMAGE_SIZE, default_size=IMAGE_SIZE, suite=NAME,
+             config_of_params=config_of_params)
 LAYERS = Net(f"{NAME} (17 CertLayers)", Config, param_specs, layer_list, POOLS, POOL_PREACTIVATIONS, **_SIZE,
              stage_lean={"conv-bn-relu": "cbReluLayer", "pool": "maxPool2Layer (MaxPool2Smooth)",
                          "dense": "denseLayer", "relu": "reluOut"})
 NET = Net(NAME, Config, param_specs, stage_list, POOLS, POOL_PREACTIVATIONS, **_SIZE,
           stage_lean={"conv": "cbReluLayer ×2 + maxPool2Layer (MaxPool2Smooth)", "head": "denseLayer, reluOut"},
           layers=LAYERS)
-init = NET.init
-init_running = NET.init_running
-stages = NET.stages
-forward = NET.forward
-backward = NET.backward
-loss_and_grads = NET.loss_and_grads
-forward_eval = NET.forward_eval
-summary = NET.summary
-preactivations = NET.preactivations
-pool_inputs = NET.pool_inputs
-bn_layers = NET.bn_layers
-batch_stats = NET.batch_stats
-bn_names = NET.bn_names
-census = protocol.census

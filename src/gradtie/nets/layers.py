@@ -21,18 +21,27 @@ from ..ops import batchnorm, conv, dense, maxpool
 from .protocol import ParamSpec, Pass
 
 
-def conv_specs(name: str, in_ch: int, out_ch: int, kernel_size: int, bias: bool) -> list[ParamSpec]:
-    specs = [ParamSpec(f"{name}.weight", (out_ch, in_ch, kernel_size, kernel_size), "conv")]
-    return specs + ([ParamSpec(f"{name}.bias", (out_ch,), "zeros")] if bias else [])
+def conv_specs(name: str, in_ch: int, out_ch: int, kernel_size: int, bias: bool,
+               bn: Optional[str] = None) -> list[ParamSpec]:
+    """A conv's weight (OIHW) and, with `bias`, its bias; bn: the BatchNorm layer it feeds."""
+    specs = [ParamSpec(f"{name}.weight", (out_ch, in_ch, kernel_size, kernel_size), "conv", "weight", bn)]
+    return specs + ([ParamSpec(f"{name}.bias", (out_ch,), "zeros", "bias", bn)] if bias else [])
 
 
 def bn_specs(name: str, channels: int) -> list[ParamSpec]:
-    return [ParamSpec(f"{name}.weight", (channels,), "ones"), ParamSpec(f"{name}.bias", (channels,), "zeros")]
+    """A BatchNorm layer's γ (`.weight`, role "gamma") and β (`.bias`, role "beta")."""
+    return [ParamSpec(f"{name}.weight", (channels,), "ones", "gamma", name),
+            ParamSpec(f"{name}.bias", (channels,), "zeros", "beta", name)]
+
+
+def conv_bn_specs(conv: str, bn: str, in_ch: int, out_ch: int, kernel_size: int, bias: bool) -> list[ParamSpec]:
+    """A conv feeding a BatchNorm layer: the conv's specs (their `bn` set) then the layer's γ and β."""
+    return conv_specs(conv, in_ch, out_ch, kernel_size, bias, bn=bn) + bn_specs(bn, out_ch)
 
 
 def dense_specs(name: str, in_features: int, out_features: int) -> list[ParamSpec]:
-    return [ParamSpec(f"{name}.weight", (out_features, in_features), "dense"),
-            ParamSpec(f"{name}.bias", (out_features,), "zeros")]
+    return [ParamSpec(f"{name}.weight", (out_features, in_features), "dense", "weight"),
+            ParamSpec(f"{name}.bias", (out_features,), "zeros", "bias")]
 
 
 def zero_in_reals(params) -> set[str]:
@@ -73,7 +82,8 @@ def contraction(cfg) -> dict:
 
 
 def per_example(cfg) -> bool:
-    return getattr(cfg, "bn", "batch") == "example"
+    """Per-example BatchNorm (the config's `bn_mode`)."""
+    return cfg.per_example_bn
 
 
 def bn_eval(x, weight, bias, running_mean, running_var, eps):

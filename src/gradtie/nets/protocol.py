@@ -22,8 +22,9 @@ backward:
 and three readers of its saved record, for the census: `relu_inputs` (every ReLU's input, by layer
 name), `pool_inputs` (each max pool's post-ReLU input, by pool name) and `bn_layers` (each
 BatchNorm's `ConvBNSaved`: its input and batch statistics). Nothing else is read off a net: no
-attribute of a module, no hashing of a net by its contents (a `Net` is hashed by identity, so it
-is a static argument of `jax.jit`).
+attribute of a module. A `Net` hashes by value (`fingerprint`): it is a static argument of
+`jax.jit` and a key of caches, so equal nets built separately share compiled programs and nets
+that differ in anything never do.
 
 The loss (`Loss`) comes with its own cotangent: the rendered chain starts from
 `loss.cotangent(logits, targets, α, divisor)`, the autodiff oracle differentiates `loss.value`.
@@ -36,6 +37,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
+import functools
+import itertools
+import types
+import weakref
 from functools import lru_cache
 from typing import Any, Callable, Mapping, NamedTuple, Optional, Sequence
 
@@ -48,6 +53,77 @@ from .. import prng, rendered
 from ..host import to_device
 from ..kit import KIT, Kit
 from ..ops import conv, head, maxpool
+
+
+# ---- values: nets and update rules hash by what they compute ----------------------------------------
+
+_SERIALS = itertools.count()
+_HELD: list = []   # (weak reference, serial) for each live object fingerprinted by identity
+
+
+def _serial(value) -> int:
+    """A number for an object keyed by identity: the same while the object lives, never given to
+    another. The registry holds only weak references, and an entry leaves when its object dies, so
+    it stays as long as the set of live objects so keyed, however many nets a run builds. An object
+    that cannot be weakly referenced gets a fresh number each time (its keys never match: a cache
+    miss, never a wrong hit)."""
+    for ref, serial in tuple(_HELD):     # a snapshot: a collection may drop an entry meanwhile
+        if ref() is value:
+            return serial
+    serial = next(_SERIALS)
+    try:
+        ref = weakref.ref(value, _forget)
+    except TypeError:
+        return serial
+    _HELD.append((ref, serial))
+    return serial
+
+
+def _forget(ref) -> None:
+    for i, (held, _) in enumerate(_HELD):
+        if held is ref:
+            del _HELD[i]
+            return
+
+
+def fingerprint(value, _seen: tuple = ()):
+    """A hashable key equal for values that compute the same thing: a function by its module, name,
+    code, defaults and the fingerprints of what its closure holds; a partial by its function and
+    arguments; a mapping, list or tuple by its items; a `Net` by its fields; a hashable value by
+    itself; anything else (an array) by identity. Equal nets built separately get equal keys (and
+    share compiled programs); nets that differ in any field, or in a value a closure holds, never do."""
+    if any(v is value for v in _seen):
+        return ("cycle", getattr(value, "__qualname__", type(value).__name__))
+    inner = (*_seen, value)
+    if isinstance(value, Net):
+        return value._fingerprint
+    if isinstance(value, types.FunctionType):
+        cells = tuple(fingerprint(c.cell_contents, inner) if _filled(c) else ("empty",)
+                      for c in (value.__closure__ or ()))
+        return ("fn", value.__module__, value.__qualname__, value.__code__, fingerprint(value.__defaults__, inner),
+                fingerprint(value.__kwdefaults__, inner), cells)
+    if isinstance(value, types.MethodType):
+        return ("method", fingerprint(value.__func__, inner), fingerprint(value.__self__, inner))
+    if isinstance(value, functools.partial):
+        return ("partial", fingerprint(value.func, inner), fingerprint(value.args, inner),
+                fingerprint(value.keywords, inner))
+    if isinstance(value, Mapping):
+        return ("map", type(value), tuple((k, fingerprint(v, inner)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(fingerprint(v, inner) for v in value))
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        return ("object", type(value), _serial(value))
+
+
+def _filled(cell) -> bool:
+    try:
+        cell.cell_contents
+        return True
+    except ValueError:
+        return False
 
 
 # ---- configuration --------------------------------------------------------------------------------
@@ -70,6 +146,16 @@ class Config:
     conv_formulation: Optional[str] = None
     policy: str = "tie"
 
+    @property
+    def bn_mode(self) -> str:
+        """The BatchNorm mode: "batch" (statistics over the batch; every net's default) or "example"
+        (each image's own H·W cells; train = eval). A net whose config offers both overrides it."""
+        return "batch"
+
+    @property
+    def per_example_bn(self) -> bool:
+        return self.bn_mode == "example"
+
     def __post_init__(self):
         name = type(self).__qualname__
         if isinstance(self.num_classes, bool) or not isinstance(self.num_classes, int) or self.num_classes < 1:
@@ -88,11 +174,26 @@ class Config:
 
 
 class ParamSpec(NamedTuple):
-    """One parameter tensor of a net: its PyTorch `state_dict` key, its shape in PyTorch's layout
-    and how `Net.init` draws it (at `weights="drawn"` γ, β and biases are drawn instead)."""
+    """One parameter tensor of a net: its PyTorch `state_dict` key, its shape in PyTorch's layout,
+    how `Net.init` draws it and what it is.
+
+    init: "conv" (He fan-out), "dense" (Glorot), "ones", "zeros". role: "weight" (a conv or dense
+    weight), "gamma" (a BatchNorm scale), "beta" (a BatchNorm shift) or "bias" (a conv or dense
+    bias); "" reads it off init ("conv"/"dense": weight, "ones": gamma, "zeros": bias). At
+    `weights="drawn"` the role, never the name, decides the draw: γ ~ U(0.5, 1.5), β ~ N(0, 0.3²),
+    a bias ~ N(0, 0.1²) (`bn_specs` and `conv_specs` set them). bn: the BatchNorm layer the tensor
+    belongs to (its γ and β) or feeds (the conv before it), None for none: where its node's
+    reduction size M is read (`Net.bn_of`)."""
     name: str               # PyTorch state_dict key
     shape: tuple[int, ...]  # PyTorch layout: OIHW convs, [out, in] dense
     init: str               # "conv" (He fan-out), "dense" (Glorot), "ones" (γ), "zeros" (β, biases)
+    role: str = ""          # "weight", "gamma", "beta", "bias"; "" = by init
+    bn: Optional[str] = None  # the BatchNorm layer it belongs to or feeds
+
+    @property
+    def kind(self) -> str:
+        """The role, explicit or read off init."""
+        return self.role or _ROLE_OF_INIT.get(self.init, "")
 
 
 class Pass(NamedTuple):
@@ -186,6 +287,10 @@ def _any_size(size: int) -> bool:
     return size >= 1
 
 
+def _no_overrides(shapes: Mapping[str, tuple]) -> dict:
+    return {}
+
+
 @dataclass(frozen=True, eq=False)
 class Net:
     """A net as data, with the public functions every net shares defined once over it.
@@ -199,7 +304,12 @@ class Net:
     hypotheses (None, a net of your own: the generic ones, smooth ReLU inputs and pool windows).
     stage_lean: the Lean statement each stage kind's tie shows. bugs: catalogue entries for ops
     of its own (`gradtie.checks.bugs.Bug`), planted as any other. layers: the same net split into
-    finer stages (cifar8's seventeen CertLayers), when a statement is about those.
+    finer stages (cifar8's seventeen CertLayers), when a statement is about those. projections:
+    {a projection BatchNorm on a block's skip: the main-branch BatchNorm that reads the same output
+    cotangent} (the catalogue's projection entry plants there, whatever the layers are named).
+    check_classes: the classes a check's own config takes (None: the config's default).
+    label_smoothing: the α its training recipe uses. config_of_params({name: shape}) -> the config
+    fields a checkpoint's shapes imply.
     """
     name: str
     config: type
@@ -216,9 +326,26 @@ class Net:
     stage_lean: Mapping[str, str] = field(default_factory=dict)
     bugs: tuple = ()
     layers: Optional["Net"] = None
+    projections: Mapping[str, str] = field(default_factory=dict)
+    check_classes: Optional[int] = None
+    label_smoothing: float = 0.0
+    config_of_params: Callable[[Mapping[str, tuple]], dict] = _no_overrides
 
     def __repr__(self) -> str:
         return f"Net({self.name!r})"
+
+    @functools.cached_property
+    def _fingerprint(self):
+        return ("Net",) + tuple(fingerprint(getattr(self, f.name), (self,))
+                                for f in dataclasses.fields(self))
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        return isinstance(other, Net) and self._fingerprint == other._fingerprint
+
+    def __hash__(self) -> int:
+        return hash(self._fingerprint)
 
     def cfg(self, cfg=None):
         """cfg itself, or the net's default configuration."""
@@ -243,6 +370,27 @@ class Net:
         if weights not in WEIGHTS:
             raise ValueError(f"{self.name}.init: weights must be one of {', '.join(WEIGHTS)}, got {weights!r}")
         return init_params(key, self.param_specs(self.cfg(cfg)), drawn=weights == "drawn")
+
+    def bn_of(self, cfg=None) -> dict[str, str]:
+        """{parameter: the BatchNorm layer it belongs to (γ, β) or feeds (a conv's weight and bias)},
+        as its `ParamSpec.bn` declares; parameters of no BatchNorm left out."""
+        return {s.name: s.bn for s in self.param_specs(self.cfg(cfg)) if s.bn is not None}
+
+    def roles(self, cfg=None) -> dict[str, str]:
+        """{parameter: its role ("weight", "gamma", "beta", "bias"; `ParamSpec.kind`)}."""
+        return {s.name: s.kind for s in self.param_specs(self.cfg(cfg))}
+
+    def check_config(self, **overrides):
+        """The config a check builds when none is handed in: the net's own with `overrides`, its
+        classes at `check_classes` unless given (ResNet-34's 1000 ImageNet classes read 10)."""
+        if self.check_classes is not None:
+            overrides.setdefault("num_classes", self.check_classes)
+        return self.config(**overrides)
+
+    def config_overrides(self, params: Mapping) -> dict:
+        """The config fields a params dict (arrays or shapes) implies (`config_of_params`): what a
+        checkpoint's tensors say of its config (conv biases, head width, classes)."""
+        return dict(self.config_of_params({k: tuple(jnp.shape(v)) for k, v in params.items()}))
 
     def bn_names(self, cfg=None) -> list[str]:
         """Every BatchNorm layer, in forward order (read off the stages at abstract shapes)."""
@@ -365,7 +513,8 @@ def _bn_names(net: Net, cfg) -> list[str]:
 def init_params(key: jax.Array, specs: Sequence[ParamSpec], *, drawn: bool = False) -> dict[str, jax.Array]:
     """float32 tensors in spec order: conv weights N(0, 2/(O·kh·kw)) (He fan-out), dense weights
     N(0, 2/(in+out)) (Glorot), γ = 1, β = 0, biases 0; with `drawn`, γ, β and biases drawn instead
-    (DRAWN_GAMMA, DRAWN_BETA_STD, DRAWN_BIAS_STD)."""
+    (DRAWN_GAMMA, DRAWN_BETA_STD, DRAWN_BIAS_STD), each by its spec's role (`ParamSpec.kind`),
+    never by its name."""
     specs = tuple(specs)
     drawn_ = _draw(key, specs, drawn)
     return {spec.name: drawn_[spec.name] for spec in specs}  # a jit hands dicts back key-sorted
@@ -379,13 +528,11 @@ def _std(spec: ParamSpec) -> float:
     return math.sqrt(2.0 / (in_features + out_features))
 
 
-def _is_beta(spec: ParamSpec, specs: Sequence[ParamSpec]) -> bool:
-    """A BN shift: a zeros-initialised vector beside a ones-initialised γ of the same layer."""
-    gamma = spec.name[: -len("bias")] + "weight"
-    return spec.name.endswith(".bias") and any(s.name == gamma and s.init == "ones" for s in specs)
-
-
 INITS = ("conv", "dense", "ones", "zeros")
+# the roles each init rule can carry; the first is what an empty role reads as
+ROLES = {"conv": ("weight",), "dense": ("weight",), "ones": ("gamma",), "zeros": ("bias", "beta")}
+_ROLE_OF_INIT = {init: roles[0] for init, roles in ROLES.items()}
+DRAWN_STD = {"beta": DRAWN_BETA_STD, "bias": DRAWN_BIAS_STD}
 
 
 def _draw(key: jax.Array, specs: tuple[ParamSpec, ...], drawn: bool) -> dict[str, jax.Array]:
@@ -397,6 +544,10 @@ def _draw(key: jax.Array, specs: tuple[ParamSpec, ...], drawn: bool) -> dict[str
     if bad:
         raise ValueError(f"init: {bad[0]} has init rule {specs[[s.name for s in specs].index(bad[0])].init!r}; "
                          f"expected one of {', '.join(INITS)}")
+    for s in specs:
+        if s.kind not in ROLES[s.init]:
+            raise ValueError(f"init: {s.name} has role {s.role!r}; an {s.init!r} tensor is one of "
+                             f"{', '.join(map(repr, ROLES[s.init]))} (or '' for {_ROLE_OF_INIT[s.init]!r})")
     weights = [spec for spec in specs if spec.init in ("conv", "dense")]
     z = prng.normal(key, (sum(math.prod(spec.shape) for spec in weights),), jnp.float32)
     traced = isinstance(z, jax.core.Tracer)
@@ -421,7 +572,7 @@ def _draw(key: jax.Array, specs: tuple[ParamSpec, ...], drawn: bool) -> dict[str
             if spec.init == "ones":
                 value = f32(lo) + f32(hi - lo) * u[cut] if drawn else xp.ones(size, f32)
             elif drawn:
-                value = f32(DRAWN_BETA_STD if _is_beta(spec, specs) else DRAWN_BIAS_STD) * zv[cut]
+                value = f32(DRAWN_STD[spec.kind]) * zv[cut]
             else:
                 value = xp.zeros(size, f32)
         params[spec.name] = value.reshape(spec.shape) if traced else to_device(value.reshape(spec.shape))
@@ -568,17 +719,20 @@ def with_backwards(net: Net, wrap: Callable[[Stage], Optional[Callable]], name: 
 def resolution_note(net, size: int) -> str:
     """The label a figure at `size` px carries: "" at the resolution a suite net's statements fix as a
     literal (its `default_size`: ResNet-34's 224 px; the claim map lists each statement's binders)."""
-    net = as_net(net)
+    require_net(net, "resolution_note")
     if net.suite is None or int(size) == net.default_size:
         return ""
     return (f"{net.name} at {size} px: the same architecture beyond the statement's literal "
             f"{net.default_size}-px resolution")
 
 
-def as_net(net) -> Net:
-    """A `Net`, or a net module holding one as `NET` (`gradtie.nets.cifar8`): the net value."""
-    value = getattr(net, "NET", net)
-    if not isinstance(value, Net):
-        raise ValueError(f"expected a gradtie Net (gradtie.nets.protocol.Net), or a module defining NET, "
-                         f"got {type(net).__name__}")
-    return value
+def require_net(net, where: str) -> Net:
+    """`net` itself when it is a `Net`; else a TypeError naming what to pass (a net module is not a
+    net: pass its `NET`, e.g. `gradtie.nets.cifar8.NET`)."""
+    if isinstance(net, Net):
+        return net
+    hint = (f"pass {getattr(net, '__name__', 'the module')}.NET, the Net it defines"
+            if isinstance(getattr(net, "NET", None), Net) else
+            "build one with gradtie.nets.protocol.Net, or pass gradtie.nets.cifar8.NET / resnet34.NET")
+    raise TypeError(f"{where}: expected a gradtie Net (gradtie.nets.protocol.Net), got "
+                    f"{type(net).__name__} {net!r:.60}; {hint}")

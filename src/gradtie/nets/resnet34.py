@@ -18,8 +18,8 @@ import jax
 
 from ..ops import gap, maxpool, relu, residual
 from . import protocol
-from .layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, bn_specs, conv_bn, conv_input, conv_nodes,
-                     conv_specs, dense_forward, dense_input, dense_nodes, dense_specs, pool, pool_input)
+from .layers import (ConvBNSaved, bn_input, bn_nodes, bn_saved, conv_bn, conv_bn_specs, conv_input,
+                     conv_nodes, dense_forward, dense_input, dense_nodes, dense_specs, pool, pool_input)
 from .protocol import Net, Pass, Stage
 
 NAME = "resnet34"
@@ -62,16 +62,15 @@ def blocks() -> list[Block]:
 
 
 def _stem_specs(cfg: Config):
-    return conv_specs("conv1", 3, STEM_WIDTH, 7, cfg.conv_bias) + bn_specs("bn1", STEM_WIDTH)
+    return conv_bn_specs("conv1", "bn1", 3, STEM_WIDTH, 7, cfg.conv_bias)
 
 
 def _block_specs(block: Block, cfg: Config):
     p = block.name
-    specs = (conv_specs(f"{p}.conv1", block.in_ch, block.width, 3, cfg.conv_bias) + bn_specs(f"{p}.bn1", block.width)
-             + conv_specs(f"{p}.conv2", block.width, block.width, 3, cfg.conv_bias) + bn_specs(f"{p}.bn2", block.width))
+    specs = (conv_bn_specs(f"{p}.conv1", f"{p}.bn1", block.in_ch, block.width, 3, cfg.conv_bias)
+             + conv_bn_specs(f"{p}.conv2", f"{p}.bn2", block.width, block.width, 3, cfg.conv_bias))
     if block.stride == 2:
-        specs += (conv_specs(f"{p}.downsample.0", block.in_ch, block.width, 1, cfg.conv_bias)
-                  + bn_specs(f"{p}.downsample.1", block.width))
+        specs += conv_bn_specs(f"{p}.downsample.0", f"{p}.downsample.1", block.in_ch, block.width, 1, cfg.conv_bias)
     return specs
 
 
@@ -208,22 +207,19 @@ def stage_list(cfg: Config = Config()) -> list[Stage]:
     return out
 
 
+def config_of_params(shapes) -> dict:
+    """The config a checkpoint's tensors imply: conv biases and the classes."""
+    out = {"conv_bias": "conv1.bias" in shapes}
+    if "fc.weight" in shapes:
+        out["num_classes"] = int(shapes["fc.weight"][0])
+    return out
+
+
+# each projection BN on a downsample block's skip reads the cotangent its block's bn2 reads
+PROJECTIONS = {f"{b.name}.downsample.1": f"{b.name}.bn2" for b in blocks() if b.stride == 2}
 NET = Net(NAME, Config, param_specs, stage_list, POOLS, POOL_PREACTIVATIONS, size_rule="a positive multiple of 32",
           size_ok=lambda s: s >= 32 and s % 32 == 0, default_size=SUITE_IMAGE_SIZE, suite=NAME,
           stage_lean={"stem": "cbReluStridedBBack_eq_vjp_backward + the stem pool (StemPoolSmoothAt)",
                       "identity": "r34IdCotIn_eq_vjp", "downsample": "r34DownCotIn_eq_vjp",
-                      "head": "r34HeadBBack_eq_vjp_backward (r34HeadBHasVJP: global)"})
-init = NET.init
-init_running = NET.init_running
-stages = NET.stages
-forward = NET.forward
-backward = NET.backward
-loss_and_grads = NET.loss_and_grads
-forward_eval = NET.forward_eval
-summary = NET.summary
-preactivations = NET.preactivations
-pool_inputs = NET.pool_inputs
-bn_layers = NET.bn_layers
-batch_stats = NET.batch_stats
-bn_names = NET.bn_names
-census = protocol.census
+                      "head": "r34HeadBBack_eq_vjp_backward (r34HeadBHasVJP: global)"},
+          projections=PROJECTIONS, check_classes=10, label_smoothing=0.1, config_of_params=config_of_params)

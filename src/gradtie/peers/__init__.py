@@ -27,7 +27,7 @@ import numpy as np
 
 from .. import prng
 from .. import tolerances as tol
-from ..checks.tie import TieReport, compare, need_x64, node_cells, reference_at
+from ..checks.tie import Limit, TieReport, compare, need_x64, node_cells, reference_at
 from ..host import to_device, tree_to_device
 from ..nets.layers import zero_in_reals
 from . import plain_jax, torch_eager
@@ -148,9 +148,9 @@ def agreement(peer: Union[str, Peer], net_name: str, *, batch: int, image_size: 
                            key=jax.random.fold_in(jax.random.key(seed), 3))
     loss, grads = prepare(p, net_name, params, x, targets, num_classes=num_classes, dtype=dtype, alpha=alpha).grads()
     loss_o, grads_o, _ = ref.reference
-    rows = compare(grads, {name: grads_o[name] for name in params}, envelope=ref.envelope.nodes, factor=factor,
-                       floor=tol.FLOORS[ref.dtype], zero_nodes=zero_in_reals(params), loss=(loss, loss_o),
-                       loss_envelope=ref.envelope.loss, cells=node_cells(params, ref.bn_cells))
+    rows = compare(grads, {name: grads_o[name] for name in params}, zero_nodes=zero_in_reals(params),
+                       limit=Limit({**ref.envelope.nodes, "loss": ref.envelope.loss}, factor, tol.FLOORS[ref.dtype]),
+                       loss=(loss, loss_o), cells=node_cells(net, ref.cfg, ref.bn_cells))
     meta = {"batch": batch, "image_size": image_size, "num_classes": num_classes, "seed": seed, "alpha": alpha,
             "bn_cells": ref.bn_cells, "envelope_evaluations": list(ref.envelope.evaluations), "factor": factor}
     return Agreement(p.name, net_name, TieReport(p.name, ref.dtype, rows, loss, float(loss_o), meta))

@@ -66,8 +66,8 @@ def config_of(net: Net, params: Mapping[str, Any], num_classes: int) -> Config:
         if g != w:
             raise ValueError(f"peers: the parameters are not {net.name}'s at {num_classes} classes "
                              f"(first difference: got {g}, expected {w})")
-    if getattr(cfg, "bn", "batch") != "batch":
-        raise ValueError(f"peers: the peers run batch BatchNorm, got bn={cfg.bn!r}")
+    if cfg.bn_mode != "batch":
+        raise ValueError(f"peers: the peers run batch BatchNorm, got the BatchNorm mode {cfg.bn_mode!r}")
     return cfg
 
 

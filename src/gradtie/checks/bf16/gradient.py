@@ -26,11 +26,11 @@ from ...host import to_device, tree_to_device
 from ... import policy as policy_
 from ...kit import KIT
 from ...nets.layers import rounding, zero_in_reals
-from ...nets.protocol import Pass, as_net
+from ...nets.protocol import Pass
 from ...ops import conv, maxpool
 from .. import bugs, stages
 from .. import envelope as env_
-from ..tie import Chain, NodeRow, bn_cells, compare, need_x64, node_cells, targets_matrix
+from ..tie import Chain, Limit, NodeRow, Point, bn_cells, compare, need_x64, node_cells, targets_matrix
 from .kinds import U_BF16, U_F32, ErasureReport, chain_erasure
 from .sites import SiteRow, conv_sites, policy_sites, site_rows
 
@@ -129,18 +129,20 @@ def _run(chain, params, x, t, cfg, label_smoothing, how="quick"):
     return (*conv_sites(chain, params, x, t, cfg, label_smoothing=label_smoothing, how=how), {})
 
 
-def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_smoothing: float = 0.0,
-               key: Optional[jax.Array] = None, factor: float = tol.F32_ENVELOPE_FACTOR,
+def stage_ties(point: Point, *, chain: Optional[Chain] = None, factor: float = tol.F32_ENVELOPE_FACTOR,
                ran: Optional[tuple] = None) -> stages.StageReport:
     """Every stage of the bf16 chain (`chain`, default the net's own), run in float32, tied to its
     float64 VJP at the chain's own stage input, cotangent and rounding decisions within `factor` ×
-    the point's envelope, and the loss cotangent to autodiff of the loss. ran: `_run`'s output.
+    the point's envelope, and the loss cotangent to autodiff of the loss. ran: `_run`'s output. The
+    point (`tie.Point.of`, or built directly) carries the net, its config, the parameters, x and the
+    targets (read at float32 here), α and the key of the envelope's draws (None: key(0)).
 
     Under the bf16 execution policy (cfg.policy "bf16") the chain is the policy's: its BatchNorm
     outputs are frozen at the chain's too, and a residual block's input cotangent, a bf16 sum of
     its two branches' cotangents, is held to at least one bf16 rounding (U_BF16)."""
     need_x64("the bf16 stage ties")
-    net = as_net(net)
+    net, params, x, targets, cfg = point.net, point.params, point.x, point.targets, point.cfg
+    label_smoothing, key = point.alpha, point.key
     policy = under_policy(cfg)
     chain, cfg = chain or Chain(net), _kinds_config(cfg)
     r = "bf16" if policy else cfg.bf16_rounding
@@ -153,10 +155,10 @@ def stage_ties(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, l
     cells = bn_cells(net, p64, to_device(x, np.float64), cfg)
     rec = stages.Record(net, chain, params, x, tape.inputs, tape.cotangents, out.grads, out.dx, out.logits,
                         tape.cotangents[net.stage_list(cfg)[-1].name], float(out.loss), t, label_smoothing)
-    ties, cot = stages._ties(net, cfg, rec, dtype="float32", key=jax.random.key(0) if key is None else key,
+    ties, cot = stages._ties(cfg, rec, dtype="float32", key=jax.random.key(0) if key is None else key,
                              factor=factor, selections=_selections(net, cfg, p64, i64, k64) or None,
-                             cells=node_cells(params, cells), kit_at=_frozen_policy_kit if policy else _frozen_kit,
-                             kit_args=kit_args)
+                             cells=node_cells(net, cfg, cells),
+                             kit=(_frozen_policy_kit if policy else _frozen_kit, kit_args))
     if policy:
         ties = [_residual_input_rounded(t_) for t_ in ties]
     return stages.StageReport(chain.label, "bf16", "stages", ties, cot, meta={
@@ -243,10 +245,9 @@ def check(net, params, x, targets, cfg, *, chain: Optional[Chain] = None, label_
     site a bf16-typed kind with a bf16 result (checked = rnd(f32 node at rounded operands) and under
     the bound), and the erasure is the policy's own: with its roundings off (the tie policy in
     float32) it is the float32 chain, which is the same code (`chain_erasure` at identity)."""
-    net = as_net(net)
     chain, (params, x, t), cfg = chain or Chain(net), float32_point(params, x, targets, cfg), _kinds_config(cfg)
     ran = _run(chain, params, x, t, cfg, label_smoothing)
-    tied = stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing, key=key, ran=ran)
+    tied = stage_ties(Point(net, cfg, params, x, t, label_smoothing, key), chain=chain, ran=ran)
     exact = replace(cfg, policy="tie") if under_policy(cfg) else cfg
     return Bf16Report(chain.label, chain_erasure(net, params, x, t, exact, chain=chain, label_smoothing=label_smoothing),
                       site_rows(ran[0], conv.bf16_operand if under_policy(cfg) else rounding(cfg)), tied)
@@ -302,7 +303,6 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
     """Every single-device catalogue entry that applies to `net` (or those of `names`) planted in
     the bf16 chain in turn and tied stage by stage at the same point (each planted chain runs op by
     op: the entries share their ops, not their programs)."""
-    net = as_net(net)
     chosen = bugs.chosen(net, names, label_smoothing=label_smoothing, batch=x.shape[0], cfg=cfg)
     (params, x, t), cfg = float32_point(params, x, targets, cfg), _kinds_config(cfg)
     # a stage with a bf16 conv site sees a bug from about one unit roundoff on (below: in its rounding)
@@ -311,7 +311,7 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
     for b in chosen:
         chain = bugs.plant(b.name, net, cfg)
         ran = _run(chain, params, x, t, cfg, label_smoothing, how="eager")
-        report = stage_ties(net, params, x, t, cfg, chain=chain, label_smoothing=label_smoothing, key=key, ran=ran)
+        report = stage_ties(Point(net, cfg, params, x, t, label_smoothing, key), chain=chain, ran=ran)
         rows = {(tr.net, r.name): r for tr in report.backward_order() for r in tr.rows}
         limits = {k: max(r.limit, U_BF16) if k[0] in rounded else r.limit for k, r in rows.items()}
         sizes = {k: float(np.max(d)) / rows[k].scale
@@ -323,14 +323,14 @@ def catalogue(net, params, x, targets, cfg, *, label_smoothing: float = 0.1, nam
 
 # ---- how far the bf16 gradient sits from the f32 one (beyond the suite; no verdict) -------------
 
-def f32_distance(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, bf16_grads=None,
-                 key: Optional[jax.Array] = None, draws: int = tol.BF16_F32_DISTANCE_DRAWS,
+def f32_distance(point: Point, *, bf16_grads=None, draws: int = tol.BF16_F32_DISTANCE_DRAWS,
                  nudge: float = tol.BF16_F32_DISTANCE_NUDGE) -> list[NodeRow]:
-    """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the same point, each
-    with the f32 chain's spread under `draws` random relative nudges of every weight and pixel as
-    its envelope (`NodeRow.ratio`: about 1 when the bf16 chain moves the node as a bf16 nudge does)."""
-    net = as_net(net)
-    t = targets_matrix(targets, cfg.num_classes, x.dtype)
+    """Whole-net bf16 nodes (and the input cotangent) against the f32 chain at the point (`Point`:
+    its net, config, float32 parameters and images, target rows, α and key), each with the f32
+    chain's spread under `draws` random relative nudges of every weight and pixel as its envelope
+    (`NodeRow.ratio`: about 1 when the bf16 chain moves the node as a bf16 nudge does)."""
+    net, params, x, t, cfg = point.net, point.params, point.x, point.targets, point.cfg
+    label_smoothing, key = point.alpha, point.key
 
     def nodes(p, x_, c, grads=None, dx=None):
         if grads is None:
@@ -344,14 +344,13 @@ def f32_distance(net, params, x, targets, cfg, *, label_smoothing: float = 0.0, 
                                for s in env_.samples({"params": params, "x": x}, dtype=np.dtype(x.dtype).name,
                                                      key=jax.random.key(0) if key is None else key,
                                                      nudged=("params", "x"), nudges=draws - 1, unit=nudge)])
-    return compare(nodes(params, x, replace(cfg, bf16=True), *(bf16_grads or (None, None))), g32, envelope=spread,
-                   factor=1.0, floor=U_F32, zero_nodes=zero_in_reals(params))
+    return compare(nodes(params, x, replace(cfg, bf16=True), *(bf16_grads or (None, None))), g32,
+                   limit=Limit(spread, 1.0, U_F32), zero_nodes=zero_in_reals(params))
 
 
 def relu_flips(net, params, x, cfg) -> tuple[int, int]:
     """ReLU inputs whose sign differs between the bf16 and the f32 forward (nearer their kink than
     bf16's rounding moves them), and all ReLU inputs."""
-    net = as_net(net)
     z16, z32 = (net.preactivations(rendered.forward(net, params, x, replace(cfg, bf16=b))[1]) for b in (True, False))
     return (sum(int(np.sum((np.asarray(z16[k]) > 0) != (np.asarray(z32[k]) > 0))) for k in z32),
             sum(int(z.size) for z in z32.values()))

@@ -29,10 +29,14 @@ OPS = ("forward", "backward", "grad_weight")
 OP_LABELS = {"forward": "forward", "backward": "input backward", "grad_weight": "weight grad"}
 
 
-def apply(op: str, a, b, *, stride: int, kernel_size: int, out_shape=None, rnd=None, bias=None, formulation=None):
+def apply(op: str, a, b, *, stride: int, out_shape=None, rnd=None, bias=None, formulation=None):
     """The conv op `op` at operands (a, b): forward (x, W), backward (dy, W; out_shape: x's shape),
-    grad_weight (x, dy); `rnd` None is the f32 peer, else the bf16 kind."""
+    grad_weight (x, dy; out_shape: W's shape, whose last axis is the kernel size); `rnd` None is
+    the f32 peer, else the bf16 kind."""
     kw = dict(stride=stride, rnd=rnd, formulation=formulation)
+    if op == "grad_weight" and (out_shape is None or len(out_shape) != 4):
+        raise ValueError(f"grad_weight: out_shape must be the weight's [O, C, k, k], got {out_shape}")
+    kernel_size = out_shape[-1] if op == "grad_weight" else b.shape[-1]
     if op == "forward":
         return conv.forward(a, b, bias, **kw)[0]
     if op == "backward":
@@ -64,9 +68,17 @@ class Site:
     kernel_size: int
     formulation: Optional[str] = None
 
+    @property
+    def out_shape(self) -> Optional[tuple]:
+        """What `apply` reads besides the operands: None forward; x's shape (the node's) for the
+        input backward; the weight's [O, C, k, k] for the weight grad, from its operands (x, dy) and
+        kernel_size, so that a site whose node is dropped (a replica's share) still runs."""
+        if self.op == "grad_weight":
+            return (self.b.shape[1], self.a.shape[1], self.kernel_size, self.kernel_size)
+        return self.node.shape if self.op == "backward" else None
+
     def _apply(self, a, b, **kw):
-        return apply(self.op, a, b, stride=self.stride, kernel_size=self.kernel_size, formulation=self.formulation,
-                     out_shape=self.node.shape if self.op == "backward" else None, **kw)
+        return apply(self.op, a, b, stride=self.stride, formulation=self.formulation, out_shape=self.out_shape, **kw)
 
     def kind(self, rnd=None) -> jax.Array:
         """The f32 peer (rnd None) or the bf16 kind at these operands."""
@@ -93,7 +105,7 @@ def kind_cases(seed: int = 0, *, n: int = 2, c: int = 8, o: int = 8, size: int =
         x, w, b, dy = draw(n, c, size, size), draw(o, c, k, k), draw(o), draw(n, o, *(2 * [conv.out_size(size, k, s)]))
         for label, op, a, b_, bias in (("forward", "forward", x, w, b), ("input backward", "backward", dy, w, None),
                                        ("weight grad", "grad_weight", x, dy, None)):
-            peer = apply(op, a, b_, stride=s, kernel_size=k, out_shape=x.shape, bias=bias)
+            peer = apply(op, a, b_, stride=s, out_shape=w.shape if op == "grad_weight" else x.shape, bias=bias)
             cases.append(Site(f"{label} s{s}", op, a, b_, bias, peer, s, k))
     return cases
 

@@ -21,7 +21,6 @@ from jax.sharding import PartitionSpec as P
 from ... import kit as kit_
 from ... import parallel, rendered
 from ...nets.layers import rounding
-from ...nets.protocol import as_net
 from ...ops import conv
 from ..tie import Chain, need_x64, targets_matrix
 from .kinds import U_BF16, U_F32, Site
@@ -184,7 +183,6 @@ def mesh_replica_sum(net, params, x, targets, cfg, *, mesh, chain: Optional[Chai
     kit. The all-reduce sums R float32 values: the identities hold up to its rounding, at most
     (R − 1)·2⁻²⁴·(1/R)Σ_r|node_r| per entry (in practice 0)."""
     need_x64("the replica sum")
-    net = as_net(net)
     if not cfg.bf16:
         raise ValueError("mesh_replica_sum: cfg.bf16 must be True (the SyncBf16 statement is about the bf16 kinds)")
     chain, replicas = chain or Chain(net), parallel.replica_count(mesh)
