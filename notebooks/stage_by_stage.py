@@ -109,7 +109,9 @@ t224 = targets_matrix(
 points = {
     ("cifar8", "photos"): census.smoothness(cifar8.NET, params8, x8, cfg8),
     ("cifar8", "randn, β lifted"): census.smoothness(cifar8.NET, lifted8, randn8, cfg8),
-    ("ResNet-34", "randn, 224 px"): census.smoothness(resnet34.NET, params34, x224, cfg34),
+    ("ResNet-34", "randn, 224 px"): census.smoothness(
+        resnet34.NET, params34, x224, cfg34
+    ),
     ("ResNet-34", "photos"): census.smoothness(resnet34.NET, params34, x34, cfg34),
 }
 smooth8 = points["cifar8", "photos"]
@@ -162,7 +164,9 @@ assert points["ResNet-34", "randn, 224 px"].hypothesis(census.R34_INPUT).holds
 
 # %%
 pt8 = Point.of(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(12))
-pt34 = Point.of(resnet34.NET, params34, x34, t34, cfg34, label_smoothing=alpha, key=fold(9))
+pt34 = Point.of(
+    resnet34.NET, params34, x34, t34, cfg34, label_smoothing=alpha, key=fold(9)
+)
 st34, st8 = stages.stage_ties(pt34), stages.stage_ties(pt8)
 bug8 = bugs.plant("bn_forget_gamma", cifar8.NET)
 bug34 = bugs.plant("projection_bn_reads_dn2", resnet34.NET)
@@ -477,7 +481,9 @@ assert (
 # still a correct VJP of it), and `first_parting` names the first in backward order.
 
 # %%
-point8 = reference_at(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1))
+point8 = reference_at(
+    cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1)
+)
 point34 = reference_at(
     resnet34.NET, params34, x224, t224, cfg34, label_smoothing=alpha, key=fold(2)
 )
@@ -634,13 +640,22 @@ lifted_rows = companions.input_sweep(
     cifar8.NET, params8, cfg8, randn, ns, label_smoothing=alpha, key=fold(17)
 )
 photo_rows = [
-    companions.input_row(cifar8.NET, params8, photos8(n), labels8(n), cfg8, point="photos")
+    companions.input_row(
+        cifar8.NET, params8, photos8(n), labels8(n), cfg8, point="photos"
+    )
     for n in ns
 ]
 x_l = randn(ns[0])
 lifted_bug = companions.input_row(
-    cifar8.NET, census.lift_dead_windows(cifar8.NET, params8, x_l, cfg8), x_l, labels8(ns[0]),
-    cfg8, point="randn, β lifted", label_smoothing=alpha, chain=bug8, key=fold(17),
+    cifar8.NET,
+    census.lift_dead_windows(cifar8.NET, params8, x_l, cfg8),
+    x_l,
+    labels8(ns[0]),
+    cfg8,
+    point="randn, β lifted",
+    label_smoothing=alpha,
+    chain=bug8,
+    key=fold(17),
 )
 
 # %% tags=["nbval-check-output", "hide-input"]

@@ -121,8 +121,12 @@ betas = np.concatenate(
 points = {
     ("cifar8", "photos"): census.smoothness(cifar8.NET, params8, x8, cfg8),
     ("cifar8", "randn, β lifted"): census.smoothness(cifar8.NET, lifted8, randn8, cfg8),
-    ("ResNet-34", "randn, 224 px"): census.smoothness(resnet34.NET, params34, x224, cfg34),
-    ("ResNet-34", "flat, 32 px"): census.smoothness(resnet34.NET, params34, flat34, cfg34),
+    ("ResNet-34", "randn, 224 px"): census.smoothness(
+        resnet34.NET, params34, x224, cfg34
+    ),
+    ("ResNet-34", "flat, 32 px"): census.smoothness(
+        resnet34.NET, params34, flat34, cfg34
+    ),
 }
 smooth8 = points["cifar8", "photos"]
 lifted_smooth8 = points["cifar8", "randn, β lifted"]
@@ -179,7 +183,9 @@ assert (
 # widens the limits (section [The M = 2 point](#the-m--2-point-limits-widen-float32-cannot-tell)).
 
 # %%
-point8 = reference_at(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1))
+point8 = reference_at(
+    cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(1)
+)
 point34 = reference_at(
     resnet34.NET, params34, x224, t224, cfg34, label_smoothing=alpha, key=fold(2)
 )
@@ -579,7 +585,13 @@ print(
 # %%
 flat_f32 = float32_view(
     Point.of(
-        resnet34.NET, params34, flat34, t_flat, cfg34, label_smoothing=alpha, key=fold(5)
+        resnet34.NET,
+        params34,
+        flat34,
+        t_flat,
+        cfg34,
+        label_smoothing=alpha,
+        key=fold(5),
     )
 )
 
@@ -713,7 +725,9 @@ pages.fd(fd34)
 # control: `drop_batch_divisor` (the head cotangent without its ÷N) in float32.
 
 # %%
-f32_point = Point.of(cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(8))
+f32_point = Point.of(
+    cifar8.NET, params8, x8, t8, cfg8, label_smoothing=alpha, key=fold(8)
+)
 f32_8 = float32_view(f32_point)
 f32_ctl = float32_view(f32_point, bugs.plant("head_no_batch_divisor", cifar8.NET))
 

@@ -112,8 +112,8 @@ print(
 display(pages.bugs())
 print(
     f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8.NET))} apply to cifar8,"
-    f" {len(bugs.entries(resnet34.NET))} to ResNet-34, {len(bugs.entries(replicas=True))}"
-    " through the data-parallel step"
+    f" {len(bugs.entries(resnet34.NET))} to ResNet-34,"
+    f" {len(bugs.entries(replicas=True))} through the data-parallel step"
 )
 assert len(bugs.CATALOGUE) >= 20
 
