@@ -76,7 +76,7 @@ from gradtie.nets.layers import rounding
 # %% tags=["parameters"]
 net: str = "resnet34"  # the suite's data-parallel net; "cifar8": beyond the suite
 batch: int = 2        # the largest N (examples per replica) of the R·N sweep
-replicas: int = 4     # the sweep's largest R (1, 2, 4, …; at most 8 host devices)
+replicas: int = 2     # the sweep's largest R (1, 2, 4, …; at most 8 host devices)
 image_size: int = 32  # the sweep's images; the statement's own 224 px is tied below
 head_width: int = 64  # cifar8 only: 64 is the narrow head, 512 the wide one
 seed: int = 0
@@ -150,7 +150,7 @@ print(
 # %% [markdown]
 # ## The tie at every split R × N
 #
-# `r34_net_syncTiedB` holds at every R and N. We sweep R = 1, 2, 4, … up to `replicas` (4 by
+# `r34_net_syncTiedB` holds at every R and N. We sweep R = 1, 2, 4, … up to `replicas` (2 by
 # default, 8 in the cpu and gpu profiles; R = 1 is a mesh of one replica) and N = 1, 2, 4, … up
 # to `batch` (2 by default, 4 in the cpu profile). Each global batch R·N of photo crops (labelled by the photo they
 # come from) gets its own float64 oracle, envelope and smoothness census. Every split of it is tied

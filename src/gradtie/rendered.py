@@ -26,12 +26,25 @@ from .ops.head import as_targets
 # LLVM's optimisation passes off halve the compile (ResNet-34, N = 2: 5.7 → 3.0 s) and slow the run
 # ~4×, well under a second at a check's shapes. It changes no IEEE result (no fast-math either way).
 QUICK = {"xla_backend_optimization_level": 0}
+# ... but the slower run grows with the images and the saving does not: ResNet-34's data-parallel
+# step (R = 2, float64, 2-core CPU) at 32 px, N = 2: compile and run 5.9 s quick, 7.8 s optimised;
+# at 224 px: one run 34.6 s quick, 2.1 s optimised, for about the same compile. Above this many
+# image cells (N·H·W) a program run once is compiled with the optimisation on (`quick_pays`).
+QUICK_MAX_CELLS = 4096
 # Every bf16 rounding the program names, kept: by default XLA may compute a bf16 value in float32
 # and drop the f32 -> bf16 -> f32 convert pair ("excess precision"). On the CPU the bf16 policy's
 # cifar8 nodes then move by 20-50 % against the same chain run op by op, and a check reading the
 # recorded bf16 values would tie them to a computation that never used them. No effect on a program
 # without bf16 values.
 EXACT_ROUNDING = {"xla_allow_excess_precision": False}
+
+
+def quick_pays(x) -> bool:
+    """Whether LLVM's optimisation off (`QUICK`) pays for a program run once on images x
+    [N,C,H,W]: at most `QUICK_MAX_CELLS` cells N·H·W (above, its slower run outweighs the compile
+    it saves). No IEEE result depends on it."""
+    n, _, h, w = x.shape
+    return n * h * w <= QUICK_MAX_CELLS
 
 
 class Rendered(NamedTuple):
@@ -106,6 +119,8 @@ def _taped(net, kit, params, x, targets, cfg, alpha=0.0, selections=None):
 
 
 taped = jax.jit(_taped, static_argnames=_STATIC, compiler_options=QUICK)
+# the same, optimised: images above `quick_pays`' size
+taped_compiled = jax.jit(_taped, static_argnames=_STATIC)
 
 
 def _forward(net, params, x, cfg, selections=None):
@@ -132,5 +147,5 @@ def run(net, kit: Kit, params, x, targets, cfg, *, alpha: float = 0.0, how: str 
     return fn(net, kit, params, x, targets, cfg, alpha=float(alpha))
 
 
-__all__ = ["EXACT_ROUNDING", "KIT", "QUICK", "Chain", "Rendered", "Tape", "compiled", "forward", "new_tape", "quick", "run", "step",
-           "taped"]
+__all__ = ["EXACT_ROUNDING", "KIT", "QUICK", "QUICK_MAX_CELLS", "Chain", "Rendered", "Tape", "compiled", "forward", "new_tape", "quick", "quick_pays", "run", "step",
+           "taped", "taped_compiled"]

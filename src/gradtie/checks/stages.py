@@ -81,7 +81,11 @@ def record(net, params, x, cfg, *, targets=None, label_smoothing: float = 0.0, d
         raise ValueError("record: give targets (the loss's own cotangent) or dlogits (any cotangent), not both")
     if dlogits is None:
         targets = targets_matrix(targets, cfg.num_classes, x.dtype)
-        out, tape = rendered.taped(chain.net, chain.kit, params, x, targets, cfg, alpha=float(label_smoothing))
+        args = (chain.net, chain.kit, params, x, targets, cfg)
+        if rendered.quick_pays(x):
+            out, tape = rendered.taped(*args, alpha=float(label_smoothing))
+        else:   # large images: the optimised program's run is the cheaper
+            out, tape = rendered.taped_compiled(*args, alpha=float(label_smoothing))
         logits, grads, dx, inputs, cotangents, loss = out.logits, out.grads, out.dx, *tape, float(out.loss)
         dlogits = cotangents[chain.net.stage_list(cfg)[-1].name]
     else:

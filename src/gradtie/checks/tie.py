@@ -515,11 +515,11 @@ def tie(point: Point, chain: Optional[Chain] = None, *, factor: float = tol.ENVE
     chain: the rendered side (default: the net through the real kit; `checks.bugs.plant` plants a
     bug), run in the point's dtype (float64 or float32); the reference and envelope are the
     point's, measured once however many ties share it. how: `rendered.run`'s (default: compiled for
-    the real chain, quick for a planted one). replicas R > 1, counts (n_1, …, n_R), or devices: the
-    data-parallel step on a mesh of R `devices` (default `jax.devices()`; R = 1 too), replica r
-    holding N = batch/R of x's rows, or n_r (padded on the mesh), tied to the same single-device
-    oracle at x (`r34_net_syncTiedB`: the all-reduced nodes are the single-device nodes at N :=
-    R·N); sync_bn=False: per-replica BatchNorm (the control that must fail).
+    the real chain, quick for a planted one where `rendered.quick_pays`, as the mesh step is).
+    replicas R > 1, counts (n_1, …, n_R), or devices: the data-parallel step on a mesh of R
+    `devices` (default `jax.devices()`; R = 1 too), replica r holding N = batch/R of x's rows, or
+    n_r (padded on the mesh), tied to the same single-device oracle at x (`r34_net_syncTiedB`: the
+    all-reduced nodes are the single-device nodes at N := R·N); sync_bn=False: per-replica BatchNorm (the control that must fail).
     """
     if not isinstance(point, Point):
         raise TypeError(f"tie: give the Point (tie.Point.of(net, params, x, targets, cfg)), got {type(point).__name__}")
@@ -532,11 +532,12 @@ def tie(point: Point, chain: Optional[Chain] = None, *, factor: float = tol.ENVE
     params, x, t, cfg = point.params, point.x, point.targets, point.cfg
     if replicas == 1 and counts is None and devices is None:
         out = rendered.run(chain.net, chain.kit, params, x, t, cfg, alpha=point.alpha,
-                           how=how or ("compiled" if chain == Chain(point.net) else "quick"))
+                           how=how or ("quick" if chain != Chain(point.net) and rendered.quick_pays(x)
+                                       else "compiled"))
         return report(chain.label, params, (out.loss, out.grads, out.dx), point, factor=factor)
     out = parallel.forward_backward(chain.net, params, x, t, cfg, mesh=parallel.data_mesh(replicas, devices=devices),
                                     kit=chain.kit, label_smoothing=point.alpha, sync_bn=sync_bn, counts=counts,
-                                    quick=True)
+                                    quick=rendered.quick_pays(x))
     label = f"{chain.label} on {replicas} replicas" + (f" holding {'+'.join(map(str, counts))}" if counts else "")
     n = point.batch // replicas
     return report(label + ("" if sync_bn else " (per-replica BN)"), params, (out.loss, out.grads, out.dx), point,
