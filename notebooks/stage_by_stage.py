@@ -631,7 +631,7 @@ plt.show()
 # until no window is dead (`census.lift_dead_windows`). Controls: the photo batches are reported not
 # judged, and `bn_forget_gamma` planted at the first lifted point goes red.
 
-# %%
+# %% tags=["hide-input"]
 randn = lambda n: images("randn", n, 32, seed=p.seed)  # noqa: E731
 labels8 = lambda n: targets_matrix(
     (jnp.arange(n) * 3 + 1) % 10, 10, jnp.float64
