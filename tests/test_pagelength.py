@@ -24,7 +24,6 @@ LONG = {
     "check_your_own": (13.9, 10.0),
     "bf16_erasure": (23.6, 11.5),
     "data_parallel": (21.5, 4.6),
-    "performance": (15.0, 3.2),
 }
 
 
