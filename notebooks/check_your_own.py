@@ -49,7 +49,7 @@ from gradtie.data import images
 from gradtie.checks.tie import Point, targets_matrix
 from gradtie.nets import protocol
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 batch: int = 4    # photo crops
 image_size: int = 32  # the net takes any multiple of 4; 32 keeps the chapter quick
 seed: int = 0
@@ -245,7 +245,7 @@ assert smooth.ok and [h.key for h in smooth.hypotheses] == [census.PARAMETERS]
 # tied to autodiff of the forward within ten times the point's round-off envelope, and to finite
 # differences of the whole loss.
 
-# %%
+# %% tags=["hide-output"]
 report = gradtie.check(net, params, x, t, cfg, key=key)
 pages.tie(report.tie)
 
@@ -314,7 +314,11 @@ plt.show()
 # so the statement holds "for any block maps b1 … b16 carrying `HasVJPDiffAt` witnesses at their
 # running activations": only the stem and the head are ResNet-34's own. But the slots are typed: at
 # the statement's literal 224 px, b1 … b3 map 64·56·56 to itself, b4 maps it to 128·28·28, b8 to
-# 256·14·14, b14 to 512·7·7, and the others keep their width. The protocol lets us fill those
+# 256·14·14, b14 to 512·7·7, and the others keep their width.
+#
+# ```{admonition} How the slots are filled, and what must hold
+# :class: dropdown
+# The protocol lets us fill those
 # slots with maps of our own that fit those types, each with its own hand-written VJP: the
 # identity; a scaled residual y = x + α·conv(x; W), whose VJP is dx = dy + α·convBack(W; dy),
 # dW = α·convWeightGrad(x; dy); and bottleneck blocks of the example net above, one at stride 1
@@ -329,8 +333,9 @@ plt.show()
 #
 # This chapter holds it because its subject is composing stages of your own through the protocol,
 # and the third net's block is loaded here.
+# ```
 
-# %%
+# %% tags=["hide-input"]
 from gradtie.book import companions
 from gradtie.nets import resnet34
 

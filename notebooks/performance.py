@@ -43,7 +43,7 @@ from gradtie.book import plots
 from gradtie.nets import protocol, resnet34
 from gradtie import tolerances
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 net: str = "resnet34"  # the step compiled from shapes at the end (nothing timed)
 batch: int = 2       # its batch
 image_size: int = 32  # its image side
@@ -87,12 +87,15 @@ if p.net == "resnet34":
 # %% [markdown]
 # ## The CPU results
 #
+# ```{admonition} How the CPU results are measured
+# :class: dropdown
 # `benchmarks/rendered_vs_autodiff.py` runs each configuration in a fresh process: it compiles
 # both steps once, reads XLA's memory analysis of each executable, then times them interleaved
 # (rendered, autodiff, rendered, …) so that a change in the machine's load hits both, and keeps
 # the medians. The data-parallel rows run two replicas on two host devices with synchronised
 # BatchNorm, the batch per replica. The limits: the ratio rendered/autodiff at most
 # `SPEED_RATIO_LIMIT`, the temporary memory at most autodiff's.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(
@@ -132,7 +135,7 @@ assert memory_ok and len(within) + len(
 # The verdict can fail, and here it does: the same results with the two steps' times swapped (a
 # render as much slower as ours is faster) break the limit at every configuration.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 swapped = [
     bench.BenchResult(
         r.config,
@@ -164,6 +167,8 @@ plt.show()
 # %% [markdown]
 # ## Against what a user would pick instead
 #
+# ```{admonition} The peers, how they are timed and checked, and the goal
+# :class: dropdown
 # Autodiff through gradtie's own forward shares its conv formulation, so it is not what a user who
 # does not use gradtie would run. `gradtie bench --peers` times four peers beside the rendered step,
 # each in a process of its own, with the same thread count, in alternating rounds: autodiff through
@@ -178,10 +183,11 @@ plt.show()
 # step's achieved GFLOP/s (the model's convolution and matrix-product FLOPs over its median time) is
 # reported as a fraction of it. The goal: the rendered step at most 0.95 of every peer's time at
 # every configuration, and at least half the matrix product's rate for ResNet-34 at batch 32, 64 px.
+# ```
 #
 # Statements shown: none of the suite's (speed is beyond what it states).
 
-# %% tags=["nbval-check-output", "hide-input"]
+# %% tags=["nbval-check-output", "hide-input", "hide-output"]
 peer_doc = peer_bench.read(bench.RESULTS / "peers_cpu.json")
 assert peer_doc is not None, (
     "benchmarks/results/peers_cpu.json is missing: run gradtie bench --peers --suite"
@@ -273,6 +279,9 @@ plt.show()
 # ## Where the rest of the gap lies: the convolutions' floor
 #
 # Where the rendered step is behind PyTorch, is it the convolutions or the work around them?
+#
+# ```{admonition} How the floor is measured
+# :class: dropdown
 # `gradtie bench --conv-floor` answers configuration by configuration with one program that runs
 # every conv node of the step and nothing else: each conv site as many times as the net has convs
 # of that shape, its forward, input backward and weight gradient, on inputs of its own. The step
@@ -284,6 +293,7 @@ plt.show()
 # same alternating rounds, each side in a process of its own. Where even the lower floor is above
 # 0.95 × PyTorch's whole step, no step built on XLA's CPU convolutions reaches the goal; where it is
 # below, the rest of the gap lies in the work around the convolutions.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 floor_doc = conv_floor.read(bench.RESULTS / "conv_floor_cpu.json")
@@ -361,6 +371,8 @@ plt.show()
 # - **The ReLU mask rides along.** `pre > 0` is read inside the same pass as the pool's placement
 #   and the BatchNorm sums.
 #
+# ```{admonition} Two more levers: convolutions as patch products, and the mesh
+# :class: dropdown
 # Two more levers serve the whole step. Where XLA's CPU convolution is slow (tiny output grids
 # against long contractions: ResNet-34's layer3 and layer4 at 32 and 64 px), every conv site runs
 # as a matrix product of patches and weights, and the input backward reads the weights in place
@@ -371,10 +383,13 @@ plt.show()
 # of a ResNet-34 forward's time in float64). The forward is shared, so autodiff gets that speed too: the ratio compares the two backwards. On
 # the mesh, the rendered chain all-reduces each stage's nodes as soon as it has produced them;
 # `value_and_grad` returns the gradient whole.
+# ```
 
 # %% [markdown]
 # ## The GPU run
 #
+# ```{admonition} The execution policies, and what each hands a GPU
+# :class: dropdown
 # The rendered step people train with runs under an execution policy (`gradtie.policy`), named
 # like `gradtie bench --policy bf16`: `tie` (float32 with every contraction at HIGHEST, what every
 # check ties), `tf32` (float32 at default precision: TF32 tensor cores) and `bf16` (bf16
@@ -387,8 +402,9 @@ plt.show()
 # accumulation inside cuDNN, one rounding: the suite's kind), and the forward's saved record, what
 # the backward reads back, is half as large. The earlier `bf16` conv sites inside a float32 chain
 # lower as `(bf16, bf16) -> f32` at HIGHEST, which XLA's GPU backend runs as float32 convolutions.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 lowered_programs = {
     name: lowered.program(
         resnet34.NET, resnet34.NET.config(policy=name), batch=2, image_size=64
@@ -407,6 +423,8 @@ assert 0.45 < half < 0.55 and "(bf16, bf16) -> f32" in old_sites.signatures()
 print(f"saved record under bf16: {half:.2f} of float32's")
 
 # %% [markdown]
+# ```{admonition} What the GPU benchmark measures
+# :class: dropdown
 # `benchmarks/gpu.sh` measures ResNet-34 at 224 px, 1000 classes, batch 64 and 256, under each
 # policy, and writes `benchmarks/results/gpu.json` with images/s, the ratio to autodiff of the same
 # forward, the device's peak memory and the model FLOP utilisation against the peak of the policy's
@@ -414,8 +432,9 @@ print(f"saved record under bf16: {half:.2f} of float32's")
 # NVIDIA's datasheet), beside plain JAX at the policy's precision and PyTorch eager as users run it
 # (`benchmarks/results/peers_gpu.json`). No GPU figure has been committed yet: the tables below
 # fill in from those files once `gpu.sh` has run on a device.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 gpu = bench.read(bench.RESULTS / "gpu.json")
 if gpu is None:
     print(
@@ -456,7 +475,7 @@ else:
 # shapes alone at this chapter's parameters (at the gpu profile: ResNet-34 at 224 px, batch 64).
 # Nothing runs.
 
-# %%
+# %% tags=["hide-input"]
 live = bench.abstract(
     [
         bench.Workload(

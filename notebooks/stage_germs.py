@@ -34,6 +34,8 @@
 # in the input-gradient tie (`MaxPool2Smooth`: unique maxima only), because a dead window's pooled 0
 # and a twin tie's pooled value do not move whichever cell is chosen, as long as the weights move.
 #
+# ```{admonition} The walks, S and G, and the four things we show
+# :class: dropdown
 # For a path θ(t) = θ + t·v (straight) or θ + t·v + t²·w (curved) in one germ's weights, write
 # S(t) for the loss of the real net at θ(t) and G(t) for the gather model's. Numerically, in
 # float64 on real photos, at **drawn weights** (γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases
@@ -46,8 +48,7 @@
 # 3. central finite differences of S converge to ⟨rendered node, v⟩, judged against a round-off
 #    level measured apart, with controls that must fail (wrong nodes, a bug planted in the chain);
 # 4. the germ holds at a point full of **twin ties** (flat images), and fails at a **non-twin tie**.
-#
-# The first cell turns on float64.
+# ```
 
 # %% tags=["hide-input"]
 import jax
@@ -65,7 +66,7 @@ from gradtie.data import images
 from gradtie.nets import cifar8
 from gradtie.ops import head
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 batch: int = 2       # cifar8 examples (each adds thousands of ReLU inputs near a kink)
 data: str = "photos"  # the batch: photos, flat or randn
 directions: int = 2  # paths per germ: straight, curved, straight, then again
@@ -126,6 +127,8 @@ assert smooth8.ok
 # maximum, and from then on it is the gap between two cells pushed through the rest of the net:
 # tiny but not zero.
 #
+# ```{admonition} How a walk is evaluated, and which paths
+# :class: dropdown
 # The rendered nodes are the one rendered step's (`gradtie.rendered`): forward, the loss's own
 # cotangent, the net's rendered backward through the real kit, as every check runs it.
 #
@@ -141,8 +144,9 @@ assert smooth8.ok
 # direction of length 1/δ₀ (δ₀ the radius the margins predict along v alone), so that at the germ's
 # own scale the path bends as much as it moves, then another straight one, and so on. By
 # default each germ gets two paths, one of each kind; the cpu profile six.
+# ```
 
-# %%
+# %% tags=["hide-output"]
 survey8 = germs.survey(
     Point.of(net8, params8, x8, targets, cfg8),
     grads8,
@@ -185,6 +189,8 @@ plt.show()
 #
 # ## δ predicted from the margins
 #
+# ```{admonition} How the margins predict δ, and what they may not promise
+# :class: dropdown
 # The radius is not a mystery to be measured: each window says how far it is from changing its
 # selection. Write z for the pre-activations feeding ReLU → pool and z_σ for the selected cell's.
 # A live window (z_σ > 0) keeps σ while no other cell's z_c catches up: the gap z_σ − z_c must not
@@ -199,6 +205,7 @@ plt.show()
 # S and G part, and the found δ may come later — past a ReLU crossing upstream (the "first kink"
 # column) the tangents change and a gap can bend — but not by more than a decade. We also count
 # the walks where the two agree to 5 %.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 ratios = np.array([r.prediction_ratio for r in survey8.reports])
@@ -234,6 +241,8 @@ plt.show()
 # difference (S(h) − S(−h))/2h converges to S′(0) = ⟨g, v⟩, g the rendered node — as long as
 # [−h, h] holds no kink. A correct node's difference may differ from it by two things:
 #
+# ```{admonition} The two allowances, round-off measured apart, and the verdicts
+# :class: dropdown
 # - **truncation**, |S‴(0)|·h²/6 + O(h⁴). We do not fit it: S‴ along the path comes from the
 #   autodiff oracle, so the line is a prediction with no free constant (we allow it 25 %);
 # - **round-off**: each evaluation of S carries an error of spread ε_L, so the difference carries
@@ -251,8 +260,9 @@ plt.show()
 # at least one is evidence; "fails" if one is outside; **"no evidence"** if no step lies between
 # round-off and the first kink. Where the h² term rises tenfold above round-off before the kink
 # (an O(h²) window), the error must also BE the predicted truncation, slope 2.
+# ```
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input", "hide-output"]
 print(survey8.fd_table())
 
 # %% tags=["nbval-check-output", "hide-input"]
@@ -309,7 +319,7 @@ assert all(r.fd_verdict == "fails" for reports in wrong.values() for r in report
 # The rendered step of that chain hands conv8 a cotangent off by 1/γ per channel, and the same bn8
 # walk, the same steps and the same round-off level, now judges the planted nodes: it must fail.
 
-# %%
+# %% tags=["hide-input"]
 walk8 = next(r for r in fd8 if r.germ == "bn8" and r.path == "straight")
 # the survey's: germ 8, path 0
 walk8_key = jax.random.fold_in(jax.random.fold_in(jax.random.fold_in(key, 2), 7), 0)
@@ -339,7 +349,7 @@ assert walk8.fd_converges and forgot_walk.fd_verdict == "fails"
 # drowned in round-off, and a step that crosses the kink is never judged: the verdict must be
 # "no evidence".
 
-# %%
+# %% tags=["hide-input"]
 near_key = jax.random.fold_in(jax.random.fold_in(key, 2), 7)
 near_params = germs.near_kink(
     net8, params8, x8, cfg8, "bn8", key=near_key, radius=walk8.roundoff_edge / 100
@@ -405,7 +415,7 @@ plt.show()
 # image could only by being zero where the two fields differ). This figure shows C8PoolTwin₁ and
 # C8PoolTwin₂; C8PoolTwin₃ and C8PoolTwin₄ are not exercised.
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 flat8 = images("flat", p.batch, 32, seed=p.seed)
 flat_census = census.smoothness(net8, params8, flat8, cfg8)
 twins_by_pool = {pc.pool: pc.counts["twin tie"] for pc in flat_census.pools}
@@ -474,13 +484,16 @@ plt.show()
 #
 # ## The control: a non-twin tie
 #
+# ```{admonition} How the non-twin tie is planted
+# :class: dropdown
 # The germ needs the hypothesis. `census.planted_tie` reduces conv1 and conv2 to their centre tap:
 # each cell of pool 1's input then reads one pixel, so on flat images every pair of cells with the
 # same pixel value is tied — although their 3×3 receptive fields differ, so they are **not** twins.
 # The off-centre taps are 0 here, not absent, and any direction in conv1's weights moves them:
 # each such tie breaks at first order, one way for t > 0 and the other way for t < 0.
+# ```
 
-# %%
+# %% tags=["hide-input"]
 planted = census.planted_tie(net8, params8)
 tie_census = census.smoothness(net8, planted, flat8, cfg8)
 grads_tie = germs.rendered_nodes(net8, planted, flat8, targets, cfg8)

@@ -24,9 +24,10 @@
 # Most of this appendix takes many steps in a row, and that goes beyond the suite. Nothing in it
 # proves that the tied step trains well, and training accuracy is no theorem. It is the engineering
 # check a reader of the proof wants next: does the step the proof is about behave like the step
-# everybody trains with? We show four things on sklearn's handwritten digits, and a fifth that is
-# the suite's own statement:
+# everybody trains with?
 #
+# ```{admonition} What it shows on sklearn's handwritten digits, in six parts
+# :class: dropdown
 # 1. the rendered step and the autodiff step, side by side over the first steps of a run, with a
 #    float32 bound that a wrong gradient breaks;
 # 2. why test accuracy must be read with recomputed BatchNorm statistics, not the running ones the
@@ -39,6 +40,7 @@
 #    stop at the raw gradient nodes of `r34_net_tiedB` and `cifar8Bbn_train_step_tiedB`);
 # 6. the same run on several devices (the data-parallel step on a mesh of host devices) against
 #    one device, and the input pipeline an image folder is read through.
+# ```
 #
 # The same runs are a command away: `gradtie train` (see the README) writes `run.json`,
 # `metrics.jsonl` and resumable checkpoints.
@@ -62,7 +64,7 @@ from gradtie import tolerances as tol
 from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.nets.layers import zero_in_reals
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 net: str = "cifar8"   # or "resnet34" (32 px digits)
 batch: int = 32       # examples per step
 epochs: int = 2       # the runs' length; it fixes the cosine schedule
@@ -127,6 +129,8 @@ print(
 # same forward. In ℝ they are the same run, and in floats they are not: the two gradients round
 # differently, by a few units in the last place.
 #
+# ```{admonition} How far may the two runs drift? The bound, step by step
+# :class: dropdown
 # How far apart may they drift? Left alone, they part like any two runs one ulp apart. Training
 # keeps passing near kinks: a pre-activation a hair from zero, a pool window a hair from a tie.
 # A difference of one ulp can decide which side of such a kink a step lands on, and the next
@@ -156,8 +160,9 @@ print(
 # control is the catalogue's `bn_swap_dgamma_dbeta` planted in the rendered step: every BN layer
 # hands back dγ as dβ and dβ as dγ. It has the same shapes and raises no error, so only the bound
 # can catch it.
+# ```
 
-# %%
+# %% tags=["hide-input"]
 tracking = train.side_by_side(model, cfg, digits, run, steps=p.steps, progress=False,
                               controls=[bugs.plant("bn_swap_dgamma_dbeta", model)])
 print(tracking.summary())
@@ -189,15 +194,14 @@ plots.training.side_by_side(tracking)
 plt.show()
 
 # %% [markdown]
-# On the left, the batch losses of the two free runs lie on top of each other, then wander
-# apart step by step, as two independent runs would. On the right, the autodiff step (orange)
-# stays under the bound (dashed) at every smooth step. The γ↔β control (red) sits above it at
-# nearly every smooth step, mostly by orders of magnitude. The bound spikes where a nudged step
-# crosses a kink: the envelope is measured, so it widens exactly where one ulp can change the
-# step, and there it can swallow even the control. A dotted
-# line marks each step taken at a non-twin tie, where the two steps part by more. The free runs'
-# drift (grey) climbs far past the bound within a few steps. That is why the bound is stated per
-# step from a shared state, and not on the free runs.
+# Left: the batch losses of the two free runs lie on top of each other, then wander apart as two
+# independent runs would. Right: the autodiff step (orange) stays under the bound (dashed) at every
+# smooth step; the γ↔β control (red) sits above it at nearly every smooth step, mostly by orders of
+# magnitude. The bound spikes where a nudged step crosses a kink (the envelope is measured, so it
+# widens exactly where one ulp can change the step, and there it can swallow even the control). A
+# dotted line marks each step at a non-twin tie, where the two steps part by more. The free runs'
+# drift (grey) climbs far past the bound within a few steps: hence a bound per step from a shared
+# state, not on the free runs.
 
 # %% [markdown]
 # ## Evaluation that reflects the model
@@ -208,6 +212,8 @@ plt.show()
 # accuracy is no theorem.
 # ```
 #
+# ```{admonition} Why the running statistics mislead, and what train.fit reads instead
+# :class: dropdown
 # BatchNorm's running statistics are part of the training step, downstream of the gradient nodes the
 # suite ties (its step ties stop at the raw nodes). Every step moves them 1% of the way
 # toward the batch's: `running ← 0.99·running + 0.01·batch`, the upstream recipe, which we keep as
@@ -221,12 +227,13 @@ plt.show()
 # variances are combined with Chan's rule. `test_accuracy` reads these statistics;
 # `test_accuracy_running` reads the running ones, and `bn_gap` is the difference. Test images
 # never normalise with their own batch's statistics.
+# ```
 #
 # The run below is the run the side-by-side figure started: the same `train.FitConfig`. We
 # interrupt it after epoch 1 and resume it from its folder, as `gradtie train --out DIR --resume`
 # does. The epochs that follow the resume must repeat, bit for bit, the rendered run followed above.
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 run_dir = Path(tempfile.mkdtemp(prefix="gradtie-training-")) / "digits"
 first = train.fit(model, cfg, digits, run, out=run_dir, stop_after=1, progress=False)
 result = train.fit(model, cfg, digits, run, out=run_dir, resume=True, progress=False)
@@ -292,13 +299,12 @@ plots.training.bn_statistics_gap(history)
 plt.show()
 
 # %% [markdown]
-# The red curve is what a user would have seen had evaluation read the running statistics. It
-# says the model is broken while the blue curve, the same weights evaluated properly, says it has
-# learnt. The dashed line is the share 0.99^s of the running statistics that still dates from
-# before the weights moved. The gap closes only as that share fades, and the cosine schedule
-# slows the weights down. At the `cpu` and `gpu` profiles (8 epochs at batch 64) the same cell
-# holds the run to the acceptance band of `tolerances.TRAIN_DIGITS_ACCURACY` instead of the
-# short-run band, and prints it.
+# Red: what a user would have seen had evaluation read the running statistics; it says the model
+# is broken while blue, the same weights evaluated properly, says it has learnt. Dashed: the share
+# 0.99^s of the running statistics that still dates from before the weights moved. The gap closes
+# only as that share fades and the cosine schedule slows the weights. With 8 epochs at batch 64
+# (the `cpu` and `gpu` profiles) the cell holds the run to `tolerances.TRAIN_DIGITS_ACCURACY`
+# instead of the short-run band.
 
 # %% [markdown]
 # ## The optimizers side by side
@@ -309,7 +315,7 @@ plt.show()
 # ties them to optax's. Here they train the same net on the same batches for the same epochs, and
 # we read each with recomputed statistics.
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 histories = {"nesterov": history}
 for name in ("sgd", "heavy-ball", "adamw"):
     histories[name] = train.fit(
@@ -318,7 +324,7 @@ for name in ("sgd", "heavy-ball", "adamw"):
 for name, h in histories.items():
     print(f"{name:10s} " + train.epoch_line(h[-1], p.epochs))
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 for name, h in histories.items():
     rate = p.lr if name == "nesterov" else train.DEFAULT_LR[name]
     print(f"{name} (lr {rate:g}): test accuracy ≥ {tol.TRAIN_SHORT_ACCURACY:g}: "
@@ -334,13 +340,16 @@ plt.show()
 # %% [markdown]
 # ## CIFAR-10
 #
+# ```{admonition} Running it on CIFAR-10
+# :class: dropdown
 # CIFAR-10 does not ship with any package, so this section runs only when `cifar10_path` names
 # the files. Use either version from https://www.cs.toronto.edu/~kriz/cifar.html: the python
 # version (`cifar-10-batches-py`) or the binary version (`cifar-10-batches-bin`). For example:
 # `papermill notebooks/training.ipynb out.ipynb -p cifar10_path /data/cifar-10-batches-py -p
 # epochs 40 -p batch 128`. Upstream's recipe is 40 epochs at batch 128 with left–right flips.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 if p.cifar10_path:
     cifar = data.load(f"cifar10:{p.cifar10_path}")
     cifar_run = train.fit(model, cfg, cifar, run, progress=False)
@@ -364,6 +373,8 @@ else:
 # the input pipeline, the checkpoints and the hosts lie beyond it.
 # ```
 #
+# ```{admonition} How the mesh trains, and the three runs below
+# :class: dropdown
 # `gradtie train --replicas R` trains with the data-parallel step that chapter ties
 # (`parallel.make_step`): R replicas on a data mesh, each running the rendered chain on its own N
 # examples, every BatchNorm layer normalising with the statistics of the whole global batch of
@@ -376,8 +387,9 @@ else:
 # (`--no-sync-bn`, each replica normalising with its own N examples), and one device at R·N. The
 # limit is the float64 floor of the tie kit. The control is per-replica BatchNorm, which is
 # another function of the weights and must leave the limit far behind.
+# ```
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 scale_dir = Path(tempfile.mkdtemp(prefix="gradtie-scale-"))
 per_replica = 4
 scale_command = [
@@ -501,7 +513,11 @@ plt.show()
 # %% [markdown]
 # Every tensor of the mesh run sits at round-off from the single-device run's, and the
 # per-replica BatchNorm run sits orders of magnitude above the limit: its statistics come from N
-# examples, not R·N, so its gradients are those of another loss. Both runs wrote their
+# examples, not R·N, so its gradients are those of another loss.
+#
+# ```{admonition} Checkpoints, and the same run across hosts
+# :class: dropdown
+# Both runs wrote their
 # checkpoints with orbax (`checkpoints/<step>/`, every process its share, asynchronously, the
 # last `--keep` and the best kept); the single-device run wrote `checkpoint.npz` as every run
 # before it did. `gradtie check --weights RUN` reads either.
@@ -513,9 +529,12 @@ plt.show()
 # starts two such processes on 127.0.0.1 with two host devices each (gloo collectives) and holds
 # their run to one process of four devices and to one device, within ten times the
 # single-device run's own round-off envelope.
+# ```
 #
 # ### The input pipeline
 #
+# ```{admonition} What the pipeline does, and what is measured below
+# :class: dropdown
 # ImageNet arrives as a folder of JPEGs, one subfolder per class (`--data folder:PATH`, as
 # torchvision's `ImageFolder` reads it). `gradtie.pipeline` decodes and augments it in worker
 # processes with grain, JAX's data library: a random resized crop and a flip for training, the
@@ -527,8 +546,9 @@ plt.show()
 # one worker process. Set the figure against the step's own images per second (the
 # `step_images_per_second` of `metrics.jsonl`) to tell a data-bound run from a compute-bound
 # one; `gradtie bench --input` measures the same on any folder.
+# ```
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 photo_folder = folder.write_photo_folder(
     scale_dir / "photos", per_class=16, val_per_class=1, size=(500, 375)
 )
@@ -552,6 +572,8 @@ assert all(r.images_per_second > 0 for r in input_rates)
 # not re-run them. ImageNet needs a GPU cluster, and the CIFAR-10 medians need five 40-epoch runs
 # per optimizer.
 #
+# ```{admonition} Upstream's CIFAR-10 and ImageNet accuracies, and what the suite covers of those runs
+# :class: dropdown
 # | upstream run | SGD | Nesterov | AdamW |
 # |---|---|---|---|
 # | cifar8-BN on CIFAR-10, wide head, 40 epochs, median of 5 | 74.5 | 76.3 | 74.3 |
@@ -575,6 +597,7 @@ assert all(r.images_per_second > 0 for r in input_rates)
 # data-parallel render the suite states synchronises BatchNorm), the bf16 rounding itself, the
 # update rules or the running statistics. The accuracies themselves, theirs and ours, lie beyond
 # what it states.
+# ```
 
 # %% [markdown]
 # ## The train step is tied
@@ -592,6 +615,8 @@ assert all(r.images_per_second > 0 for r in input_rates)
 # BatchNorm running averages. No statement of the suite is about them.
 # ```
 #
+# ```{admonition} The step a user of the usual tools takes, and the census of what a step updates
+# :class: dropdown
 # We tie the whole step as `train.make_step` takes it: one forward, the rendered chain, the update
 # rule, the running statistics. We tie it to the step a user of the usual tools takes:
 # `jax.value_and_grad` of the forward-based loss, fed to optax, with the running averages
@@ -599,8 +624,9 @@ assert all(r.images_per_second > 0 for r in input_rates)
 # step, then 0.99·old + 0.01·batch, biased variance).
 #
 # First the census of the tensors a step updates, read from each net's parameter list.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 census = {
     "resnet34": len(resnet34.NET.param_specs(resnet34.Config(conv_bias=False))),
     "resnet34, conv_bias": len(
@@ -614,6 +640,8 @@ assert census == {"resnet34": 110, "resnet34, conv_bias": 146, "cifar8": 38}
 # %% [markdown]
 # ### The update rules are optax's
 #
+# ```{admonition} The two recipes, term by term against optax
+# :class: dropdown
 # Before any gradient, the rules themselves. ResNet-34's ImageNet recipe is the heavy ball with
 # coupled weight decay: g ← g + wd·θ on every tensor, v ← 0.9v + g, θ ← θ − lr·v. In
 # optax that is `chain(add_decayed_weights(wd), sgd(lr, momentum=0.9))`: the decay is added to the
@@ -623,8 +651,9 @@ assert census == {"resnet34": 110, "resnet34, conv_bias": 146, "cifar8": 38}
 # with no different formulation to reconcile. So on the same gradients (here N(0, 1) draws shaped
 # like cifar8's 38 tensors) the two should agree bit for bit, and they do. The control is decoupled decay, where the decay skips the buffer; it parts from
 # optax's rule.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 jax.config.update("jax_enable_x64", True)   # the step tie runs in float64
 step_cfg = {
     "resnet34": resnet34.Config(num_classes=7, conv_bias=p.conv_bias),
@@ -659,6 +688,8 @@ assert d != 0.0
 # `r34_net_tiedB`'s raw gradient nodes, which the suite ties and this section does not isolate.
 # ```
 #
+# ```{admonition} The two steps and each row's limit
+# :class: dropdown
 # Two steps of the heavy-ball recipe (lr 0.1, wd 10⁻⁴, label smoothing 0.1), in float64, from drawn
 # weights (γ ≠ 1, β ≠ 0) on crops of the shipped photos, with one class per photo. Two steps,
 # because the momentum buffer carries step 1 into step 2. The rendered run and the optax run each
@@ -672,8 +703,9 @@ assert d != 0.0
 # runs goes to the last step, so the envelope also holds what step 1's round-off grows into by
 # step 2. Where a BatchNorm layer averages few cells (layer4 here sees 4 values per channel), the
 # envelope widens past the floor, and the printed table says so.
+# ```
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 r34_batches = data.photo_batches(2, p.tie_batch, p.image_size, seed=p.seed)
 r34_reference = step.reference_run(
     resnet34.NET, r34_params, r34_batches, step_cfg["resnet34"], recipe="heavy-ball"
@@ -726,12 +758,15 @@ assert r34_tie.tensors == census["resnet34, conv_bias" if p.conv_bias else "resn
 assert all(s.moved == r34_tie.movers for s in r34_tie.steps)
 
 # %% [markdown]
+# ```{admonition} The control: decoupled decay passes step 1 and fails step 2
+# :class: dropdown
 # The control takes the decay out of the buffer: v ← 0.9v + g, θ ← θ − lr·v − lr·wd·θ. In ℝ its
 # first step is the right one, and so every updated tensor passes at step 1. Only the momentum
 # buffer gives it away there, since it lacks wd·θ. At step 2 that missing term reaches the weights
 # and every tensor fails. A tie that compared the parameters after one step would have passed it.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 r34_control = step.tie_step(
     resnet34.NET,
     r34_params,
@@ -762,11 +797,14 @@ assert r34_control.steps[1].within("params")[0] == 0
 # `cifar8Bbn_train_step_tiedB`'s raw gradient nodes.
 # ```
 #
+# ```{admonition} The step and its control
+# :class: dropdown
 # The same tie for cifar8's Nesterov step (lr 0.02, no smoothing), on the same number of photos.
 # Its control steps with Nesterov's buffer but drops the look-ahead, θ ← θ − lr·v. That is the
 # plain heavy ball, the formulation a Nesterov step is most easily confused with.
+# ```
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 c8_batches = data.photo_batches(2, p.tie_batch, 32, seed=p.seed)
 c8_reference = step.reference_run(
     cifar8.NET, c8_params, c8_batches, step_cfg["cifar8"], recipe="nesterov"
@@ -834,13 +872,13 @@ plots.training.step_tie([r34_tie, c8_tie], [r34_control, c8_control])
 plt.show()
 
 # %% [markdown]
-# Every row of both steps sits far under its limit (blue, hollow at step 1 and filled at step 2).
-# The controls (red crosses) sit orders of magnitude above it. In ResNet-34's panel the control
-# passes the running statistics: step 2 reads its batch statistics at the weights after step 1,
-# which decoupled decay gets right in ℝ. It fails every updated tensor and every momentum buffer.
-# The tie also runs in `tests/checks/test_step.py`: the 146-tensor step with conv biases, plain
-# SGD, and every control of each recipe: decoupled decay, dampened momentum, no look-ahead, the
-# learning rate applied twice, a skipped tensor, and the unbiased running variance.
+# Every row of both steps sits far under its limit (blue, hollow at step 1, filled at step 2); the
+# controls (red crosses) sit orders of magnitude above. In ResNet-34's panel the control passes the
+# running statistics (step 2 reads its batch statistics at the weights after step 1, which decoupled
+# decay gets right in ℝ) and fails every updated tensor and momentum buffer. `tests/checks/test_step.py`
+# runs the tie too: the 146-tensor step with conv biases, plain SGD, and every control of each recipe
+# (decoupled decay, dampened momentum, no look-ahead, the learning rate applied twice, a skipped
+# tensor, the unbiased running variance).
 
 # %% [markdown]
 # ## What this chapter showed

@@ -19,13 +19,10 @@ FIRST_FIGURE_SCREENS = 3.0  # the headline figure's bottom edge within the first
 # now: (screens, first figure). Each is held to what it measures plus half a screen.
 LONG = {
     "pools": (26.3, 4.2),
-    "stage_germs": (16.4, 3.9),
     "would_it_catch": (12.0, 10.9),
-    "check_your_own": (13.9, 10.0),
+    "check_your_own": (10.2, 8.6),
     "bf16_erasure": (23.6, 11.5),
     "data_parallel": (21.5, 4.6),
-    "training": (22.4, 4.4),
-    "performance": (15.0, 3.2),
 }
 
 
@@ -95,6 +92,13 @@ def test_the_proxy_counts_what_the_page_shows_and_skips_what_it_hides():
         pagelength.SCALE * pagelength.TOGGLE_PX)
     glued = {"output_type": "display_data", "data": {"application/papermill.record/text/plain": "'x'"}}
     assert pagelength.measure({"cells": [_cell("", [glued])]}).px == 0
+    # an admonition shown folded (sphinx-togglebutton's dropdown class) is its title bar until opened
+    body = "\n".join(["word " * 18] * 20)
+    boxed = lambda cls: f"```{{admonition}} Details\n:class: {cls}\n{body}\n```\n\nafter"
+    assert pagelength.markdown_px(boxed("dropdown")) == pagelength.ADMONITION_PX + pagelength.markdown_px("after")
+    assert pagelength.markdown_px(boxed("attention")) > 20 * pagelength.PROSE_LINE_PX
+    nested = "```{admonition} Code\n:class: dropdown\n```python\nx = 1\n```\n```\n\nafter"
+    assert pagelength.markdown_px(nested) == pagelength.ADMONITION_PX + pagelength.markdown_px("after")
     # prose wraps at the column: a paragraph twice as long is twice as many lines
     one, two = ("word " * 19, "word " * 38)
     assert (pagelength.markdown_px(two) - pagelength.PARAGRAPH_PX

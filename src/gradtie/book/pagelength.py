@@ -6,7 +6,8 @@ at a 1400 px window: a 784 px content column, 16 px body text, 14 px monospace).
 measured in pixels:
 
 - prose: a paragraph wraps at `PROSE_CHARS` characters to a line of `PROSE_LINE_PX`; each
-  paragraph, list item, heading and admonition adds its margin;
+  paragraph, list item, heading and admonition adds its margin; an admonition shown folded
+  (`:class: dropdown`, sphinx-togglebutton) is its title bar, `ADMONITION_PX`, until opened;
 - code a reader sees: `CODE_LINE_PX` a line and `BLOCK_PX` of padding; an input folded with
   `hide-input` (or an output with `hide-output`) is its toggle bar, `TOGGLE_PX`; `remove-input`,
   `remove-output` and `remove-cell` take nothing, nor do glued records (stored, not shown);
@@ -92,8 +93,16 @@ def markdown_px(source: str) -> float:
             px += _paragraph_px(" ".join(para)) + PARAGRAPH_PX
             para = []
 
+    folded = 0            # inside a folded box (`:class: dropdown`): 1 + the fences nested in it
     for line in source.splitlines():
         s = line.strip()
+        if folded:
+            if s == "```":
+                folded -= 1
+                fence = None if folded == 0 else fence
+            elif s.startswith("```"):
+                folded += 1
+            continue
         if s.startswith("```"):
             flush()
             if fence is None:
@@ -106,6 +115,8 @@ def markdown_px(source: str) -> float:
             px += CODE_LINE_PX
             continue
         if fence == "box" and re.fullmatch(r":[\w-]+:.*", s):
+            if re.fullmatch(r":class:.*\bdropdown\b.*", s):
+                folded = 1                        # shown folded: its title bar only
             continue                              # a directive option (:class: attention)
         heading = re.match(r"(#{1,6}) ", s)
         if heading:
