@@ -489,3 +489,22 @@ def test_the_fold_rule_folds_harness_and_leaves_a_computation_open(tmp_path):
         ("setup", "# %%"), ("harness", "# %%"), ("mostly harness", '# %% tags=["nbval-check-output"]')]
     fold.tag(src, apply=True)
     assert src.read_text().count('"hide-input"') == 3 and fold.tag(src) == []
+
+
+@pytest.mark.parametrize("chapter", [c.name for c in book.CHAPTERS])
+def test_every_executed_chapter_runs_its_reviewed_source(chapter):
+    assert book.source_drift(book.NOTEBOOKS / f"{chapter}.py", book.NOTEBOOKS / f"{chapter}.ipynb") == []
+
+
+def test_a_drifted_cell_a_retagged_cell_and_a_lost_cell_are_named(tmp_path):
+    src = book.NOTEBOOKS / "head_fold.py"
+    nb = json.loads((book.NOTEBOOKS / "head_fold.ipynb").read_text())
+    code = next(i for i, c in enumerate(nb["cells"]) if c["cell_type"] == "code")
+    nb["cells"][code]["source"] = ["x = 1  # edited after execution\n"]
+    nb["cells"][code]["metadata"]["tags"] = ["remove-input"]
+    drifted = tmp_path / "head_fold.ipynb"
+    drifted.write_text(json.dumps(nb))
+    assert book.source_drift(src, drifted) == [f"head_fold.ipynb cell {code}: source, tags differ from head_fold.py"]
+    del nb["cells"][-1]
+    drifted.write_text(json.dumps(nb))
+    assert "cells against" in book.source_drift(src, drifted)[0]

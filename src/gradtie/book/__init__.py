@@ -667,6 +667,25 @@ def source_notebook(name: str, dst: Path) -> Path:
     return dst
 
 
+def source_drift(source: Path, executed: Path) -> list[str]:
+    """Where an executed chapter (notebooks/<name>.ipynb, what nbval re-runs) no longer holds its
+    reviewed source (notebooks/<name>.py): a cell count, a cell's kind, source or tags that differ.
+    Empty when nbval runs exactly the code the source shows."""
+    import jupytext
+    src, nb = jupytext.read(source), json.loads(executed.read_text())
+    if len(src.cells) != len(nb["cells"]):
+        return [f"{executed.name}: {len(nb['cells'])} cells against {len(src.cells)} in {source.name}"]
+    out = []
+    for i, (a, b) in enumerate(zip(src.cells, nb["cells"])):
+        tags_a, tags_b = sorted(a.metadata.get("tags", [])), sorted(b.get("metadata", {}).get("tags", []))
+        what = [w for w, differs in (("kind", a.cell_type != b["cell_type"]),
+                                     ("source", a.source != "".join(b["source"])),
+                                     ("tags", tags_a != tags_b)) if differs]
+        if what:
+            out.append(f"{executed.name} cell {i}: {', '.join(what)} differ from {source.name}")
+    return out
+
+
 def refresh(name: str) -> Path:
     """notebooks/<name>.py (jupytext py:percent, the reviewed source) -> executed notebooks/<name>.ipynb.
 
