@@ -21,7 +21,7 @@ LONG = {
     "pools": (13.4, 2.6),
     "would_it_catch": (12.0, 10.9),
     "check_your_own": (10.2, 8.6),
-    "bf16_erasure": (23.6, 11.5),
+    "bf16_erasure": (15.8, 8.1),
     "data_parallel": (21.5, 4.6),
 }
 
