@@ -22,7 +22,6 @@ LONG = {
     "would_it_catch": (9.4, 8.4),
     "check_your_own": (10.2, 8.6),
     "bf16_erasure": (15.8, 8.1),
-    "data_parallel": (21.5, 4.6),
 }
 
 
