@@ -38,12 +38,15 @@
 # dense head and the loss. A bf16 {term}`kind` takes a rounding function `rnd`, rounds both operands
 # with it, accumulates the products in float32 and rounds the result once:
 #
+# ```{admonition} The kind, and where the weight gradient's rounding sits
+# :class: dropdown
 #     kind(a, b) = rnd(op(rnd(a), rnd(b)))        op: the f32 conv node (`cInB`, `convWeightGradB`, …)
 #
 # For the weight gradient the single rounding sits outside the batch sum: the batch is part of the
 # one float32 contraction. This chapter shows, on real photos, at **drawn weights** (BatchNorm
 # γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases ~ N(0, 0.1²): `net.init(key, cfg, weights="drawn")`, a point
 # where a backward that mixes up γ, β or a bias cannot hide):
+# ```
 #
 # - **erasure** (`Bf16Erasure`): at `rnd = identity` the kind computes exactly what its f32 peer
 #   computes, bit for bit, for each of the six kinds and along both nets' whole rendered chains;
@@ -82,7 +85,7 @@ from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.nets.layers import rounding
 from gradtie.ops import conv
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 batch: int = 4       # examples per batch (both nets)
 image_size: int = 32  # ResNet-34's input side (cifar8 always reads 32×32)
 data: str = "photos"  # photos, flat or randn
@@ -182,7 +185,7 @@ assert all(bf16.case_erasure(c) for c in cases)
 # the batch in float32 after each example's own contraction (what rounding inside the batch sum
 # needs), which reassociates the sum.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 by_label = {c.name: c for c in cases}
 even = {c.name: c for c in bf16.kind_cases(p.seed, size=8)}
 f1, f2e, g1 = by_label["forward s1"], even["forward s2"], by_label["weight grad s1"]
@@ -236,6 +239,8 @@ assert all(report.ok for report in erasure.values())
 # rounded to bf16, then typed `bfloat16` so the conv reads bf16 and accumulates in float32, exactly
 # as the nets' `"bf16"` rounding does (`companions.typed_operands`).
 #
+# ```{admonition} What the typed kernel is compared with, and the control
+# :class: dropdown
 # What do we compare it with? Not the f32 peer: on this CPU backend XLA widens bf16-exact operands
 # and runs the very float32 convolution the peer runs, so "equal to the peer bit for bit" would be
 # one computation compared with itself. Over ℝ both the kind at the identity rounding and its f32
@@ -251,8 +256,9 @@ assert all(report.ok for report in erasure.values())
 # The control: operands that are NOT bf16-exact (the draws themselves). The typed kernel's cast
 # then rounds them and the exact sum does not, so it must land outside float32's accumulation
 # bound, by the operand rounding, about 2⁻⁷ of Σ|a||b|.
+# ```
 
-# %%
+# %% tags=["hide-input"]
 from gradtie.book import companions
 
 typed = companions.typed_erasure(companions.with_formulation(cases, "conv")
@@ -327,7 +333,7 @@ assert all(
 # outputs whose bits differ from the f32 peer, the largest difference over the order bound, and
 # whether the typed kind rounded to bf16 still equals round_bf16 of the f32 peer.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input", "hide-output"]
 print(
     f"{'site':30} {'ran as':8} {'n':>4} {'vs exact':>8} {'differing':>9}"
     f" {'over bound':>10}  rounded kind == rnd(peer)"
@@ -362,11 +368,14 @@ for r in typed.controls():
 # and a product of bf16-typed operands is not the f32 product), and every site on a GPU, which runs
 # bf16 kernels. There the identity holds to the bound of the next section.
 #
+# ```{admonition} How every conv call of a chain is read
+# :class: dropdown
 # Every conv call of a rendered chain is read in one run: `bf16.conv_sites` hands the chain a
 # recording kit (`gradtie.kit.recording`), and each conv call of the kit carries its layer's name,
 # so every site comes with its operands, stride and node, named `conv3` or `layer2.0.downsample.0`.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 sites, site_rows, chains = {}, {}, {}
 for name, (net, cfg, params, x, t) in points.items():
     sites[name], chains[name], _ = bf16.conv_sites(Chain(net), params, x, t, cfg)
@@ -393,7 +402,7 @@ else:
 # Two controls: a forward that rounds only its result, rnd(conv(x, W)), and a weight gradient that
 # rounds inside the batch sum, Σ_n rnd(S_n). Neither is rnd(f32 node at rounded operands).
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 wrong = {
     "result-only rounding": bf16.case_row(
         f1, conv.round_bf16, bf16.forward_result_only(f1)
@@ -417,6 +426,8 @@ assert not any(row.equal for row in wrong.values())
 # bounds no input-backward or weight-gradient kind. The bound below, for all three kinds, is ours.
 # ```
 #
+# ```{admonition} The bound B(n), and the bf16-accumulation control
+# :class: dropdown
 # Take one output s = Σ_{i≤n} a_i·b_i. Rounding the operands gives â = a(1+α), b̂ = b(1+β) with
 # |α|, |β| ≤ u = 2⁻⁸ (bf16 keeps 8 significant bits), so |Σ âb̂ − Σ ab| ≤ (2u + u²)·M with the
 # **magnitude sum** M = Σ|a|·|b|. The products âb̂ of two bf16 values are exact in float32, and a
@@ -436,6 +447,7 @@ assert not any(row.equal for row in wrong.values())
 #
 # As a control, a forward that accumulates in bf16 — every partial sum rounded — on positive
 # operands, where each step can lose u of a growing sum: its error grows like n·u.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 b_short, b_long = float(bf16.accumulation_bound(147)), float(
@@ -473,7 +485,7 @@ assert acc.ratio > 1
 # short (N·1·1 at ResNet-34's layer 4), so one output carries the operand rounding of a few
 # products with nothing to average it.
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 for name, rows in site_rows.items():
     for op in bf16.OPS:
         pick = [r for r in rows if r.op == op]
@@ -486,7 +498,7 @@ for name, rows in site_rows.items():
         )
 print(f"control, bf16 accumulation: error/bound {acc.ratio:.1f}")
 
-# %%
+# %% tags=["hide-input"]
 plots.bf16_erasure.bf16_bound(site_rows, controls=[acc])
 plt.show()
 
@@ -500,6 +512,8 @@ plt.show()
 # the node ties below are ours.
 # ```
 #
+# ```{admonition} What is tied stage by stage, and the frozen reference
+# :class: dropdown
 # The suite's statement about the bf16 gradient is a node tie: each weight-gradient node, at the
 # cotangent the rendered chain threads to it, is the derivative of its op (`ConvWTiedBAt bf16`, at
 # the identity rounding; the book's nets round the other conv sites too, and so the cotangents
@@ -526,8 +540,9 @@ plt.show()
 # reversed and at float32-unit nudges, times ten, floored at float32's floor. A conv backward off by
 # more than an ulp anywhere is not taken over and fails; a bug that stays under one ulp wherever it
 # meets a rounding can hide in the chain's rounding: that is bf16's resolution.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 ties = {
     name: bf16.stage_ties(Point.of(net, params, x, t, cfg))
     for name, (net, cfg, params, x, t) in points.items()
@@ -553,7 +568,7 @@ print(
     )
 )
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 # the measured figures below depend on the machine's round-off, so nbval does not
 # compare them
 for name, report in ties.items():
@@ -611,7 +626,7 @@ pages.Table(
     right=frozenset({2, 3}),
 )
 
-# %%
+# %% tags=["hide-input"]
 plots.bf16_erasure.bf16_stages({"cifar8": ties["cifar8"]}, {"cifar8": caught})
 plt.show()
 
@@ -651,7 +666,7 @@ print(
 # a description, not a verdict: a node returned as all zeros sits at distance 1 of itself, and here
 # most of the correct nodes sit more than 1 % away.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 distance = {}
 for name, (net, cfg, params, x, t) in points.items():
     g16, dx16 = chains[name].grads, chains[name].dx
@@ -666,7 +681,7 @@ for name, (net, cfg, params, x, t) in points.items():
     )
     assert rel > 0.01
 
-# %%
+# %% tags=["hide-input"]
 for name, rows in distance.items():
     ratios = np.array([r.ratio for r in rows])
     rel = np.array([r.rel for r in rows])
@@ -688,7 +703,7 @@ for name, rows in distance.items():
 # close to the f32 gradient, and no verdict can be read off the distance; the stage-by-stage tie above
 # is what the bf16 chain can be held to. The cpu and gpu profiles use larger images.
 
-# %%
+# %% tags=["hide-input"]
 plots.bf16_erasure.bf16_f32_distance(distance)
 plt.show()
 
@@ -755,12 +770,12 @@ for row in replica.rows:
     d = replica.arrays[row.name]
     assert row.ok and np.array_equal(d["diff"], d["formula"]) and row.differing > 0
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input", "hide-output"]
 for row in replica.rows:
     print(f"{row.name}: R = {row.replicas}, entries differing {row.differing:.0%}, "
           f"max |difference| / M = {row.max_diff_rel:.2e} (2u = {2 * bf16.U_BF16:.2e})")
 
-# %%
+# %% tags=["hide-input"]
 plots.bf16_erasure.bf16_replica(replica.arrays, p.replicas)
 plt.show()
 
@@ -772,6 +787,8 @@ plt.show()
 # What a compiler keeps of a rounding is no statement of the suite.
 # ```
 #
+# ```{admonition} What XLA does to a cast round-trip, and why bf16-typed operands
+# :class: dropdown
 # A rounding written as a cast round-trip, `x.astype(bf16).astype(f32)`, is a pair of `convert`
 # ops, and a compiler allowed to keep excess precision may delete the pair: XLA's GPU backend does
 # (its `SimplifyFPConversions` pass, on by default through `xla_allow_excess_precision`), as
@@ -787,6 +804,7 @@ plt.show()
 # accumulator, is kept here too; it is the one place a GPU compiler could still erase, which the
 # node identity and the bound above would catch. `round_bf16`, integer arithmetic on the bits,
 # leaves nothing to fold: the "nearest" rounding of `Config.bf16_rounding`.)
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 backend = jax.default_backend()
@@ -806,7 +824,7 @@ if backend == "cpu":
 # The optimized HLO itself is the backend's own text; here are its `convert` and `convolution`
 # lines on this machine's backend.
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input", "hide-output"]
 print(f"backend: {backend}")
 for facts in (cast.text, typed.text):
     print("\n".join(line.strip()[:160] for line in facts.splitlines()
@@ -822,6 +840,8 @@ for facts in (cast.text, typed.text):
 # rounding.
 # ```
 #
+# ```{admonition} The policies, and what each is checked against
+# :class: dropdown
 # The same rendered chain runs under an execution policy (`gradtie.policy`), chosen by name:
 # `tie` (float64 or float32, every contraction at HIGHEST: every other tie in this book), `tf32`
 # (float32, contractions at default precision: TF32 tensor cores on a GPU) and `bf16` (bf16
@@ -834,8 +854,9 @@ for facts in (cast.text, typed.text):
 # no TF32 units, so float32's here). Every rounding the program names is kept: the checks compile
 # with excess precision off, since by default XLA may compute a bf16 value in float32 and drop the
 # rounding. The control is a catalogue bug planted in the same chain under the same policy.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 net, cfg8, params8, x8, t8 = points["cifar8"]
 pcfg = dataclasses.replace(cfg8, bf16=False, policy=p.policy)
 tied = policies.check(net, params8, x8, t8, pcfg, label_smoothing=0.1, key=key)

@@ -21,13 +21,18 @@
 #   examples and run the rendered ResNet-34 step with synchronised BatchNorm. Each divides its loss
 #   by its own N, and the nodes are all-reduced by mean. The all-reduced gradient nodes ARE the
 #   single-device nodes at N := R·N, for every R and N.
-#   - Its hypotheses are 0 < R and 0 < N, with every replica holding the same N. Like the
-#     single-device step tie (`r34_net_tiedB`), whose chain at the global batch is its right-hand
-#     side, it carries **no smoothness clause**: it is an equality of gradient nodes at the
-#     cotangents the chains deliver, and holds at kinks too. (That those nodes are the derivative of
-#     the loss is `r34_net_lossGrad`'s statement, under its own smooth-point hypothesis.)
-#   - It carries the precision flag: at bf16 := false it is about the f32 nodes, at bf16 := true
-#     about the bf16 weight-gradient kinds.
+#
+#   ```{admonition} Its hypotheses (0 < R, 0 < N, no smoothness clause) and its precision flag
+#   :class: dropdown
+#   Its hypotheses are 0 < R and 0 < N, with every replica holding the same N. Like the
+#   single-device step tie (`r34_net_tiedB`), whose chain at the global batch is its right-hand
+#   side, it carries **no smoothness clause**: it is an equality of gradient nodes at the
+#   cotangents the chains deliver, and holds at kinks too. (That those nodes are the derivative of
+#   the loss is `r34_net_lossGrad`'s statement, under its own smooth-point hypothesis.)
+#
+#   It carries the precision flag: at bf16 := false it is about the f32 nodes, at bf16 := true
+#   about the bf16 weight-gradient kinds.
+#   ```
 # - **`DataParallel.SyncBf16`**: at the bf16 flag, each replica r rounds its own weight-gradient
 #   contraction S_r once. The all-reduced node is (1/R)·Σ_r rnd(S_r), not rnd(Σ_r S_r)/R; the
 #   statement gives their difference exactly, and no bound on it.
@@ -35,14 +40,17 @@
 # We tie at drawn weights (γ ~ U(0.5, 1.5), β and biases nonzero), on crops of real photos, and
 # take the smoothness census of every point we tie at (the parameter-gradient hypothesis of
 # `r34_net_lossGrad`: the node tie itself needs none, but a point where it holds is one where the
-# tied nodes are also the loss's gradient). Beyond the suite, and marked as such where they come:
+# tied nodes are also the loss's gradient). Beyond the suite, marked where they come:
 #
+# ```{admonition} What goes beyond the suite here
+# :class: dropdown
 # - the input-gradient row of the mesh tie (the suite's input-gradient tie is single-device);
 # - replicas holding different numbers of examples, with the "plain mean of replica means" bug;
 # - per-replica BatchNorm, the counterexample;
 # - a bound on `SyncBf16`'s difference (2u·M);
 # - Chan's combine against one E[x²] round;
 # - cifar8 on a mesh (the suite's cifar8 has no data-parallel render).
+# ```
 #
 # The replicas are fake host devices, so the device count must be fixed before JAX starts: the
 # first cell does that.
@@ -64,7 +72,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 from gradtie import book, parallel, sync_bf16
-from gradtie.book import plots
+from gradtie.book import pages, plots
 from gradtie import tolerances
 from gradtie.checks import bugs, census
 from gradtie import sync_sweep as dp
@@ -73,7 +81,7 @@ from gradtie.checks.tie import tie
 from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.nets.layers import rounding
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 net: str = "resnet34"  # the suite's data-parallel net; "cifar8": beyond the suite
 batch: int = 2        # the largest N (examples per replica) of the R·N sweep
 replicas: int = 2     # the sweep's largest R (1, 2, 4, …; at most 8 host devices)
@@ -122,6 +130,10 @@ print(
 # %% [markdown]
 # ## Why the replica mean is the single-device gradient
 #
+# Only BatchNorm couples examples, and with synchronised statistics and each replica's loss divided by its own N, the all-reduced mean is the single-device gradient; only the order of the floating-point sums changes.
+#
+# ```{admonition} The argument: sharding, BatchNorm, the loss divisor
+# :class: dropdown
 # **Sharding.** The mesh has one axis, `data`. The global batch x [R·N,3,S,S] is split along it:
 # replica r holds rows r·N … (r+1)·N − 1. Every replica holds the same parameters.
 #
@@ -141,6 +153,7 @@ print(
 # BatchNorm backward average R-times-larger cotangents. So every replica's parameter gradient is
 # R times its rows' share of the single-device sum. The all-reduce by mean divides by R and adds
 # the shares: the single-device gradient.
+# ```
 #
 # Only the order of the floating-point sums changes. A correct mesh step should therefore sit
 # inside the round-off envelope of the single-device point, the same limit every tie in the book
@@ -156,13 +169,16 @@ print(
 # come from) gets its own float64 oracle, envelope and smoothness census. Every split of it is tied
 # through `checks.tie.tie` on R replicas, the verdict path `gradtie check --replicas` uses.
 #
+# ```{admonition} Beyond the statement's literal resolution: the sweep runs at 32 px
+# :class: dropdown
 # **Beyond the statement's literal resolution**: the sweep runs at `image_size` = 32 px, the same
 # architecture at a size the statement does not fix (it fixes 224 px; the next section ties there).
 # At 32 px layer4's maps are 1×1, so at R·N = 1 its BatchNorm averages M = 1 value per channel:
 # x̂ = 0, and every node upstream of layer4 is 0 in ℝ. That split is **degenerate**: reported, not
 # tied, and never counted as tied.
+# ```
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 sweep = dp.sweep(
     model,
     params,
@@ -209,7 +225,7 @@ print(
     all(t.worst().ratio < 1 for t in sweep.ties),
 )
 
-# %%
+# %% tags=["hide-input"]
 assert sweep.ok and sweep.smooth
 assert all(not t.ill_conditioned for t in sweep.ties)
 assert {t.meta["replicas"] for t in sweep.ties} >= {1, 2, 4} & set(
@@ -229,9 +245,13 @@ plt.show()
 # The input-gradient row of the mesh tie: the suite's input-gradient tie (`r34InputGradB_correct`)
 # is single-device, so this row ties beyond it.
 # ```
+#
+# ```{admonition} The same check across processes
+# :class: dropdown
 # The same check runs in the test suite with two
 # processes on one host (`jax.distributed`, CPU collectives over gloo). There the replicas live in
 # different processes and the all-reduces cross process boundaries.
+# ```
 
 # %% [markdown]
 # ## At the statement's own resolution: 224 px
@@ -242,7 +262,7 @@ plt.show()
 # smoothness census. The control is per-replica BatchNorm at the same point: each replica then
 # normalises over its own 7×7 cells of layer4, a different function, and must go red.
 
-# %% tags=["remove-stderr"]
+# %% tags=["remove-stderr", "hide-input"]
 if p.net == "resnet34":
     at224 = dp.sweep(
         model,
@@ -259,7 +279,7 @@ if p.net == "resnet34":
     per_replica224 = tie(point224, replicas=2, sync_bn=False, devices=devices)
     print(at224.ties[0].summary())
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 if p.net == "resnet34":
     sync224 = at224.ties[0]
     print(
@@ -310,7 +330,7 @@ if p.net == "resnet34":
 # from the single-device gradient at R·N by order one, not by round-off. We keep the point and
 # the limits of the R = 2 split and switch `sync_bn` off.
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 b2 = 2 * p.batch
 x2, t2, point2 = sweep.points[b2]
 tied2 = next(
@@ -331,8 +351,6 @@ print(
     "off by more than 1 % of the node (not round-off):",
     worst.rel > tolerances.ILL_CONDITIONED_REL,
 )
-
-# %% tags=["hide-input"]
 assert not per_replica.ok and not per_replica.row("loss").ok
 assert worst.rel > tolerances.ILL_CONDITIONED_REL
 
@@ -349,6 +367,8 @@ assert worst.rel > tolerances.ILL_CONDITIONED_REL
 # padded to the largest count, and a validity mask marks the real ones. Then every piece counts
 # valid examples only:
 #
+# ```{admonition} How uneven counts are combined, and the plain-mean control
+# :class: dropdown
 # - **Statistics.** BatchNorm combines by counts m_r (valid cells): μ = Σ_r m_r·μ_r / Σ_r m_r and
 #   σ² = Σ_r m_r[σ_r² + (μ_r − μ)²] / Σ_r m_r (Chan's combine with counts).
 # - **Backward.** The two means run over the global valid cells, Σ_r sums_r / Σ_r m_r.
@@ -363,8 +383,9 @@ assert worst.rel > tolerances.ILL_CONDITIONED_REL
 # means combined as a plain mean of replica means. It is exactly right when the counts are equal,
 # and wrong when they differ. The forward keeps the count-weighted statistics; the bug sits in the
 # rendered backward only, as every catalogue entry does.
+# ```
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 counts = (b2 - 1, 1)
 uneven = tie(point2, counts=counts, devices=devices)
 plain = bugs.plant("sync_plain_mean_of_means", model)
@@ -397,7 +418,7 @@ print(
 )
 print(f"the same bug at {p.batch}+{p.batch}: {'tied' if plain_even.ok else 'FAILED'}")
 
-# %%
+# %% tags=["hide-input"]
 assert uneven.ok and not uneven.ill_conditioned
 assert not plain_uneven.ok and plain_uneven.worst().rel > tolerances.ILL_CONDITIONED_REL
 assert plain_even.ok
@@ -414,7 +435,7 @@ plt.show()
 # fill the padded rows with random pixels instead of zeros. If any padded value reached any sum,
 # some bit of the result would move.
 
-# %%
+# %% tags=["hide-input"]
 xs, ts, valid = parallel.padded(x2, t2, counts)
 junk = np.where(
     valid[:, None, None, None] > 0,
@@ -448,14 +469,14 @@ print(
     "input gradient of every padded row exactly 0:",
     bool(np.all(np.asarray(junk_run.dx)[valid == 0] == 0)),
 )
-
-# %% tags=["hide-input"]
 assert same and np.array_equal(zeros_run.dx, junk_run.dx)
 assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 
 # %% [markdown]
 # ## The bf16 flag on a mesh: `SyncBf16`
 #
+# ```{admonition} Why each replica's node is rounded apart
+# :class: dropdown
 # At the bf16 flag each conv weight gradient is a bf16 kind. The kind contracts the rounded
 # operands in float32 and rounds the result once, outside the batch sum. Under data parallelism
 # each replica r contracts its own examples, with its own cotangent (R times its share, since it
@@ -463,6 +484,7 @@ assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 #
 # - its node is rnd(S_r), with S_r the float32 contraction at its rounded operands;
 # - the all-reduce averages those rounded nodes in float32.
+# ```
 #
 # So the all-reduced node is (1/R)·Σ_r rnd(S_r), while rnd(Σ_r S_r)/R is what one device computes
 # at R·N (for R a power of two, dividing by R commutes with rounding). The two differ by exactly
@@ -476,6 +498,8 @@ assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 # is ours, and so is every check of it below.
 # ```
 #
+# ```{admonition} What is run, and the four identities checked
+# :class: dropdown
 # We run the data-parallel ResNet-34 step with the bf16 flag on (float32 weights, synchronised
 # BN) on R = 2 host devices. We read every replica's weight-gradient operands and node from the
 # step itself and check each identity.
@@ -487,10 +511,11 @@ assert np.all(np.asarray(junk_run.dx)[valid == 0] == 0)
 #   rounding (R − 1)·2⁻²⁴ of the sum's magnitude.
 # - Its distance from rnd(Σ_r S_r)/R is the formula (`SyncBf16`), and at most 2u·M (beyond the suite).
 # - At the identity rounding each replica's kind is its f32 peer, so the difference is 0.
+# ```
 #
 # The control: had the all-reduce returned rnd(Σ_r S_r)/R, the formula check would fail.
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 cfg16 = dataclasses.replace(cfg, bf16=True)
 params32 = {k: v.astype(jnp.float32) for k, v in params.items()}
 sync16 = bf16_replicas.mesh_replica_sum(
@@ -502,7 +527,7 @@ sync16 = bf16_replicas.mesh_replica_sum(
     mesh=mesh2,
     label_smoothing=alpha,
 )
-print(sync16.table())
+pages.replica_sums(sync16)
 
 # %% tags=["nbval-check-output", "hide-input"]
 rows16 = sync16.rows
@@ -540,7 +565,7 @@ print(
     sync16.control_red,
 )
 
-# %%
+# %% tags=["hide-input"]
 assert sync16.ok and sync16.control_red
 assert all(r.differing > 0 for r in rows16)
 plots.data_parallel.figure_sync_bf16(sync16)
@@ -555,7 +580,11 @@ plt.show()
 #
 # `den_allReduceMeanF_convWeightGradBBf16_sub_global` says more than the mean above: G minus 1/R of
 # the ONE-device bf16 node at batch R·N, at the same global operands, is exactly
-# (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)]. We compute the two sides apart
+# (1/R)[Σ_r rnd(S_r) − rnd(Σ_r S_r)].
+#
+# ```{admonition} How the two sides are computed, the bound, and the controls
+# :class: dropdown
+# We compute the two sides apart
 # (`sync_bf16.exact_difference`). The left side: G from the mesh, and the one-device node from a
 # single device's own run of the weight-gradient kind over the whole batch R·N (one float32
 # contraction of every example, at the replicas' operands concatenated, rounded once). The right
@@ -568,10 +597,11 @@ plt.show()
 # piece of the term and must fail that: without it, G would be the one-device node over R (the
 # rounding outside the replica sum); without the per-replica rounding, the term would be
 # (1/R)[Σ_r S_r − rnd(Σ_r S_r)].
+# ```
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 exact16 = sync_bf16.exact_difference(sync16, rounding(cfg16))
-print(exact16.table())
+pages.exact_difference(exact16)
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(
@@ -606,8 +636,6 @@ print(
     f" term {exact16.share('no_term') < 0.9}, without the per-replica rounding"
     f" {exact16.share('no_rounding') < 0.9}"
 )
-
-# %% tags=["hide-input"]
 assert exact16.exact, f"SyncBf16 exact difference: {exact16.summary()}"
 assert (
     exact16.controls_red
@@ -626,6 +654,8 @@ assert (
 # The suite states the synchronised step, not how its variances are combined in floats.
 # ```
 #
+# ```{admonition} Why one E[x²] round loses the variance, and what is drawn
+# :class: dropdown
 # A cheaper-looking synchronised BatchNorm exchanges E_r[x] and E_r[x²] in one all-reduce and
 # sets σ² = E[x²] − μ². Both terms are about μ² + σ². In float32 each is rounded at u·μ²
 # (u = 2⁻²⁴), so when the mean is large against the spread their difference keeps an error of
@@ -635,8 +665,9 @@ assert (
 #
 # We draw x = μ + N(0, 1) in float32 on 8 replicas and compare both combines with the float64
 # variance of the same float32 values.
+# ```
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 mesh8 = parallel.data_mesh(8, devices=devices)
 drift = parallel.variance_drift([1.0, 1e1, 1e2, 1e3, 1e4], mesh=mesh8, per_replica=4,
                                 channels=8, size=8, seed=p.seed)
@@ -654,7 +685,7 @@ print(
     f" {far.one_round > 1e3 * far.chan}"
 )
 
-# %%
+# %% tags=["hide-input"]
 assert chan_ok
 assert 5.5 < scale < 6.5
 assert far.one_round > 0.1 and far.one_round > 1e3 * far.chan
@@ -675,12 +706,15 @@ plt.show()
 # The suite's cifar8 has no data-parallel render: no statement covers this tie.
 # ```
 #
+# ```{admonition} Why cifar8 ties on a mesh too
+# :class: dropdown
 # The suite's cifar8 has no data-parallel render. Still, the same argument holds for any net whose
 # only example-coupling layer is BatchNorm. We tie cifar8 (narrow head, drawn weights) at R = 2
 # replicas of N examples and at the uneven split, to one device. This is the suite's case run on
 # a net it does not state it for.
+# ```
 
-# %%
+# %% tags=["hide-input"]
 c8, c8_cfg = cifar8.NET, cifar8.Config(head_width=p.head_width)
 c8_params = {
     k: v.astype(jnp.float64)
@@ -721,8 +755,6 @@ print(
 )
 print(f"cifar8 at counts {split}: {'tied' if c8_uneven.ok else 'FAILED'} "
       f"({sum(r.ok for r in c8_uneven.nodes)}/{len(c8_uneven.nodes)} nodes)")
-
-# %% tags=["hide-input"]
 assert c8_sweep.ok and c8_sweep.smooth and c8_uneven.ok
 
 # %% [markdown]

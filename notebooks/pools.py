@@ -23,20 +23,17 @@
 #   selScatter puts each window's cotangent on the one cell it read. At σ = argmax (the first maximal
 #   cell in row-major window order) selScatter IS the render's pool backward `maxPoolBackB`, example
 #   by example. This takes **no hypothesis**: it holds at every point, ties included. It is a lemma
-#   about the 2×2 pool. ResNet-34's overlapping 3×3/s2 stem pool (`maxPool3s2BackB`) enters
-#   `r34InputGradB_correct` differently: its endpoint there is `rfl` under `h_pool`. In the
-#   parameter-gradient statements it is frozen at a selection σ as cifar8's pools are (the seeds:
-#   "as the per-image rung and ResNet-34's stem do, the pools are frozen at a selection σ"), but
-#   the selScatter lemma is stated for the 2×2 pool, so the same check on the stem pool below is
-#   beyond the suite.
+#   about the 2×2 pool. The same check on ResNet-34's 3×3/s2 stem pool is beyond the suite (below).
 # - **`maxPoolB_relu_eventuallyEq_sel`** (`PoolSelB`): near a point where every window is dead or
 #   tied only between **twins**, the pooled ReLU IS the gather at σ along any parameter.
 #   **C8PoolTwin₁ … C8PoolTwin₄** name the twins of cifar8's pools 1 … 4: cells of c8Z₂ⱼ (the output
 #   of bn₂ⱼ) equal at every value of the weights upstream of that pool.
 #
 # The suite states three smooth-point hypotheses, and they differ on exactly the windows a real
-# batch is full of:
+# batch is full of (table below).
 #
+# ```{admonition} The three hypotheses window by window, and the census
+# :class: dropdown
 # | hypothesis | of | dead window | twin tie | non-twin tie | ReLU input 0 |
 # |---|---|---|---|---|---|
 # | parameter gradients: `Cifar8BbnLossSmoothAt`, ResNet-34's `R34LossSmoothAtB` | `cifar8Bbn_net_lossGrad`, `r34_net_lossGrad` | allowed | allowed | fails | fails (any ReLU) |
@@ -52,12 +49,16 @@
 # included. Every point here is at
 # {term}`drawn weights` (`init(key, cfg, weights="drawn")`: γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases
 # ~ N(0, 0.1²)), where no γ is 1 and no shift 0.
+# ```
 #
-# **Beyond the suite**, and marked so where it comes: the selScatter check on the 3×3/s2 stem pool;
+# ```{admonition} Beyond the suite in this chapter, each marked where it comes
+# :class: dropdown
+# The selScatter check on the 3×3/s2 stem pool;
 # what happens where a hypothesis fails (at a non-twin tie the whole-loss statements
 # `cifar8Bbn_net_lossGrad` and `r34_net_lossGrad` have no gradient to match; we show the one-sided
 # slopes of the loss part there), the input gradient at a twin tie, how many windows are dead and
 # why, and the 'SAME'-padding control.
+# ```
 #
 # The first cell turns on float64: every equality below is meant to the last few bits.
 
@@ -79,7 +80,7 @@ from gradtie.data import images
 from gradtie.nets import cifar8, protocol, resnet34
 from gradtie.ops import head, maxpool
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 batch: int = 4       # examples per census batch (both nets)
 image_size: int = 64  # ResNet-34's input side (cifar8 always reads 32×32)
 seed: int = 0
@@ -170,8 +171,8 @@ assert (
 # gradient exists. Any backward that sends the window's cotangent to one cell is then choosing a
 # one-sided derivative.
 #
-# Three kinds of tie are harmless, and a real batch is made of them:
-#
+# ```{admonition} Three kinds of tie are harmless: dead, strict and twin
+# :class: dropdown
 # - a **dead** window: every cell's pre-activation z is ≤ 0, so every cell reads 0 after the ReLU
 #   and the window is a four-way tie at 0. A z exactly 0 is a ReLU input at its kink and is flagged
 #   on its own, so at a point that passes the census a dead window's z are all < 0: nearby every
@@ -182,6 +183,7 @@ assert (
 #   (their zero-padded receptive fields in the image are identical, as in the flat regions of a
 #   photo). Then y = max(a(θ), a(θ)) = a(θ) is as smooth as a, in the parameters θ. It is not smooth
 #   in the image, which can move one twin without the other.
+# ```
 #
 # What is left, a tie between cells that are NOT twins (and any pre-activation exactly 0), breaks
 # the derivative.
@@ -194,13 +196,18 @@ assert (
 # window's cotangent on the one cell that window read; overlapping 3×3/s2 windows add. The Lean
 # render's pool backward (`maxPoolBackB`, `maxPool3s2BackB`) routes to the first maximal cell of the
 # window on the pool's own saved input. So at σ = argmax the two must agree at every point, ties
-# included: the statement, about the 2×2 `maxPoolBackB`, takes no hypothesis. A hand-sized window
+# included: the statement, about the 2×2 `maxPoolBackB`, takes no hypothesis.
+#
+# ```{admonition} The hand-sized example, and why this section cannot fail
+# :class: dropdown
+# A hand-sized window
 # shows the rule: one strict window, a two-way tie, a three-way tie and a dead (all-zero) window.
 # Here the pool backward and the scatter share their placement code, so this section checks the
 # selection σ = argmax; the next one ties the backward to autodiff of a gather model written
 # apart, which can disagree.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 toy = jnp.asarray([[1.0, 3.0, 5.0, 2.0],
                    [2.0, 0.0, 5.0, 1.0],
                    [4.0, 4.0, 0.0, 0.0],
@@ -221,7 +228,7 @@ assert jnp.array_equal(toy_back, toy_first)
 # the control: another σ is another backward
 assert not jnp.array_equal(toy_back, toy_last)
 
-# %%
+# %% tags=["hide-input"]
 plots.pools.selection_example(
     np.asarray(toy[0, 0]),
     np.asarray(dtoy[0, 0]),
@@ -231,12 +238,17 @@ plots.pools.selection_example(
 plt.show()
 
 # %% [markdown]
-# Now the same on every pool of both nets, at the real batch: the pool inputs of cifar8's four
+# Now the same on every pool of both nets, at the real batch.
+#
+# ```{admonition} What is compared, and the control
+# :class: dropdown
+# The pool inputs of cifar8's four
 # 2×2 pools and of ResNet-34's stem pool, a random cotangent per pool, the rendered backward
 # against selScatter at σ = argmax (bit for bit), and the gather model at σ = argmax against the
 # forward. The control routes to the last maximal cell instead: it differs wherever a window ties,
 # which after a ReLU means wherever a window is dead. The glued figure counts cifar8's 2×2 pools,
 # which the lemma is about.
+# ```
 #
 # ```{admonition} Beyond the suite
 # :class: attention
@@ -246,7 +258,7 @@ plt.show()
 # σ = argmax at every point, ties included, is our check, not a statement of the suite.
 # ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 inputs = {
     **{
         ("cifar8", k): v
@@ -257,6 +269,7 @@ inputs = {
         for k, v in census.pool_inputs(resnet34.NET, params34, x34, cfg34).items()
     },
 }
+rows = []
 for i, ((net_name, pool), r) in enumerate(inputs.items()):
     spec = (cifar8.POOLS | resnet34.POOLS)[pool]
     y, saved = maxpool.forward(r, spec)
@@ -268,13 +281,18 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
     tied = int(jnp.sum(jnp.sum(maxpool.windows(r, spec) == y[..., None], axis=-1) > 1))
     last = maxpool.scatter(maxpool.last_max(r, spec), dy, r.shape, spec)
     moved = int(jnp.sum(last != back))
-    print(
-        f"{net_name:8} {pool:9} {spec.name:13} windows {y.size:6}, tied {tied:6}:"
-        f" backward == selScatter {same_back}, gather == forward {same_fwd}; last-max"
-        f" control differs at {moved} cells"
-    )
+    rows.append((
+        "yes" if same_back else "NO", "yes" if same_fwd else "NO",
+        f"{net_name} {pool}", spec.name, str(y.size), str(tied), str(moved),
+    ))
     assert same_back and same_fwd
     assert tied > 0 and moved > 0
+display(pages.Table(
+    ("backward = selScatter", "gather = forward", "pool", "kind", "windows", "tied",
+     "last max moves"),
+    tuple(rows), right=frozenset({4, 5, 6}),
+    caption="bit for bit at σ = argmax; the control routes to the last maximal cell",
+))
 print(
     book.glue(
         "selscatter_pools",
@@ -289,6 +307,8 @@ print("beyond the suite: the same at ResNet-34's 3×3/s2 stem pool")
 # %% [markdown]
 # ## The pool backward against autodiff of the gather model
 #
+# ```{admonition} How the gather model is written apart, and the three controls
+# :class: dropdown
 # The comparison above cannot fail: `maxpool.backward` and `maxpool.scatter` place their cotangents
 # with the same code. So we tie the pool backward to something written apart from it. The gather
 # model at σ, y[n,c,i,j] = x[n,c, s·i + σ//k, s·j + σ%k], is written again here with plain array
@@ -300,8 +320,9 @@ print("beyond the suite: the same at ResNet-34's 3×3/s2 stem pool")
 # Three controls must fail on every pool: σ at each window's last maximal cell (a swapped twin
 # wherever a window ties), σ moved one cell along the window's row, and the planted backward
 # `pool_window_offset` run against the true σ.
+# ```
 
-# %%
+# %% tags=["nbval-check-output", "hide-input"]
 from gradtie.book import companions
 from gradtie.checks import bugs
 
@@ -346,14 +367,18 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
         ),
     ]
 
-# %% tags=["nbval-check-output", "hide-input"]
 two_by_two = {k: v for k, v in pool_ties.items() if k.startswith("cifar8")}
-for label, row in two_by_two.items():
-    print(
-        f"{label:26} windows {row.windows:6}, tied {row.tied_windows:5}: backward =="
-        f" vjp of the gather model bit for bit {row.equal}; controls red:"
-        f" {[c.rendered for c in pool_controls[label] if not c.ok]}"
-    )
+display(pages.Table(
+    ("backward = vjp", "pool", "windows", "tied", "controls red"),
+    tuple(
+        ("yes" if row.equal else "NO", label, str(row.windows), str(row.tied_windows),
+         f"{sum(not c.ok for c in pool_controls[label])}/{len(pool_controls[label])}")
+        for label, row in two_by_two.items()
+    ),
+    right=frozenset({2, 3}),
+    caption="bit for bit; controls: σ at the last maximal cell, σ shifted one cell,"
+    " planted pool_window_offset",
+))
 print(
     book.glue(
         "pool_vjp_2x2",
@@ -421,19 +446,18 @@ assert not any(
     c.ok for c in pool_controls[stem_label]
 ), "pool_vjp_stem: a control of the stem pool passed"
 
-# %% [markdown]
-# How many of its cells differ in their bits from autodiff's scatter (this moves with the order the
-# backend adds in; the verdict above does not):
-
 # %% tags=["hide-input"]
 print(
-    f"{stem_label}: {stem_row.differing} cells differ in their bits; largest difference"
-    f" {stem_row.ratio:.2g} of the bound"
+    f"{stem_label}: {stem_row.differing} cells differ in their bits from autodiff's"
+    f" scatter, largest difference {stem_row.ratio:.2g} of the bound (this moves with"
+    " the order the backend adds in; the verdict above does not)"
 )
 
 # %% [markdown]
 # ## Three hypotheses, three verdicts
 #
+# ```{admonition} How the census classifies windows and finds twins
+# :class: dropdown
 # `census.smoothness` classifies every window of every pool, per example and channel, from the
 # pre-activations z feeding ReLU → pool: **dead** (every z ≤ 0; a z exactly 0 is counted as a ReLU
 # input at its kink as well), **strict**, **twin tie** or
@@ -441,10 +465,13 @@ print(
 # of every upstream weight (conv weights and biases, γ, β): functions of the weights that are equal
 # stay equal under every draw, others part. It also counts ReLU inputs that are exactly 0. From those
 # counts it reads each hypothesis of the table above, clause by clause.
+# ```
 #
 # We take the census at four points, on both nets, chosen so that each hypothesis is seen both
 # holding and failing:
 #
+# ```{admonition} The four points, and what each should show
+# :class: dropdown
 # - **randn, β lifted**: N(0, 1) pixels, so no two receptive fields are alike (no twins), and the
 #   shift β of each pool-feeding BatchNorm raised, channel by channel, just enough that every
 #   window has a cell above 0 (`census.lift_dead_windows`; the other ReLUs keep their kinks). No
@@ -461,8 +488,9 @@ print(
 #   (`census.planted_tie`) on flat images: cells tie because they share a pixel, not a receptive
 #   field. Every hypothesis of the table fails (the node ties, with no smoothness clause, still
 #   hold there).
+# ```
 
-# %%
+# %% tags=["nbval-check-output", "hide-input"]
 lifted8 = census.lift_dead_windows(cifar8.NET, params8, randn8, cfg8)
 lifted34 = census.lift_dead_windows(resnet34.NET, params34, randn34, cfg34)
 planted8, planted34 = census.planted_tie(cifar8.NET, params8), census.planted_tie(
@@ -494,19 +522,23 @@ lifted_by = {
     )
 }
 
-# %% tags=["nbval-check-output", "hide-input"]
-print(
-    f"{'point':<22} {'net':<10} {'hypothesis':<26} {'verdict':<7} {'violations':>10} "
-    " first"
-)
+
+def verdict(h):
+    return "holds" if h.holds else f"FAILS ({h.violated})"
+
+
+rows = []
 for label, reports in points.items():
     for net_name, r in reports.items():
-        for h in r.hypotheses:
-            first = "" if h.first is None else h.first.describe()
-            print(
-                f"{label:<22} {net_name:<10} {h.name:<26}"
-                f" {'holds' if h.holds else 'FAILS':<7} {h.violated:>10}  {first}"
-            )
+        hp, hi = r.hypotheses          # parameter gradients, input gradient
+        first = next((h.first for h in (hi, hp) if h.first is not None), None)
+        where = "" if first is None else f"{first.kind}, {first.layer}"
+        rows.append((verdict(hp), verdict(hi), label, net_name, where))
+display(pages.Table(
+    ("parameter gradients", "input gradient", "point", "net", "first violation"),
+    tuple(rows), verdict=1,
+    caption="each hypothesis's verdict (windows and cells that break it)",
+))
 photo8, photo34 = points["photos"]["cifar8"], points["photos"]["ResNet-34"]
 twin8, twin34 = points["flat images"]["cifar8"], points["flat images"]["ResNet-34"]
 planted, planted_r34 = (
@@ -546,7 +578,7 @@ assert not any(
     h.holds for r in points["planted non-twin tie"].values() for h in r.hypotheses
 )
 
-# %%
+# %% tags=["hide-input"]
 plots.pools.hypotheses_grid(points)
 plt.show()
 
@@ -555,20 +587,16 @@ plt.show()
 # planted one; `h_pool` holds at the lifted point and on photos whenever their stem pool holds no
 # twin tie, and fails at twin ties; `MaxPool2Smooth` holds only at the lifted point. So a chapter
 # that ties cifar8's input gradient on photos ties it outside `cifar8BbnInputGradB_correct`'s
-# hypothesis: what it shows there is true, and beyond the suite (marked so where it comes).
-#
-# Each hypothesis clause by clause, then the tables per pool: the window classes and the margin
-# (the smallest gap, over live windows, between a window's maximum and its nearest non-twin cell:
-# how far the point sits from a tie).
+# hypothesis: what it shows there is true, and beyond the suite (marked so where it comes). Clause by clause, the window classes and the margins fold out below.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input", "hide-output"]
 for label in ("photos", "flat images"):
     reports = points[label]
     for name, r in reports.items():
         caption = f"{name} on {label}: {r.summary().split('; hypotheses')[0]}"
         display(pages.hypotheses(r.hypotheses, caption=caption))
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input", "hide-output"]
 # the margins are measured: on flat images BatchNorm divides by a small spread and
 # carries the machine's round-off into them, so nbval compares the classes and verdicts
 # above, not these
@@ -576,7 +604,7 @@ for label in ("photos", "flat images"):
     for name, r in points[label].items():
         display(pages.census(r, caption=f"{name} on {label}")[0])
 
-# %%
+# %% tags=["hide-input"]
 plots.pools.pool_census(
     {
         "cifar8, photos": photo8,
@@ -596,14 +624,17 @@ plt.show()
 # No statement of the suite counts dead windows: this is a description of real photos.
 # ```
 #
+# ```{admonition} Why so many: correlated neighbours
+# :class: dropdown
 # BatchNorm centres each channel and the drawn β moves it a little, so about half of the cells that
 # feed a pool are negative. If a window's cells were independent, a channel with a share q of
 # negative cells would have q⁴ of its 2×2 windows dead (1/16 at q = ½) and q⁹ of its 3×3 windows
 # (1/512). Neighbouring cells of a photo are strongly correlated, which lifts that a long way: we
 # expect between a fifth and two fifths of the windows dead (the band the cell asserts), at least
 # twice the independent figure.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 # each pool's census holds its shares
 shares = {"cifar8": photo8.pools, "ResNet-34": photo34.pools}
 dead_share = {}
@@ -647,7 +678,11 @@ print(
 # the twins carry the same values forward, and the same receptive fields backward into every weight
 # node. It need not give the same input gradient (beyond the suite: neither input-gradient
 # hypothesis admits a twin tie, so the suite states no input gradient there): the twins sit on
-# different pixels. We run the rendered chain twice
+# different pixels.
+#
+# ```{admonition} How the twins are rerouted, and what should move
+# :class: dropdown
+# We run the rendered chain twice
 # with the pools frozen by the gather model (`forward(..., selections=σ)`, whose backward is
 # selScatter): at σ = argmax, and at σ′, which sends every twin-tied window to its LAST maximal
 # cell, the other twin.
@@ -656,6 +691,7 @@ print(
 # `tolerances.ROUTE_REL` relative; the input gradient should move by O(1). Dead windows are the
 # other harmless tie: rerouting them changes nothing at all, since the ReLU mask zeroes the
 # cotangent wherever it lands.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 twin_route = census.routing(
@@ -698,18 +734,24 @@ assert dead_route.param_rel == 0.0 and dead_route.dx_rel == 0.0
 # derivative.
 # ```
 #
-# At the planted point every hypothesis of the census fails. Each cell of pool1's input reads a single pixel, so cells with equal pixels tie; they are not twins, because
-# their receptive fields differ and the off-centre taps, 0 but free to move, tell them apart. The
-# census refuses the point and names the first offending window.
+# At the planted point every hypothesis of the census fails. The census refuses the point and names the first offending window.
+#
+# ```{admonition} How the non-twin tie is planted
+# :class: dropdown
+# Each cell of pool1's input reads a single pixel, so cells with equal pixels tie; they are not twins, because
+# their receptive fields differ and the off-centre taps, 0 but free to move, tell them apart.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 print(planted.summary().split("; hypotheses")[0])
-display(*pages.census(planted))
 assert not planted.ok and planted.non_twin_ties > 0
 assert (
     planted.violations[0].kind == "non-twin tie"
     and planted.violations[0].layer == "pool1"
 )
+
+# %% tags=["nbval-check-output", "hide-input", "hide-output"]
+display(*pages.census(planted))
 
 # %% [markdown]
 # Routing a non-twin tie to its other cell now moves the parameter gradient itself: the control
@@ -726,7 +768,7 @@ print(
 )
 assert not nontwin_route.same_parameter_gradient and nontwin_route.param_rel > 1e-3
 
-# %%
+# %% tags=["hide-input"]
 plots.pools.routing_nodes(
     {"twin ties (flat images)": twin_route, "non-twin ties (planted)": nontwin_route},
     tolerances.ROUTE_REL,
@@ -740,12 +782,15 @@ plt.show()
 # these slopes.
 # ```
 #
+# ```{admonition} How the one-sided slopes are taken
+# :class: dropdown
 # The loss itself shows the kink. Along a random unit direction v in the conv1 and conv2 weights
 # (every tap), we take one-sided second-order differences at a step h, a fraction
 # `tolerances.RADIUS_FRACTION` of the first-order distance to the nearest kink that is NOT at the
 # point (`fd.radii`), so each side sees one smooth piece. At the twin-tie point both
 # sides agree with each other and with the rendered ⟨∇L, v⟩, within `tolerances.SLOPE_REL` of the
 # slope. At the planted point they differ: no gradient exists.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 v = fd.direction(params8, ["conv1.weight", "conv2.weight"], jax.random.fold_in(key, 2))
@@ -771,7 +816,7 @@ assert slopes_twin.smooth and abs(
 ) <= tolerances.SLOPE_REL * abs(slopes_twin.rendered)
 assert not slopes_planted.smooth
 
-# %%
+# %% tags=["hide-input"]
 plots.pools.one_sided_slopes(
     {"twin ties (flat images)": slopes_twin, "non-twin ties (planted)": slopes_planted}
 )
@@ -779,10 +824,10 @@ plt.show()
 
 # %% [markdown]
 # `gradtie check --plant-tie` builds exactly this point (same seed, drawn weights, same flat batch)
-# and must exit with code 2, naming the layer, example, channel and window of the first violation;
-# it computes no tie: its verdict is about derivatives, and there is no whole-loss gradient to tie. We run the command line in-process.
+# and must exit with code 2, naming the first violation; it computes no tie, as there is no
+# whole-loss gradient to tie. We run it in-process.
 
-# %%
+# %% tags=["hide-input", "hide-output"]
 code = cli.main([
     "check",
     "--net",
@@ -807,7 +852,11 @@ assert report.smooth.non_twin_ties == planted.non_twin_ties and report.tie is No
 # the cotangent the rendered chain hands it (ResNet-34's `r34_net_tiedB` has the same form; we run
 # cifar8's here). Each conjunct is a fold over every cotangent, instantiated at the one the chain
 # delivers, so it needs **no smoothness clause**: `r34_net_tiedB` states none, and for cifar8's,
-# whose module docs state no hypothesis, that is our reading. Upstream keeps the two halves of the
+# whose module docs state no hypothesis, that is our reading.
+#
+# ```{admonition} Why no smoothness clause is needed, and how each stage is tied
+# :class: dropdown
+# Upstream keeps the two halves of the
 # step tie apart because they carry different hypotheses: the other half, that the chain delivers
 # the right cotangents (`r34IdCotIn_eq_vjp`, `r34DownCotIn_eq_vjp`; for cifar8,
 # `cifar8BbnInputGradB_correct`), carries smoothness, as the whole-loss derivative statements do.
@@ -820,8 +869,9 @@ assert report.smooth.non_twin_ties == planted.non_twin_ties and report.tie is No
 #
 # `gradtie check --plant-tie` still exits 2, because its verdict is about the derivative of the
 # loss, and there is none to match here.
+# ```
 
-# %%
+# %% tags=["nbval-check-output", "hide-input"]
 at_tie = companions.node_ties_at_tie(
     cifar8.NET, planted8, flat8, targets, cfg8, key=jax.random.fold_in(key, 3)
 )
@@ -834,8 +884,6 @@ at_tie_bug = companions.node_ties_at_tie(
     key=jax.random.fold_in(key, 3),
     chain=bugs.plant("bn_forget_gamma", cifar8.NET),
 )
-
-# %% tags=["nbval-check-output", "hide-input"]
 print(f"planted non-twin tie: {at_tie.summary()}")
 print(
     "whole-loss derivative: one-sided slopes"
@@ -876,6 +924,11 @@ assert not at_tie_bug.stages.ok, "nontwin_node_ties: the bn_forget_gamma control
 # %% [markdown]
 # ## The grids: 2×2/s2, 3×3/s2 with padding 1, and XLA's 'SAME'
 #
+# The stem pool pads one cell on each side, as PyTorch and the Lean render do; XLA's 'SAME' pads at
+# the end, and its windows sit one cell off.
+#
+# ```{admonition} The three window grids, and how they are read
+# :class: dropdown
 # The 2×2/s2 pool reads disjoint windows, rows 2i and 2i + 1. The stem pool is PyTorch's
 # `MaxPool2d(3, 2, 1)`: padding 1 on each side with −∞, so window i covers rows 2i − 1 … 2i + 1 and
 # neighbouring windows share a row (hence the accumulation in `maxPool3s2BackB`). XLA's
@@ -883,8 +936,9 @@ assert not at_tie_bug.stages.ok, "nontwin_node_ties: the bn_forget_gamma control
 # one row of padding in total and puts it at the END, so window i covers rows 2i … 2i + 2, one cell
 # off. We read each pool's windows by pooling the row index itself (the max gives a window's last
 # row, the max of the negated index its first), and compare with those formulas.
+# ```
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 side = 8
 rows = jnp.broadcast_to(
     jnp.arange(side, dtype=jnp.float64)[:, None], (1, 1, side, side)
@@ -919,7 +973,7 @@ for (label, (first, last)), (m_last, m_first) in zip(spans.items(), (two, pad1, 
     )
 assert not np.array_equal(np.asarray(same[0]), np.asarray(pad1[0]))
 
-# %%
+# %% tags=["hide-input"]
 plots.pools.window_grids(side, spans)
 plt.show()
 

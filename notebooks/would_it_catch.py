@@ -57,7 +57,7 @@ from gradtie.checks import bugs
 from gradtie.checks.tie import reference_at, targets_matrix, tie
 from gradtie.nets import cifar8, protocol, resnet34
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-input"]
 batch: int = 4       # cifar8 photo crops
 resnet_batch: int = 2  # ResNet-34 flat images (at 32 px, layer4's BN averages N cells)
 image_size: int = 32  # ResNet-34's image side
@@ -153,6 +153,8 @@ if m34 == 2:    # the ci point: round-off at M = 2 widens most limits past the f
 # suite's statements can fail.
 # ```
 #
+# ```{admonition} How each entry is tied, and what the tables show
+# :class: dropdown
 # Each entry's chain is tied at the same point, against the same reference and envelope. The
 # table shows whether it was caught and the first node, in backward order, that fails — where the
 # bug first enters the chain. Where should that be? A BatchNorm bug enters at the last BatchNorm
@@ -160,6 +162,7 @@ if m34 == 2:    # the ci point: round-off at M = 2 widens most limits past the f
 # backward hands to the conv just before it, whose weight and bias nodes read it. The cell after
 # the table reads, family by family, where the entries first show. The error over the limit (the
 # figure) is many orders of magnitude for every entry: these bugs are not subtle next to round-off.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 caught8 = bugs.run(point8)
@@ -199,7 +202,7 @@ book.glue(
 assert caught8.ok and caught34.ok
 assert min(c.ratio for rep in (caught8, caught34) for c in rep.caught) > 1e3
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 last_bn = {
     "cifar8": ("conv8.", "bn8."),
     "resnet34": ("layer4.2.conv2.", "layer4.2.bn2."),
@@ -215,7 +218,7 @@ for rep, net_name in ((caught8, "cifar8"), (caught34, "resnet34")):
         f" and its conv: {firsts['BatchNorm']}"
     )
 
-# %% tags=["hide-input"]
+# %% tags=["hide-input", "hide-output"]
 # the first failing node's error over its limit moves with the machine's round-off:
 # nbval does not compare these tables
 display(pages.caught(caught8, ratios=True, caption="cifar8, with err/limit"))
@@ -231,12 +234,15 @@ display(pages.caught(caught34, ratios=True, caption="ResNet-34, with err/limit")
 # all-reduced nodes are the single-device nodes at N := R·N; the chapter Data-parallel tie shows it.)
 # ```
 #
+# ```{admonition} The three data-parallel entries
+# :class: dropdown
 # Three entries live in the data-parallel step, where each replica holds N of the R·N examples and
 # BatchNorm's statistics and backward means are all-reduced: dγ and dβ reduced twice (R× too
 # large), and the backward's means taken over the replica's own cells. `gradtie check --replicas R`
 # ties the mesh step to the single-device oracle at batch R·N, through the same verdict; here on
 # cifar8, whose mesh step is the suite's ResNet-34 statement carried to a net it does not state it
 # for.
+# ```
 
 # %% tags=["nbval-check-output", "hide-input"]
 sync8 = bugs.run(point8, replicas=p.replicas)
@@ -252,7 +258,7 @@ assert sync8.ok
 # from the BN output y = γx̂ + β instead of x̂. Checked at init, both would pass — which is why the
 # check, and every tie in this book, runs at drawn weights unless it says otherwise.
 
-# %% tags=["nbval-check-output"]
+# %% tags=["nbval-check-output", "hide-input"]
 init8 = {
     k: jnp.asarray(np.asarray(v, np.float64))
     for k, v in cifar8.NET.init(key, cfg8, weights="init").items()
@@ -311,7 +317,7 @@ print(
     f"the threshold δ* of {row.name}: {row.sensitivity:.2e} (its limit {row.limit:.1e})"
 )
 
-# %%
+# %% tags=["hide-input"]
 plots.would_it_catch.caught([caught8, caught34, sync8])
 plt.show()
 
@@ -319,7 +325,7 @@ plt.show()
 # The same verdicts at a glance, one row per point: each dot a planted bug, the diamond the real
 # chain's worst node (the book's headline figure, on its first page).
 
-# %%
+# %% tags=["hide-input"]
 headline = plots.would_it_catch.overview([caught8, caught34, sync8])
 book.glue_figure("headline_catch", headline)  # the intro's headline figure
 plt.show()
