@@ -622,7 +622,8 @@ display(pages.sweep(sw8), pages.sweep(sw34))
 beyond = (
     f"\n(ResNet-34 at {p.image_size} px: beyond the literal 224 px)" if small34 else ""
 )
-title = "Every batch size ties: worst error over its limit against N" + beyond
+ns_text = ", ".join(map(str, ns)) if len(ns) < 5 else f"{ns[0]}…{ns[-1]}"
+title = f"Each N of the sweep ({ns_text}) ties: worst error over its limit" + beyond
 plots.whole_net_tie.sweep_ratios([sw8, sw34], title=title)
 plt.show()
 
@@ -708,21 +709,20 @@ assert (
 # ## Every loss cotangent
 #
 # The input-gradient statements hold "at every loss cotangent", not only at (p − t̃)/N. We start
-# cifar8's chain from three cotangents no loss hands it (`stages.random_cotangent`: N(0, 1), one
-# spike of 1e3 per row, N(0, 1) × 1e6) and ResNet-34's from the first, each tied to `jax.vjp` of
-# the whole forward, every node and the input: for the nodes, `cifar8Bbn_net_lossGrad`'s and
-# `r34_net_lossGrad`'s "any L with gradient g"; for ResNet-34's input row, `r34InputGradB_correct`
-# where `h_stem` and `h_pool` hold (at 32 px: beyond the literal resolution). The control: the
-# planted ResNet-34 chain.
+# both chains from three cotangents no loss hands them (`stages.random_cotangent`: N(0, 1), one
+# spike of 1e3 per row, N(0, 1) × 1e6), each tied to `jax.vjp` of the whole forward, every node and
+# the input: for the nodes, `cifar8Bbn_net_lossGrad`'s and `r34_net_lossGrad`'s "any L with
+# gradient g"; for ResNet-34's input row, `r34InputGradB_correct` where `h_stem` and `h_pool` hold
+# (at 32 px: beyond the literal resolution). The control: the planted ResNet-34 chain.
 
 # %%
 kinds_ = ("normal", "spike", "scaled")
 cot = {}
-for net_name, mod, params, x, cfg, kinds in (
-    ("cifar8", cifar8.NET, params8, x8, cfg8, kinds_),
-    ("ResNet-34", resnet34.NET, params34, x34, cfg34, kinds_[:1]),
+for net_name, mod, params, x, cfg in (
+    ("cifar8", cifar8.NET, params8, x8, cfg8),
+    ("ResNet-34", resnet34.NET, params34, x34, cfg34),
 ):
-    for i, kind in enumerate(kinds):
+    for i, kind in enumerate(kinds_):
         d = stages.random_cotangent(fold(20 + i), (len(x), cfg.num_classes), kind=kind)
         at_x = Point.of(mod, params, x, None, cfg, key=fold(30 + i))
         cot[net_name, kind] = stages.cotangent_tie(at_x, d)
@@ -746,8 +746,8 @@ print(
     book.glue(
         "cotangent_ties",
         (sum(in_suite), len(cot)),
-        "{}/{} ties at random loss cotangents (cifar8: normal, spike, ×1e6; ResNet-34:"
-        " normal): every node of both nets and ResNet-34's input cotangent",
+        "{}/{} ties at random loss cotangents (normal, spike, ×1e6): every node of both"
+        " nets and ResNet-34's input cotangent",
         at=(
             dataclasses.replace(at_photos8, alpha=None),
             dataclasses.replace(at_photos34, alpha=None),
