@@ -118,7 +118,7 @@ def sweep_ratios(sweeps, title: str = "Every batch size ties: worst error over i
     parameter-gradient hypothesis holds carry a point); each point labelled with the smallest
     BatchNorm reduction M at that N; the limit dashed."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
-    for sw, marker in zip(sweeps, "os^v"):
+    for i, (sw, marker) in enumerate(zip(sweeps, "os^v")):
         rows = [r for r in sw.rows if r.tie is not None]
         n = np.array([r.n for r in rows])
         ratio = np.array([max(r.ratio, 1e-9) for r in rows])
@@ -126,7 +126,9 @@ def sweep_ratios(sweeps, title: str = "Every batch size ties: worst error over i
         for r, y in zip(rows, ratio):
             small = r.tie.smallest_bn()
             if small is not None:
-                ax.annotate(f"M={small[1]}", (r.n, y), xytext=(3, 4), textcoords="offset points", fontsize=MIN_FONT)
+                # the second net's labels below its points: two nets at one N do not overprint
+                ax.annotate(f"M={small[1]}", (r.n, y), xytext=(3, 4 if i % 2 == 0 else -12), textcoords="offset points",
+                            fontsize=MIN_FONT)
     ax.axhline(1.0, color="0.3", ls="--", lw=1, label="limit (10 × envelope, floored)")
     ax.set_xlabel("batch size N")
     ax.set_ylabel("worst error / limit (all rows)")
