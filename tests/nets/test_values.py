@@ -73,7 +73,7 @@ def test_identity_keys_stay_bounded_and_never_reused():
         rule = _holding(np.ones(3))
         keys.add(rule._fingerprint)
         del rule
-        gc.collect()
+    gc.collect()         # once: a collection per rule costs minutes in a worker holding compiled programs
     assert len(keys) == 300                                   # no number is given twice
     assert len(protocol._HELD) <= held + 1                    # the registry does not grow
     assert a == _holding(kept)
