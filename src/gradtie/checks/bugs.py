@@ -567,5 +567,5 @@ def non_twin_tie(net, params, x_flat, targets, cfg, *, label_smoothing: float = 
     patches), and the input row is where the routing shows."""
     point = census.planted_tie(net, params)
     smooth = census.smoothness(net, point, x_flat, cfg)
-    rep = tie(Point.of(net, point, x_flat, targets, cfg, label_smoothing=label_smoothing, freeze_ties=False))
+    rep = tie(Point.of(net, point, x_flat, targets, cfg, label_smoothing=label_smoothing).real_input_gradient())
     return Caught("non_twin_tie", "a point", net.name, rep, smooth)

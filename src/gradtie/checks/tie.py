@@ -367,7 +367,7 @@ class Point:
 
     @classmethod
     def of(cls, net, params: dict, x, targets=None, cfg=None, *, label_smoothing: float = 0.0,
-           key: Optional[jax.Array] = None, freeze_ties: bool = True) -> "Point":
+           key: Optional[jax.Array] = None) -> "Point":
         """The point, validated: `net` a `Net`; x [N,C,H,W] float64 or float32 (which needs
         jax_enable_x64: the oracle is float64); every parameter a float array in x's dtype;
         targets int labels [N] or rows [N,K] summing to 1 (None: no loss at this point);
@@ -388,8 +388,12 @@ class Point:
             raise ValueError(f"{net.name}: label_smoothing {label_smoothing}: expected 0 ≤ α < 1")
         if targets is not None:
             targets = as_targets(net.name, targets, int(x.shape[0]), cfg.num_classes, dtype)
-        return cls(net, cfg, {k: to_device(v) for k, v in params.items()}, to_device(x), targets, alpha, key,
-                   freeze_ties)
+        return cls(net, cfg, {k: to_device(v) for k, v in params.items()}, to_device(x), targets, alpha, key)
+
+    def real_input_gradient(self) -> "Point":
+        """The same point with its oracle read on the real net even where pool windows tie at a
+        positive maximum (no freezing at σ): the non-twin tie control's input row."""
+        return replace(self, freeze_ties=False)
 
     @property
     def dtype(self) -> str:
@@ -480,7 +484,8 @@ def reference_at(net, params, x, targets, cfg, *, label_smoothing: float = 0.0,
                  key: Optional[jax.Array] = None, freeze_ties: bool = True) -> Point:
     """The point (`Point.of`) with its float64 oracle and envelope measured: what several ties
     share. freeze_ties=False keeps the real net's input gradient even where pool windows tie."""
-    point = Point.of(net, params, x, targets, cfg, label_smoothing=label_smoothing, key=key, freeze_ties=freeze_ties)
+    point = Point.of(net, params, x, targets, cfg, label_smoothing=label_smoothing, key=key)
+    point = point if freeze_ties else point.real_input_gradient()
     point.measured
     return point
 
