@@ -48,6 +48,8 @@
 # where a backward that mixes up γ, β or a bias cannot hide):
 # ```
 #
+# ```{admonition} The chapter's sections, and which of them go beyond the suite
+# :class: dropdown
 # - **erasure** (`Bf16Erasure`): at `rnd = identity` the kind computes exactly what its f32 peer
 #   computes, bit for bit, for each of the six kinds and along both nets' whole rendered chains;
 # - **rounding**: with bf16 round-to-nearest-even the node is rnd(f32 node at rounded operands),
@@ -62,6 +64,7 @@
 #   catalogue bug planted in the bf16 chain parts from it;
 # - the replica sum (`SyncBf16`: its exact formula; the 2u·M bound on it is ours, beyond the
 #   suite), and a compiler that is allowed to delete casts (beyond the suite).
+# ```
 #
 # Exact values are float64, so the first cell turns it on; the bf16 chains themselves run in
 # float32.
@@ -189,16 +192,29 @@ assert all(bf16.case_erasure(c) for c in cases)
 by_label = {c.name: c for c in cases}
 even = {c.name: c for c in bf16.kind_cases(p.seed, size=8)}
 f1, f2e, g1 = by_label["forward s1"], even["forward s2"], by_label["weight grad s1"]
-controls = {
-    "dropped bias": bf16.case_erasure(f1, bf16.drop_bias_forward(f1)),
-    "'SAME' padding, stride 2": bf16.case_erasure(f2e, bf16.same_padding_forward(f2e)),
-    "batch sum per example": bf16.case_erasure(
-        g1, bf16.grad_weight_rounded_per_example(g1)
-    ),
+planted_kinds = {
+    "dropped bias": (f1, bf16.drop_bias_forward(f1)),
+    "'SAME' padding, stride 2": (f2e, bf16.same_padding_forward(f2e)),
+    "batch sum per example": (g1, bf16.grad_weight_rounded_per_example(g1)),
 }
+controls = {k: bf16.case_erasure(c, node) for k, (c, node) in planted_kinds.items()}
 for label, erased in controls.items():
     print(f"control {label:26}: equals the f32 peer: {erased}")
 assert not any(controls.values())
+ulps = [(c.name, bf16.case_ulps(c), False) for c in cases]
+ulps += [
+    (f"control: {k}", bf16.case_ulps(c, node), True)
+    for k, (c, node) in planted_kinds.items()
+]
+# the distance agrees with the verdict, row by row: 0 ulps exactly where the bits are
+# the same
+assert [u == 0 for _, u, _ in ulps] == [True] * len(cases) + [False] * len(
+    planted_kinds
+)
+
+# %% tags=["hide-input"]
+plots.bf16_erasure.kind_erasure(ulps)
+plt.show()
 
 # %% [markdown]
 # ## Erasure along both whole chains
@@ -270,7 +286,14 @@ rows = [("yes" if r.within_exact else "NO", r.name, r.formulation, str(r.n),
 rows += [("outside" if not r.within_exact else "INSIDE", "control: " + r.name,
           r.formulation, str(r.n), "–") for r in typed.controls()]
 columns = ("within γ_n·Σ|a||b|", "site", "ran as", "n", "f32 peer within")
-display(pages.Table(columns, tuple(rows), right=frozenset({3})))
+plots.bf16_erasure.typed_erasure(typed)
+plt.show()
+display(
+    pages.folded(
+        pages.Table(columns, tuple(rows), right=frozenset({3})),
+        f"the {len(rows)} sites and controls, one row each",
+    )
+)
 print(
     book.glue(
         "typed_erasure",

@@ -122,9 +122,9 @@ print("depthwise backward:", ok.summary().split(";")[0])
 try:
     gradtie.check_vjp(lambda x_, w_: example.depthwise_forward(x_, w_)[0], h, w,
                       vjp=depthwise_vjp(example.depthwise_backward_not_flipped))
-    wrong = "passed"
-except gradtie.VJPMismatch:
-    wrong = "VJPMismatch"
+    wrong, wrong_rows = "passed", []
+except gradtie.VJPMismatch as mismatch:
+    wrong, wrong_rows = "VJPMismatch", mismatch.rows  # the rows that judged it
 try:
     gradtie.check_vjp(lambda z: jnp.maximum(z, 0.0), jnp.array([1.0, 0.0, -2.0]),
                       vjp=lambda z, dy: (dy * (z > 0),))
@@ -133,6 +133,16 @@ except gradtie.NotSmooth:
     kink = "NotSmooth"
 print(f"unflipped depthwise backward: {wrong}; ReLU at an input exactly 0: {kink}")
 assert ok.ok and wrong == "VJPMismatch" and kink == "NotSmooth"
+# the unflipped kernel is wrong in the input cotangent alone: the weight gradient is
+# untouched
+assert not wrong_rows[0].ok and wrong_rows[1].ok
+
+# %% tags=["hide-input"]
+plots.check_your_own.vjp_verdicts(
+    [("depthwise backward", ok.rows), ("kernel unflipped", wrong_rows)],
+    names=("x", "w"),
+)
+plt.show()
 
 # %% [markdown]
 # Near a kink rather than on it, the point has a derivative and a correct VJP must pass. A
@@ -510,7 +520,8 @@ assert (
 # to a net the suite never saw.
 #
 # - One function: `gradtie.check_vjp` ties the depthwise conv's hand-written VJP to autodiff and
-#   to finite differences, calls the unflipped kernel a `VJPMismatch`, and refuses a ReLU at 0 as
+#   to finite differences, calls the unflipped kernel a `VJPMismatch` at the input cotangent
+#   alone (the first figure), and refuses a ReLU at 0 as
 #   `NotSmooth`; near a kink it judges only inside the smooth piece, so a correct relu(x @ W)
 #   1e-6 from its kink agrees and the same VJP off by 1e-3 is still caught
 #   ([§ One function at a time](#one-function-at-a-time-check_vjp)).

@@ -22,17 +22,13 @@
 #   selection σ, one cell per window, and it becomes the gather model, y = x[σ], whose transpose
 #   selScatter puts each window's cotangent on the one cell it read. At σ = argmax (the first maximal
 #   cell in row-major window order) selScatter IS the render's pool backward `maxPoolBackB`, example
-#   by example. This takes **no hypothesis**: it holds at every point, ties included. It is a lemma
-#   about the 2×2 pool. The same check on ResNet-34's 3×3/s2 stem pool is beyond the suite (below).
+#   by example, at every point, ties included (**no hypothesis**; a lemma about the 2×2 pool).
 # - **`maxPoolB_relu_eventuallyEq_sel`** (`PoolSelB`): near a point where every window is dead or
 #   tied only between **twins**, the pooled ReLU IS the gather at σ along any parameter.
 #   **C8PoolTwin₁ … C8PoolTwin₄** name the twins of cifar8's pools 1 … 4: cells of c8Z₂ⱼ (the output
 #   of bn₂ⱼ) equal at every value of the weights upstream of that pool.
 #
-# The suite states three smooth-point hypotheses, and they differ on exactly the windows a real
-# batch is full of (table below).
-#
-# ```{admonition} The three hypotheses window by window, and the census
+# ```{admonition} The suite's three smooth-point hypotheses, window by window, and the census
 # :class: dropdown
 # | hypothesis | of | dead window | twin tie | non-twin tie | ReLU input 0 |
 # |---|---|---|---|---|---|
@@ -59,8 +55,6 @@
 # slopes of the loss part there), the input gradient at a twin tie, how many windows are dead and
 # why, and the 'SAME'-padding control.
 # ```
-#
-# The first cell turns on float64: every equality below is meant to the last few bits.
 
 # %% tags=["hide-input"]
 import jax
@@ -165,14 +159,17 @@ assert (
 # %% [markdown]
 # ## Why a max pool has no derivative at a tie
 #
+# Where two cells of a window that can move apart share its maximum, the pooled value is piecewise
+# linear in the direction they move, so no gradient exists: a backward that sends the window's
+# cotangent to one cell chooses a one-sided derivative. Three kinds of tie are harmless: dead,
+# strict and twin.
+#
+# ```{admonition} One window worked through, and the three harmless kinds
+# :class: dropdown
 # Take one 2×2 window with cells a, b, c, d and y = max(a, b, c, d). Where a is strictly the
 # largest, y = a nearby and ∂y/∂a = 1, the rest 0. Where a = b > c, d, moving the cells by
-# (δa, δb, δc, δd) moves y by max(δa, δb): piecewise linear in the direction, not linear, so no
-# gradient exists. Any backward that sends the window's cotangent to one cell is then choosing a
-# one-sided derivative.
+# (δa, δb, δc, δd) moves y by max(δa, δb): piecewise linear in the direction, not linear.
 #
-# ```{admonition} Three kinds of tie are harmless: dead, strict and twin
-# :class: dropdown
 # - a **dead** window: every cell's pre-activation z is ≤ 0, so every cell reads 0 after the ReLU
 #   and the window is a four-way tie at 0. A z exactly 0 is a ReLU input at its kink and is flagged
 #   on its own, so at a point that passes the census a dead window's z are all < 0: nearby every
@@ -368,7 +365,7 @@ for i, ((net_name, pool), r) in enumerate(inputs.items()):
     ]
 
 two_by_two = {k: v for k, v in pool_ties.items() if k.startswith("cifar8")}
-display(pages.Table(
+display(pages.folded(pages.Table(
     ("backward = vjp", "pool", "windows", "tied", "controls red"),
     tuple(
         ("yes" if row.equal else "NO", label, str(row.windows), str(row.tied_windows),
@@ -378,7 +375,7 @@ display(pages.Table(
     right=frozenset({2, 3}),
     caption="bit for bit; controls: σ at the last maximal cell, σ shifted one cell,"
     " planted pool_window_offset",
-))
+), f"the {len(two_by_two)} pools, one row each"))
 print(
     book.glue(
         "pool_vjp_2x2",
@@ -480,7 +477,7 @@ print(
 #   allow dead windows; `MaxPool2Smooth` does not, so cifar8's input-gradient hypothesis fails.
 #   Photos at the chapter's default sizes hold no exactly flat patch at the stem pool. Larger
 #   crops can (saturated highlights): their cells are twins, `h_pool` fails at those windows, and
-#   the census counts them (the last line of the table below).
+#   the census counts them (the line printed under the verdicts below).
 # - **flat images** (the binary horse, a scanned page, upsampled digits, resampled without
 #   interpolation): large regions of equal pixels, whose cells are twins. Twin ties keep the
 #   parameter hypothesis and break both input-gradient ones.
@@ -534,11 +531,11 @@ for label, reports in points.items():
         first = next((h.first for h in (hi, hp) if h.first is not None), None)
         where = "" if first is None else f"{first.kind}, {first.layer}"
         rows.append((verdict(hp), verdict(hi), label, net_name, where))
-display(pages.Table(
+display(pages.folded(pages.Table(
     ("parameter gradients", "input gradient", "point", "net", "first violation"),
     tuple(rows), verdict=1,
     caption="each hypothesis's verdict (windows and cells that break it)",
-))
+), "the verdicts of the figure below as a table, with each first violation"))
 photo8, photo34 = points["photos"]["cifar8"], points["photos"]["ResNet-34"]
 twin8, twin34 = points["flat images"]["cifar8"], points["flat images"]["ResNet-34"]
 planted, planted_r34 = (
@@ -637,18 +634,17 @@ plt.show()
 # %% tags=["nbval-check-output", "hide-input"]
 # each pool's census holds its shares
 shares = {"cifar8": photo8.pools, "ResNet-34": photo34.pools}
-dead_share = {}
+dead_share, per_pool = {}, []
 for name, rows in shares.items():
     r = {"cifar8": photo8, "ResNet-34": photo34}[name]
     windows = np.array([q.windows for q in r.pools])
     dead_share[name] = float(np.sum([s.dead for s in rows] * windows) / windows.sum())
     independent = float(np.sum([s.independent for s in rows] * windows) / windows.sum())
-    for s in rows:
-        print(
-            f"{name:<9} {s.pool:<9} negative cells {s.negative:.2f}; dead windows"
-            f" {s.dead:.3f}, independent cells would give {s.independent:.3f}"
-            f" ({s.lift:.1f}×)"
-        )
+    per_pool += [
+        (name, s.pool, f"{s.negative:.2f}", f"{s.dead:.3f}", f"{s.independent:.3f}",
+         f"{s.lift:.1f}×")
+        for s in rows
+    ]
     print(
         f"{name:<9} all pools: dead windows {dead_share[name]:.2f} (independent:"
         f" {independent:.3f}, {dead_share[name] / independent:.1f}×)"
@@ -658,6 +654,10 @@ for name, rows in shares.items():
         f"{name}: dead share {dead_share[name]:.3f} outside [0.2, 0.4] or under 2 ×"
         f" independent {independent:.3f}"
     )
+display(pages.folded(pages.Table(
+    ("net", "pool", "negative cells", "dead windows", "if cells were independent", "×"),
+    tuple(per_pool), right=frozenset({2, 3, 4, 5}), verdict=None,
+), f"pool by pool: the {len(per_pool)} pools"))
 print(
     book.glue(
         "dead_share",
@@ -673,12 +673,10 @@ print(
 # %% [markdown]
 # ## At a twin tie: the same parameter gradient, a different input gradient
 #
-# This is what `maxPoolB_relu_eventuallyEq_sel` buys at a twin tie. A twin tie never breaks as the
-# parameters move, so routing the cotangent to either twin must give the same parameter gradient:
-# the twins carry the same values forward, and the same receptive fields backward into every weight
-# node. It need not give the same input gradient (beyond the suite: neither input-gradient
-# hypothesis admits a twin tie, so the suite states no input gradient there): the twins sit on
-# different pixels.
+# This is what `maxPoolB_relu_eventuallyEq_sel` buys at a twin tie: twins carry the same values
+# forward and the same receptive fields backward into every weight node, so routing the cotangent
+# to either twin gives the same parameter gradient. Not the same input gradient (beyond the suite:
+# neither input-gradient hypothesis admits a twin tie): the twins sit on different pixels.
 #
 # ```{admonition} How the twins are rerouted, and what should move
 # :class: dropdown
@@ -849,10 +847,10 @@ assert report.smooth.non_twin_ties == planted.non_twin_ties and report.tie is No
 # ## At the same non-twin tie, every node tie holds (`cifar8Bbn_train_step_tiedB`)
 #
 # `cifar8Bbn_train_step_tiedB` ties each gradient node to the layer's Jacobian contracted with
-# the cotangent the rendered chain hands it (ResNet-34's `r34_net_tiedB` has the same form; we run
-# cifar8's here). Each conjunct is a fold over every cotangent, instantiated at the one the chain
-# delivers, so it needs **no smoothness clause**: `r34_net_tiedB` states none, and for cifar8's,
-# whose module docs state no hypothesis, that is our reading.
+# the cotangent the rendered chain hands it (`r34_net_tiedB` has the same form). Each conjunct is
+# instantiated at the cotangent the chain delivers, so it needs **no smoothness clause**:
+# `r34_net_tiedB` states none, and for cifar8's, whose module docs state no hypothesis, that is our
+# reading.
 #
 # ```{admonition} Why no smoothness clause is needed, and how each stage is tied
 # :class: dropdown

@@ -32,9 +32,6 @@
 # (γ ~ U(0.5, 1.5), β ~ N(0, 0.3²), biases ~ N(0, 0.1²)): cifar8 on photo crops, and ResNet-34 at
 # 32 px with two flat images — where layer4's BatchNorm normalises over M = 2 values, round-off is
 # amplified and every limit widens. A bug must stand out even there.
-#
-# `gradtie check --plant-bug list` prints the catalogue; `gradtie check --plant-bug NAME` runs one
-# entry and exits 1 naming the first failing node.
 
 # %% tags=["hide-input"]
 from gradtie.fake_devices import request_host_devices
@@ -109,7 +106,9 @@ print(
 # transposed weight gradient would raise a shape error rather than hide.
 
 # %% tags=["nbval-check-output", "hide-input"]
-display(pages.bugs())
+display(
+    pages.folded(pages.bugs(), "the catalogue: family, bug, what is wrong, which nets")
+)
 print(
     f"\n{len(bugs.CATALOGUE)} entries: {len(bugs.entries(cifar8.NET))} apply to cifar8,"
     f" {len(bugs.entries(resnet34.NET))} to ResNet-34,"
@@ -167,9 +166,14 @@ if m34 == 2:    # the ci point: round-off at M = 2 widens most limits past the f
 # %% tags=["nbval-check-output", "hide-input"]
 caught8 = bugs.run(point8)
 caught34 = bugs.run(point34)
+sync8 = bugs.run(point8, replicas=p.replicas)  # its own section below
 for rep in (caught8, caught34):
     print(rep.summary())
-    display(pages.caught(rep))
+    display(
+        pages.folded(
+            pages.caught(rep), f"{rep.net}: the {len(rep.caught)} bugs, one row each"
+        )
+    )
 book.glue(
     "bugs_caught",
     f"{caught8.summary()}; {caught34.summary()}",
@@ -201,6 +205,16 @@ book.glue(
 )
 assert caught8.ok and caught34.ok
 assert min(c.ratio for rep in (caught8, caught34) for c in rep.caught) > 1e3
+
+# %% [markdown]
+# All of them at a glance, one row per point: each dot a planted bug, the diamond the real chain's
+# worst node (the book's headline figure, on its first page); the third row plants the
+# synchronised-BatchNorm entries in the data-parallel step (its section is below).
+
+# %% tags=["hide-input"]
+headline = plots.would_it_catch.overview([caught8, caught34, sync8])
+book.glue_figure("headline_catch", headline)  # the intro's headline figure
+plt.show()
 
 # %% tags=["nbval-check-output", "hide-input"]
 last_bn = {
@@ -245,9 +259,12 @@ display(pages.caught(caught34, ratios=True, caption="ResNet-34, with err/limit")
 # ```
 
 # %% tags=["nbval-check-output", "hide-input"]
-sync8 = bugs.run(point8, replicas=p.replicas)
 print(sync8.summary())
-display(pages.caught(sync8))
+display(
+    pages.folded(
+        pages.caught(sync8), f"{sync8.net}: the {len(sync8.caught)} bugs, one row each"
+    )
+)
 assert sync8.ok
 
 # %% [markdown]
@@ -322,25 +339,19 @@ plots.would_it_catch.caught([caught8, caught34, sync8])
 plt.show()
 
 # %% [markdown]
-# The same verdicts at a glance, one row per point: each dot a planted bug, the diamond the real
-# chain's worst node (the book's headline figure, on its first page).
-
-# %% tags=["hide-input"]
-headline = plots.would_it_catch.overview([caught8, caught34, sync8])
-book.glue_figure("headline_catch", headline)  # the intro's headline figure
-plt.show()
-
-# %% [markdown]
 # ## What this chapter showed
 #
 # At the same points where both real chains tie, every entry of the catalogue of backward bugs,
 # each modelled on a bug that shipped or that hand-written backwards commonly have, goes red at
-# its first node in backward order, by many orders of magnitude over its limit (the figure above,
-# the book's headline figure); the synchronised-BatchNorm entries go red through the
+# its first node in backward order, by many orders of magnitude over its limit (the overview
+# under "Every bug, planted", the book's headline figure, and the bars above, bug by bug); the
+# synchronised-BatchNorm entries go red through the
 # data-parallel step; two of the bugs are invisible at the initial weights, which is why every
 # tie runs at drawn weights; and each node's limit says how small a bug it can see, checked by
 # planting a node error at twice and at half its threshold.
 #
 # All of it is beyond the suite: the catalogue is evidence that our numerical reading of
 # `cifar8Bbn_train_step_tiedB`, `r34_net_tiedB`, the `*_lossGrad` statements and the input-gradient
-# ties can fail, not a statement of the suite. `gradtie check --plant-bug NAME` runs any entry.
+# ties can fail, not a statement of the suite. `gradtie check --plant-bug list` prints the
+# catalogue; `gradtie check --plant-bug NAME` runs one entry and exits 1 naming the first failing
+# node.

@@ -50,3 +50,14 @@ def test_the_sync_bf16_tables_put_the_verdict_first():
     e = pages.exact_difference(NS(rows=[exact]))
     assert e.rows[0][0] == "NO" and e.rows[0][4] == "100.00%" and e.rows[0][-1] == "74.0%"
     assert all(_verdict_first(x) for x in (t, e)) and '<td class="gt-red">NO</td>' in t._repr_html_()
+
+
+def test_a_folded_table_keeps_its_rows_and_text_under_a_closed_summary():
+    t = pages.Table(("verdict", "site"), (("ok", "a"), ("NO", "b")))
+    f = pages.folded(t, "two sites, one row each")
+    html = f._repr_html_()
+    assert html.startswith('<details class="gradtie-fold"><summary>two sites, one row each</summary>')
+    assert " open" not in html.split(">")[0] and t._repr_html_() in html and str(f) == str(t)
+    import pytest
+    with pytest.raises(ValueError, match="summary"):
+        pages.folded(t, " ")

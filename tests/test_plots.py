@@ -41,3 +41,38 @@ def test_the_overview_keeps_the_conventions():
     fig = would_it_catch.overview([_report("cifar8", [3e5, 2e13, np.inf]), _report("resnet34", [7e9, 4e14])])
     assert _style.problems(fig) == []
     plt.close(fig)
+
+
+def test_the_vjp_verdicts_keep_the_conventions_and_refuse_nothing_to_draw():
+    import pytest
+
+    from gradtie.book.plots import check_your_own
+
+    rows = lambda *ratios: [SimpleNamespace(name=f"arg{i}", ratio=r) for i, r in enumerate(ratios)]  # noqa: E731
+    fig = check_your_own.vjp_verdicts([("right", rows(1e-6, 2e-7)), ("planted", rows(4e13, np.inf))], names=("x", "w"))
+    assert _style.problems(fig) == [] and len(fig.axes[0].patches) == 4
+    red = [p for p in fig.axes[0].patches if p.get_facecolor() == matplotlib.colors.to_rgba(_style.CONTROL_COLOR)]
+    assert len(red) == 2     # the rows over their limit, the wrong shape's (inf) included
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()][0] == "right: x"
+    plt.close(fig)
+    with pytest.raises(ValueError, match="no rows"):
+        check_your_own.vjp_verdicts([("empty", [])])
+
+
+def test_the_bf16_erasure_overviews_keep_the_conventions():
+    import pytest
+
+    from gradtie.book.plots import bf16_erasure
+
+    fig = bf16_erasure.kind_erasure([("forward s1", 0, False), ("weight grad s2", 0, False),
+                                     ("control: dropped bias", 2_100_000_000, True)])
+    assert _style.problems(fig) == []
+    plt.close(fig)
+    with pytest.raises(ValueError, match="no rows"):
+        bf16_erasure.kind_erasure([])
+    row = lambda name, r, peer=0.0: SimpleNamespace(name=name, exact_ratio=r, peer_exact_ratio=peer)  # noqa: E731
+    typed = SimpleNamespace(erasure=lambda: [row("forward s1 [conv]", 0.02, 0.02), row("forward s1 [patches]", 0.0)],
+                            controls=lambda: [row("forward s1 [conv]", 410.0), row("forward s1 [patches]", 920.0)])
+    fig = bf16_erasure.typed_erasure(typed)
+    assert _style.problems(fig) == [] and len(fig.axes[0].collections) == 3
+    plt.close(fig)

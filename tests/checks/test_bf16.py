@@ -170,6 +170,21 @@ def test_six_kinds_erase_round_and_stay_bounded(cases):
 def test_control_dropped_bias_breaks_erasure(cases):
     c = cases["forward s1"]
     assert not bf16.case_erasure(c, bf16.drop_bias_forward(c))
+    # the distance agrees with the verdict: 0 ulps for the kind, many for the planted one
+    assert bf16.case_ulps(c) == 0 and bf16.case_ulps(c, bf16.drop_bias_forward(c)) > 1000
+
+
+def test_ulps_apart_counts_floats_on_one_line_through_both_zeros():
+    one = np.float32([1.0])
+    assert bf16.ulps_apart(one, one) == 0
+    assert bf16.ulps_apart(np.float32([0.0]), np.float32([-0.0])) == 1      # −0 ≠ +0, as same_bits
+    assert bf16.ulps_apart(np.nextafter(one, np.float32(2)), one) == 1
+    tiny = np.float32([1e-45])                                             # the smallest subnormal
+    assert bf16.ulps_apart(-tiny, tiny) == 3                               # −tiny, −0, +0, +tiny
+    assert bf16.ulps_apart(np.float64([1.0]), np.float64([2.0])) == 2 ** 52
+    for bad in ((one, np.float64([1.0])), (one, np.float32([1.0, 2.0])), (np.float32([np.nan]), one)):
+        with pytest.raises(ValueError, match="ulps_apart"):
+            bf16.ulps_apart(*bad)
 
 
 def test_control_same_padding_breaks_erasure_on_even_strided():

@@ -67,6 +67,9 @@ def test_a_wrong_custom_vjp_raises(scale):
         check_vjp(softplus_with(scale), X, W)
     assert "arg0" in str(e.value) and "arg1" in str(e.value)
     assert isinstance(e.value, AssertionError)     # as jax.test_util.check_grads raises
+    # the rows that judged it travel with it: both arguments over their limits
+    assert [r.name for r in e.value.rows] == ["arg0", "arg1"] and not any(r.ok for r in e.value.rows)
+    assert all(r.ratio > 1 for r in e.value.rows) and e.value.fd is not None
 
 
 def test_relu_at_an_input_exactly_zero_is_not_smooth():

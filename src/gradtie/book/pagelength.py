@@ -12,7 +12,8 @@ measured in pixels:
   `hide-input` (or an output with `hide-output`) is its toggle bar, `TOGGLE_PX`; `remove-input`,
   `remove-output` and `remove-cell` take nothing, nor do glued records (stored, not shown);
 - a figure: its PNG height (drawn at 100 dpi, shown at its pixel size, scaled down to the column
-  when wider); an HTML table: `TABLE_ROW_PX` a row.
+  when wider); an HTML table: `TABLE_ROW_PX` a row; one folded in a closed `<details>`
+  (`pages.folded`) is its summary bar, `TOGGLE_PX`.
 
 The constants are the theme's sizes, not fitted; one factor, `SCALE`, is: the rendered pages were
 measured in a browser at commit 6a25005 (Whole-net tie 32 screens with its first figure 14 screens
@@ -160,6 +161,8 @@ def output_px(out: dict) -> tuple[float, bool]:
         return figure_px(data["image/png"]) + FIGURE_MARGIN_PX, True
     if "text/html" in data:
         html = _text(data["text/html"])
+        if re.match(r"\s*<details(?![^>]*\bopen\b)", html):   # folded (`pages.folded`): its summary bar
+            return TOGGLE_PX, False
         rows = len(re.findall(r"<tr[\s>]", html))
         return (rows * TABLE_ROW_PX + BLOCK_PX if rows else _lines_px(re.sub(r"<[^>]+>", "", html))), False
     if "text/markdown" in data:

@@ -64,6 +64,31 @@ class Table:
                 f"<tbody>{body}</tbody></table>")
 
 
+@dataclass(frozen=True)
+class Folded:
+    """A table folded under a one-line summary (HTML `<details>`, closed until the reader opens
+    it): the detail rows a verdict line above already sums up. Its text is the table's own."""
+    summary: str
+    table: Table
+
+    def __str__(self) -> str:
+        return str(self.table)
+
+    def _repr_pretty_(self, p, cycle) -> None:
+        p.text(str(self))
+
+    def _repr_html_(self) -> str:
+        return (f'<details class="gradtie-fold"><summary>{html.escape(self.summary)}</summary>'
+                f"{self.table._repr_html_()}</details>")
+
+
+def folded(table: Table, summary: str) -> Folded:
+    """`table` shown folded under `summary` (e.g. "the 24 sites, one row each")."""
+    if not summary.strip():
+        raise ValueError("folded: give the summary line a reader clicks to open the table")
+    return Folded(summary, table)
+
+
 def shape_text(shape: Sequence[int]) -> str:
     """(64, 3, 3, 3) -> "64×3×3×3"; a scalar -> "–"."""
     return "×".join(map(str, shape)) or "–"

@@ -25,7 +25,7 @@ backward.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -45,7 +45,13 @@ class NotSmooth(ValueError):
 
 
 class VJPMismatch(AssertionError):
-    """The hand VJP is not the derivative at a smooth point."""
+    """The hand VJP is not the derivative at a smooth point. `rows`: the tie rows that judged it, one
+    per argument (empty when the VJP returned the wrong number of cotangents); `fd`: the finite
+    difference's row, when it ran."""
+
+    def __init__(self, message: str, rows: Sequence[NodeRow] = (), fd: Optional[fd_.FDRow] = None):
+        super().__init__(message)
+        self.rows, self.fd = list(rows), fd
 
 
 @dataclass(frozen=True)
@@ -213,7 +219,7 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
                    limit=Limit(dict(zip(names, env_.spread(list(ref), outputs))), factor, tol.FLOORS[point.dtype]))
     if any(r.mismatch for r in rows):
         raise VJPMismatch("check_vjp: the hand VJP's cotangents are not its arguments': "
-                          + "; ".join(r.describe() for r in rows if r.mismatch))
+                          + "; ".join(r.describe() for r in rows if r.mismatch), rows)
     if not all(r.ok for r in rows):
         _refuse_a_kink_at_the_point(primal, point, ct64, v, rows)
 
@@ -246,5 +252,5 @@ def check_vjp(f: Callable, *args, vjp: Optional[Callable] = None, key: Optional[
             parts.append(f"finite differences along a random direction: {step.d:.6g} against ⟨hand VJP, v⟩ = "
                          f"{dot:.6g} (rel {rep.fd.rel:.1e} > limit {rep.fd.limit:.1e}, h {step.h:.1e}, in "
                          f"{point.dtype})")
-        raise VJPMismatch("check_vjp: the hand VJP is not the derivative here: " + "; ".join(parts))
+        raise VJPMismatch("check_vjp: the hand VJP is not the derivative here: " + "; ".join(parts), rows, fd_row)
     return rep

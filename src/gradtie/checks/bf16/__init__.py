@@ -5,9 +5,10 @@ under bf16), `replicas` (`SyncBf16`). Exact values need float64. Shown in: bf16 
 """
 
 from .gradient import catalogue, check, f32_distance, relu_flips, stage_ties  # noqa: F401
-from .kinds import (OP_LABELS, OPS, U_BF16, Site, case_erasure, chain_erasure, convert_ops,  # noqa: F401
+from .kinds import (OP_LABELS, OPS, U_BF16, Site, case_erasure, case_ulps, chain_erasure, convert_ops,  # noqa: F401
                     drop_bias_forward, forward_bf16_accumulation, forward_result_only, grad_weight_rounded_per_example,
-                    hlo_cast_roundtrip, hlo_nearest, hlo_typed_kind, kind_cases, same_bits, same_padding_forward)
+                    hlo_cast_roundtrip, hlo_nearest, hlo_typed_kind, kind_cases, same_bits, same_padding_forward,
+                    ulps_apart)
 from .replicas import mesh_replica_sum, replica_rows  # noqa: F401
 from .sites import (accumulation_bound, case_row, contraction_length, conv_sites, node_bound,  # noqa: F401
                     same_computation, site_rows)

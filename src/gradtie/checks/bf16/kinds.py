@@ -52,6 +52,26 @@ def same_bits(a, b) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
+def ulps_apart(a, b) -> int:
+    """The most units in the last place between two float arrays of one shape and dtype, entry by
+    entry: 0 exactly when `same_bits` (−0 and +0 are one apart). Floats are ordered by their bits
+    (sign-magnitude turned into one ordered integer line), so the count is exact, however large."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.shape != b.shape or a.dtype != b.dtype or a.dtype.kind != "f":
+        raise ValueError(f"ulps_apart: two float arrays of one shape and dtype, got {a.dtype}{a.shape} "
+                         f"and {b.dtype}{b.shape}")
+    if np.isnan(a).any() or np.isnan(b).any():
+        raise ValueError("ulps_apart: NaN has no place on the line of floats")
+    if a.size == 0:
+        return 0
+    signed = np.dtype(f"int{8 * a.dtype.itemsize}")
+
+    def line(v):    # +0 -> 0, −0 -> −1, and on outwards
+        i = v.view(signed).astype(object)
+        return np.where(i >= 0, i, -(i & (2 ** (8 * a.dtype.itemsize - 1) - 1)) - 1)
+    return int(np.max(np.abs(line(a) - line(b))))
+
+
 @partial(jax.tree_util.register_dataclass, data_fields=["a", "b", "bias", "node"],
          meta_fields=["name", "op", "stride", "kernel_size", "formulation"])
 @dataclass(frozen=True)
@@ -113,6 +133,12 @@ def kind_cases(seed: int = 0, *, n: int = 2, c: int = 8, o: int = 8, size: int =
 def case_erasure(case: Site, node=None) -> bool:
     """The kind at rnd = identity (or a given node) against the f32 peer, bit for bit."""
     return same_bits(case.kind(conv.identity) if node is None else node, case.node)
+
+
+def case_ulps(case: Site, node=None) -> int:
+    """How far the kind at rnd = identity (or a given node) lies from the f32 peer: the most units in
+    the last place over its outputs (0 exactly when `case_erasure`)."""
+    return ulps_apart(case.kind(conv.identity) if node is None else node, case.node)
 
 
 @dataclass(frozen=True)
