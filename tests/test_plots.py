@@ -55,6 +55,12 @@ def test_the_vjp_verdicts_keep_the_conventions_and_refuse_nothing_to_draw():
     assert len(red) == 2     # the rows over their limit, the wrong shape's (inf) included
     assert [t.get_text() for t in fig.axes[0].get_yticklabels()][0] == "right: x"
     plt.close(fig)
+    # a ratio of exactly 0 is said in words, and a tiny one still shows its bar
+    fig = check_your_own.vjp_verdicts([("exact", rows(0.0, 1e-14))])
+    ax = fig.axes[0]
+    assert any("exactly" in t.get_text() for t in ax.texts) and ax.get_xlim()[0] <= 1e-15
+    assert _style.problems(fig) == []
+    plt.close(fig)
     with pytest.raises(ValueError, match="no rows"):
         check_your_own.vjp_verdicts([("empty", [])])
 

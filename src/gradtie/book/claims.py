@@ -276,8 +276,8 @@ BEYOND: tuple[Claim, ...] = (
           "`ConvWTiedBAt bf16` is read over ℝ at the identity rounding (`Bf16Erasure`); the suite's float bridge "
           "bounds a mixed-precision conv forward (`conv_close_mixed`, any leaf model) but states no bound for "
           "these nodes",
-          (_s("bf16_erasure", "The bound (beyond the suite)", "bf16_bound"),
-           _s("bf16_erasure", "The whole gradient, stage by stage (beyond the suite)", "bf16_stage_ties")),
+          (_s("bf16_rounding", "The bound (beyond the suite)", "bf16_bound"),
+           _s("bf16_rounding", "The whole gradient, stage by stage (beyond the suite)", "bf16_stage_ties")),
           beyond_suite=True),
     Claim("cifar8 data parallel", "cifar8 on a mesh",
           "the suite's cifar8 has no data-parallel render",

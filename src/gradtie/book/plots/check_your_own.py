@@ -25,10 +25,15 @@ def vjp_verdicts(cases: Sequence[tuple[str, Sequence]], names: Sequence[str] = (
     fig, ax = plt.subplots(figsize=(FIGSIZE[0], 1.5 + 0.3 * len(bars)))
     y = np.arange(len(bars))[::-1]
     colors = [CONTROL_COLOR if not b[1] <= 1 else OK_COLOR for b in bars]
-    ax.barh(y, [min(max(b[1], 1e-12), right) for b in bars], color=colors, height=0.6, left=1e-12)
+    # the axis reaches down to the smallest ratio drawn; a ratio of exactly 0 is said in words
+    lo = min([1e-8] + [b[1] / 10 for b in bars if 0 < b[1] < np.inf])
+    ax.barh(y, [min(max(b[1], lo * 1e-3), right) for b in bars], color=colors, height=0.6, left=lo * 1e-3)
+    for yi, b in zip(y, bars):
+        if b[1] == 0:
+            ax.text(lo * 1.5, yi, "0: the oracle's value exactly", va="center", fontsize=MIN_FONT, color=OK_COLOR)
     ax.axvline(1.0, color="k", lw=1, ls="--", label="the limit (10 × the point's envelope, floored)")
     ax.set_xscale("log")
-    ax.set_xlim(1e-8, right)
+    ax.set_xlim(lo, right)
     ax.set_ylim(-0.6, len(bars) - 0.4)
     ax.set_yticks(y, [b[0] for b in bars], fontsize=MIN_FONT)
     ax.set_xlabel("error of the hand cotangent ÷ its limit")
