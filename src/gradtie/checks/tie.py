@@ -290,8 +290,8 @@ def _mismatch(got, want_shape, want_dtype) -> str:
 @dataclass(frozen=True)
 class Limit:
     """How `compare` holds each row: to max(factor · envelope/scale, floor). `envelope`: node ->
-    max |spread| (the point's round-off, `checks.envelope`; the key "loss" for the loss row);
-    without it every limit is the floor."""
+    the largest absolute spread of the node (the point's round-off, `checks.envelope`; the key
+    "loss" for the loss row); without it every limit is the floor."""
     envelope: Optional[dict] = None
     factor: float = tol.ENVELOPE_FACTOR
     floor: float = tol.REL_F64

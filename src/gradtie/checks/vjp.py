@@ -56,6 +56,10 @@ class VJPMismatch(AssertionError):
 
 @dataclass(frozen=True)
 class VJPReport:
+    """What `check_vjp` found at a smooth point: one tie row per argument (the hand cotangent against
+    the float64 oracle's, within the point's envelope), the finite-difference row, and the jump
+    between the one-sided slopes. `ok` when every row and the finite difference pass; `summary()`
+    says so in one line."""
     dtype: str                # the dtype the hand VJP and the finite differences ran in (the arguments')
     rows: list[NodeRow]       # one per argument: the hand cotangent against the float64 oracle's
     fd: fd_.FDRow             # the central difference of ⟨ct, f⟩ along v against ⟨hand VJP, v⟩
