@@ -75,7 +75,7 @@ key = jax.random.key(p.seed)
 # both nets on the bf16 switch at drawn weights; `at_nets`: what every figure below is
 # glued with
 setup = bf16_points.build(p, key)
-nets, points, at_nets = setup.nets, setup.points, setup.at
+points, at_nets = setup.points, setup.at
 print("\n".join(setup.lines))
 sites, site_rows, chains = bf16_points.conv_sites(points)  # every conv site
 
