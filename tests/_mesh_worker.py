@@ -18,7 +18,7 @@ the `Chain` `checks.bugs.plant` returns, run in every replica.
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import dataclasses  # noqa: E402

@@ -16,7 +16,7 @@ import sys
 
 process_id, port, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 per_process = int(sys.argv[4]) if len(sys.argv) > 4 else 1
-os.environ["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={per_process}"
+os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={per_process}".strip()
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

@@ -9,7 +9,7 @@ import jax
 import pytest
 
 from gradtie.bench import BenchConfig, _env_for
-from gradtie.fake_devices import request_host_devices
+from gradtie.fake_devices import request_host_devices, without_device_count
 
 PROBE = ("import os; from gradtie.fake_devices import request_host_devices; request_host_devices({n}); "
          "import jax; print(len(jax.devices('cpu')), os.environ['XLA_FLAGS'])")
@@ -60,3 +60,10 @@ def test_a_benchmark_child_gets_the_same_flags():
     assert _env_for(BenchConfig(replicas=1), user) == user          # one device: nothing asked
     set_already = {"XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     assert _env_for(BenchConfig(replicas=2), set_already) == set_already
+
+
+def test_a_child_asking_its_own_count_keeps_the_other_flags():
+    flags = "--xla_cpu_use_fusion_emitters=false --xla_force_host_platform_device_count=8 --xla_dump_to=/x"
+    assert without_device_count(flags) == "--xla_cpu_use_fusion_emitters=false --xla_dump_to=/x"
+    assert without_device_count("--xla_force_host_platform_device_count=2") == ""
+    assert without_device_count("") == ""

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from gradtie import parallel
+from gradtie.fake_devices import without_device_count
 from gradtie import tolerances
 from gradtie.checks.tie import reference_at, report
 from gradtie.nets import cifar8
@@ -31,7 +32,8 @@ WORKER_TIMEOUT_S = 300
 
 def worker_env() -> dict:
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)          # each worker sets its own device count
+    # each worker sets its own device count; the other flags (conftest.py's) stay
+    env["XLA_FLAGS"] = without_device_count(env.get("XLA_FLAGS", ""))
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

@@ -23,6 +23,7 @@ import pytest
 
 from gradtie import checkpoints, data, folder, pipeline, train
 from gradtie import tolerances as tol
+from gradtie.fake_devices import without_device_count
 from gradtie.nets import cifar8
 from gradtie.nets.layers import zero_in_reals
 
@@ -34,7 +35,8 @@ CONTROL_REL = 1e-3      # per-replica BatchNorm is another function: it parts fr
 
 def worker_env() -> dict:
     env = dict(os.environ)
-    env.pop("XLA_FLAGS", None)          # each worker sets its own device count
+    # each worker sets its own device count; the other flags (conftest.py's) stay
+    env["XLA_FLAGS"] = without_device_count(env.get("XLA_FLAGS", ""))
     env["JAX_PLATFORMS"] = "cpu"
     return env
 

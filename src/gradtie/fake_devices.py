@@ -20,6 +20,12 @@ def with_host_devices(flags: str, count: int) -> str:
     return flags if FLAG.lstrip("-") in flags else f"{flags} {FLAG}={count}".strip()
 
 
+def without_device_count(flags: str) -> str:
+    """`flags` (an `XLA_FLAGS` value) less any CPU device count it sets, every other flag kept: the
+    environment of a child that asks for its own count."""
+    return " ".join(f for f in flags.split() if not f.startswith(FLAG)).strip()
+
+
 def request_host_devices(count: int) -> None:
     """Ask XLA for `count` CPU devices in this process, keeping whatever else `XLA_FLAGS` holds.
 
