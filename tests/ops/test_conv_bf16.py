@@ -16,9 +16,9 @@ import pytest
 
 from gradtie.nets import cifar8, resnet34
 from gradtie.ops import conv
+from gradtie.rendered import QUICK
 
 U, V = 2.0 ** -8, 2.0 ** -24   # bf16 and float32 unit roundoff
-QUICK = {"xla_backend_optimization_level": 0}
 OPS = ("forward", "backward", "grad_weight")
 
 
