@@ -4,6 +4,7 @@ tests), and its child process on tiny sites."""
 
 import json
 import math
+from functools import partial
 
 import jax
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from gradtie import bench, cli, conv_floor
 from gradtie.conv_floor import ConvSite, FloorRow
 from gradtie.peer_bench import PeerConfig
+from gradtie.rendered import QUICK
 
 
 def _dense_gflop(config: bench.BenchConfig) -> float:
@@ -30,21 +32,28 @@ def test_sites_are_every_conv_of_the_net(net, batch, size, convs):
     assert 3 * (conv + _dense_gflop(config)) == pytest.approx(bench.model_gflop(config), rel=1e-12)
 
 
+@partial(jax.jit, static_argnums=0, compiler_options=QUICK)
+def _both_layouts(site, x, w, dy):
+    """One site's nodes in gradtie's layout and channels-last: one program per site, not one per op."""
+    return conv_floor._nodes(site, x, w, dy), conv_floor._nodes_nhwc(site, *conv_floor.to_nhwc(x, w, dy))
+
+
 def test_the_channels_last_nodes_are_the_same_contractions():
     # float64 (the suite's conftest enables it): the two layouts agree to round-off
+    back = {"forward": (0, 3, 1, 2), "backward": (0, 3, 1, 2), "grad_weight": (3, 2, 0, 1)}
     for site in (ConvSite(2, 3, 4, 9, 3, 1), ConvSite(2, 4, 6, 9, 3, 2), ConvSite(2, 4, 6, 8, 1, 2),
                  ConvSite(2, 3, 5, 16, 7, 2)):
         x, w, dy = (a.astype("float64") for a in conv_floor._site_arrays(site, jax.random.key(1)))
-        ref, nhwc = conv_floor._nodes(site, x, w, dy), conv_floor._nodes_nhwc(site, *conv_floor.to_nhwc(x, w, dy))
-        back = {"forward": (0, 3, 1, 2), "backward": (0, 3, 1, 2), "grad_weight": (3, 2, 0, 1)}
+        ref, nhwc = _both_layouts(site, x, w, dy)
         assert set(nhwc) == set(ref)
         for name, value in ref.items():
             assert float(abs(nhwc[name].transpose(back[name]) - value).max()) <= 1e-12 * float(abs(value).max())
     # control: an input backward read with the kernel unflipped is another contraction
     site = ConvSite(2, 4, 6, 9, 3, 1)
     x, w, dy = (a.astype("float64") for a in conv_floor._site_arrays(site, jax.random.key(1)))
-    wrong = conv_floor._nodes_nhwc(site, *conv_floor.to_nhwc(x, w[:, :, ::-1, ::-1], dy))["backward"]
-    assert float(abs(wrong.transpose(0, 3, 1, 2) - conv_floor._nodes(site, x, w, dy)["backward"]).max()) > 1e-3
+    right = _both_layouts(site, x, w, dy)[0]["backward"]
+    wrong = _both_layouts(site, x, w[:, :, ::-1, ::-1], dy)[1]["backward"]
+    assert float(abs(wrong.transpose(0, 3, 1, 2) - right).max()) > 1e-3
 
 
 def test_the_one_program_does_every_conv_node_of_the_step():

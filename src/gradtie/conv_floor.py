@@ -108,11 +108,13 @@ def _median_ms(step, repeats: int) -> float:
 def _site_arrays(site: ConvSite, key):
     import jax
     import jax.numpy as jnp
+
+    from . import prng   # jax.random's values without a threefry program per shape
     kx, kw, kd = jax.random.split(key, 3)
     o = site.out_size()
-    return (jax.random.normal(kx, (site.batch, site.in_ch, site.size, site.size), jnp.float32),
-            jax.random.normal(kw, (site.out_ch, site.in_ch, site.kernel, site.kernel), jnp.float32),
-            jax.random.normal(kd, (site.batch, site.out_ch, o, o), jnp.float32))
+    return (prng.normal(kx, (site.batch, site.in_ch, site.size, site.size), jnp.float32),
+            prng.normal(kw, (site.out_ch, site.in_ch, site.kernel, site.kernel), jnp.float32),
+            prng.normal(kd, (site.batch, site.out_ch, o, o), jnp.float32))
 
 
 def _nodes(site: ConvSite, x, w, dy) -> dict[str, "jax.Array"]:
