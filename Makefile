@@ -14,12 +14,6 @@ STAMP  := $(VENV)/.installed
 # with none).
 export JAX_COMPILATION_CACHE_DIR ?= $(HOME)/.cache/gradtie/jax-tests
 export JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS ?= 0
-# XLA's older emitters for fused elementwise code, for the tests' and the chapters' programs alike:
-# an eager op compiles in about 29 ms instead of 46 and runs as fast (2-core CPU; nothing runs
-# slower, no result moves beyond round-off). Kept with whatever else XLA_FLAGS holds.
-ifeq ($(findstring xla_cpu_use_fusion_emitters,$(XLA_FLAGS)),)
-export XLA_FLAGS := $(strip $(XLA_FLAGS) --xla_cpu_use_fusion_emitters=false)
-endif
 # Python keeps the byte code it compiles even where the environment says not to: otherwise every
 # interpreter the tests start (workers, kernels, the commands they run) compiles again whatever has
 # none (the project's modules; the whole venv, when it was installed uncompiled: unit tests 310 s
