@@ -18,7 +18,9 @@ the `Chain` `checks.bugs.plant` returns, run in every replica.
 import os
 import sys
 
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=8".strip()
+from gradtie.fake_devices import request_host_devices  # noqa: E402  (no JAX yet: it reads the count)
+
+request_host_devices(8)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import dataclasses  # noqa: E402

@@ -21,8 +21,9 @@ import os
 import sys
 
 mode = sys.argv[1]
-os.environ["XLA_FLAGS"] = (f"{os.environ.get('XLA_FLAGS', '')} "
-                            f"--xla_force_host_platform_device_count={4 if mode == 'mesh' else 2}").strip()
+from gradtie.fake_devices import request_host_devices  # noqa: E402  (no JAX yet: it reads the count)
+
+request_host_devices(4 if mode == 'mesh' else 2)
 os.environ["JAX_PLATFORMS"] = "cpu"
 if mode == "process":
     os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{sys.argv[3]}", JAX_NUM_PROCESSES="2",

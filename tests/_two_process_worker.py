@@ -16,7 +16,9 @@ import sys
 
 process_id, port, out_path = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 per_process = int(sys.argv[4]) if len(sys.argv) > 4 else 1
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count={per_process}".strip()
+from gradtie.fake_devices import request_host_devices  # noqa: E402  (no JAX yet: it reads the count)
+
+request_host_devices(per_process)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402

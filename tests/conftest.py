@@ -20,7 +20,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")   # the
 # XLA's defaults.
 FAST_COMPILE = {"xla_cpu_use_fusion_emitters": "false", "xla_backend_optimization_level": "1"}
 _flags = os.environ.get("XLA_FLAGS", "")
-os.environ["XLA_FLAGS"] = " ".join([_flags] + [f"--{k}={v}" for k, v in FAST_COMPILE.items() if k not in _flags]).strip()
+os.environ["XLA_FLAGS"] = " ".join([_flags] + [f"--{k}={v}" for k, v in FAST_COMPILE.items()
+                                                if k not in _flags]).strip()
 
 import jax  # noqa: E402
 import pytest  # noqa: E402

@@ -13,8 +13,8 @@ import pytest
 
 from gradtie import bench, book, cli
 from gradtie import tolerances
-from gradtie.rendered import QUICK
 from gradtie.book import workloads
+from gradtie.rendered import QUICK
 
 TINY = bench.BenchConfig("cifar8", batch=2, image_size=32, repeats=1)
 
@@ -66,8 +66,7 @@ def test_rendered_and_autodiff_steps_compute_the_same_gradient():
     """Like for like: at drawn weights (γ ≠ 1, β ≠ 0) the two timed functions agree in float32 to
     round-off; a peer with the loss halved (a different function) does not."""
     args = bench.inputs(TINY)
-    quick = QUICK   # compile-bound on a CPU
-    rendered, autodiff = (f.lower(*args).compile(quick) for f in bench.step_fns(TINY))
+    rendered, autodiff = (f.lower(*args).compile(QUICK) for f in bench.step_fns(TINY))
     (lr, gr), (la, ga) = rendered(*args), autodiff(*args)
     assert abs(float(lr) - float(la)) <= 1e-5 * abs(float(la))
     worst = max(float(jnp.max(jnp.abs(gr[k] - ga[k]))) for k in gr)

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 
 from gradtie import parallel
-from gradtie.fake_devices import without_device_count
 from gradtie import tolerances
 from gradtie.checks.tie import reference_at, report
+from gradtie.fake_devices import without_device_count
 from gradtie.nets import cifar8
 from gradtie.ops import batchnorm
 

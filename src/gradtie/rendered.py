@@ -26,7 +26,7 @@ from .ops.head import as_targets
 # LLVM's optimisation passes off halve the compile (ResNet-34, N = 2: 5.7 → 3.0 s) and slow the run
 # ~4×, well under a second at a check's shapes. It changes no IEEE result (no fast-math either way).
 # The fused-elementwise emitters are named because the tests' XLA_FLAGS choose the older ones (the
-# Makefile says why): with the optimisation off those returned NaN for some BatchNorm gradients
+# tests/conftest.py says why): with the optimisation off those returned NaN for some BatchNorm gradients
 # (float32 autodiff step, jax 0.10.2), and two programs no longer agreed bit for bit on a forward.
 QUICK = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": True}
 # ... but the slower run grows with the images and the saving does not: ResNet-34's data-parallel
